@@ -1,0 +1,3 @@
+from hftoolkit.cli import main
+
+main()

@@ -1,0 +1,178 @@
+"""The command line. Heavy imports (torch, transformers) live inside command bodies,
+so `--help`, `validate`, `recipes` and `doctor` stay fast."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from hftoolkit.errors import UserError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+                  help="Fine-tune and evaluate pretrained transformers from one YAML recipe.")
+# The shipped recipes sit beside the package in a checkout (editable install), or in the
+# working directory (the Docker image copies them to /workspace/recipes).
+RECIPES_DIR = next((p for p in (Path(__file__).resolve().parent.parent / "recipes", Path.cwd() / "recipes")
+                    if p.is_dir()), Path("recipes"))
+
+SetOption = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: a.b.c=value.")]
+
+
+@app.command()
+def train(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
+    set_: SetOption = None,
+    output: Annotated[Optional[Path], typer.Option("--output", help="Run directory (default output.dir/name).")] = None,
+    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty run directory.")] = False,
+):
+    """Fine-tune a model as the recipe says and write a run directory."""
+    from hftoolkit.recipe import load_recipe
+
+    parsed = load_recipe(recipe, set_ or [])
+    run_dir = output or parsed.run_dir
+    from hftoolkit.train import train as run_training
+
+    metrics = run_training(parsed, run_dir, command=sys.argv, overwrite=overwrite)
+    _print_metrics(metrics, run_dir)
+
+
+@app.command("eval")
+def eval_(run_dir: Annotated[Path, typer.Argument(help="A run directory written by train.")]):
+    """Evaluate a trained run again on its eval split and update its metrics.json."""
+    from hftoolkit.evaluation import reevaluate
+
+    _print_metrics(reevaluate(run_dir), run_dir)
+
+
+@app.command()
+def predict(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by train.")],
+    input_: Annotated[str, typer.Option("--input", help="A text, or a file: .txt (one input a line) or an image.")],
+    strategy: Annotated[Optional[str], typer.Option(help="Decoding: greedy, sample or beam.")] = None,
+    num_beams: Annotated[Optional[int], typer.Option(help="Beams for beam search.")] = None,
+    max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate.")] = None,
+    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature.")] = None,
+    top_k: Annotated[Optional[int], typer.Option(help="Sample from the k most likely tokens.")] = None,
+    top_p: Annotated[Optional[float], typer.Option(help="Sample from the nucleus of mass p.")] = None,
+):
+    """Predict with a trained run: label and probability, or generated text, per input."""
+    from hftoolkit.evaluation import predict as run_predict
+
+    overrides = dict(strategy=strategy, num_beams=num_beams, max_new_tokens=max_new_tokens,
+                     temperature=temperature, top_k=top_k, top_p=top_p)
+    for row in run_predict(run_dir, input_, {k: v for k, v in overrides.items() if v is not None}):
+        typer.echo("\t".join(str(v) for v in row.values()))
+
+
+@app.command()
+def validate(
+    recipes: Annotated[list[Path], typer.Argument(help="Recipe YAML files.")],
+    set_: SetOption = None,
+):
+    """Check recipes without loading any model; lists every problem at once."""
+    from hftoolkit.recipe import RecipeError, load_recipe
+
+    problems = []
+    for path in recipes:
+        try:
+            load_recipe(path, set_ or [])
+            typer.echo(f"ok: {path}")
+        except RecipeError as err:
+            problems += err.problems
+    if problems:
+        raise RecipeError(problems)
+
+
+@app.command("recipes")
+def list_recipes():
+    """List the shipped recipes with a one-line description each."""
+    import yaml
+
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+        typer.echo(f"{path.relative_to(RECIPES_DIR.parent)}\t{description.splitlines()[0] if description else ''}")
+
+
+@app.command("init-model")
+def init_model(
+    arch: Annotated[str, typer.Argument(help="bert, gpt2, t5, bart or vit.")],
+    out: Annotated[Path, typer.Argument(help="Folder to create.")],
+):
+    """Write a tiny random checkpoint with a locally trained tokenizer (for offline smoke runs)."""
+    from hftoolkit.tiny import init_model as build
+
+    typer.echo(f"wrote {build(arch, out)}")
+
+
+@app.command()
+def doctor():
+    """Versions, CUDA and bitsandbytes backend, offline or not, free disk (imports no torch)."""
+    from hftoolkit.doctor import report
+
+    for key, value in report():
+        typer.echo(f"{key:<22}{value}")
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by train.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for report.md, report.html and the plots.")] = Path(
+        "report"),
+):
+    """Compare runs across architectures: report.md, a self-contained report.html and PNG plots."""
+    from hftoolkit.report import ReportError, load_run, summary_rows, write_report
+
+    try:
+        path = write_report(run_dirs, out)
+        rows = summary_rows([load_run(p) for p in run_dirs])
+    except ReportError as err:
+        raise UserError(str(err)) from None
+    _print_rows(rows)
+    typer.echo(f"report: {path} and {path.with_suffix('.html')}")
+
+
+@app.command()
+def parity(
+    only: Annotated[Optional[str], typer.Option(help="Run only the rows of this component.")] = None,
+    worked_examples: Annotated[bool, typer.Option(help="Also recompute the course's worked examples.")] = False,
+):
+    """Prove the from-scratch reference layers equal transformers, peft and torch (tiny random configs)."""
+    from hftoolkit.reference.parity import main as run_parity
+
+    raise typer.Exit(run_parity(only=only, worked_examples=worked_examples))
+
+
+def _print_rows(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    for column in rows[0] if rows else []:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*row.values())
+    Console().print(table)
+
+
+def _print_metrics(metrics: dict, run_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{metrics['name']} ({metrics['task']}, {metrics['checkpoint']})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics["eval"].items():
+        table.add_row(key + (" *" if key == metrics["main_metric"] else ""), f"{value:.4f}" if isinstance(value, float) else str(value))
+    for key in ("train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second", "padding_fraction",
+                "peak_memory_mb", "trainable_params", "total_params"):
+        if metrics.get(key) is not None:
+            table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else f"{metrics[key]}")
+    Console().print(table)
+    typer.echo(f"run directory: {run_dir}")
+
+
+def main() -> None:
+    app()

@@ -1,0 +1,236 @@
+"""Data sources and column mapping: local files, hub data sets and `builtin:` sets.
+
+`load_data(recipe)` returns a DatasetDict with "train" and "eval" splits whose
+columns carry canonical names, so families never see the user's column names:
+  text    the input text (a list of words for tagging; the source for seq2seq)
+  label   a class id (classification, image-classification) or a list of tag ids (tagging)
+  target  the output text (translation, summarization)
+  image   a PIL image (image-classification)
+Label names found in the data are written back into `recipe.data.label_names`.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import socket
+from pathlib import Path
+
+from hftoolkit.errors import UserError
+from hftoolkit.recipe import Recipe
+
+FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet",
+                 ".txt": "text", ".gz": "text"}
+# Which canonical columns each task needs, and which recipe key names each one.
+TASK_COLUMNS = {
+    "classification": {"text": "text_column", "label": "label_column"},
+    "tagging": {"text": "text_column", "label": "label_column"},
+    "mlm": {"text": "text_column"}, "clm": {"text": "text_column"}, "denoise": {"text": "text_column"},
+    "translation": {"text": "text_column", "target": "target_column"},
+    "summarization": {"text": "text_column", "target": "target_column"},
+    "image-classification": {"image": "image_column", "label": "label_column"},
+}
+LABELLED_TASKS = ("classification", "image-classification")
+
+
+def load_data(recipe: Recipe):
+    """Train and eval splits with canonical columns, checked, labels encoded."""
+    import datasets
+
+    datasets.disable_progress_bars()
+    d = recipe.data
+    train = _read(d.train, "data.train", recipe, target=d.train_target)
+    if d.eval:
+        evaluation = _read(d.eval, "data.eval", recipe, target=d.eval_target)
+    elif d.eval_split:
+        evaluation = _read(d.train, "data.eval_split", recipe, split=d.eval_split)
+    else:
+        _check_not_empty(train, "data.train", d.train)
+        if len(train) < 2:
+            raise UserError(f"data.train: {d.train} has a single row, too few to hold out an eval split; add data")
+        parts = train.train_test_split(test_size=d.eval_fraction, seed=recipe.training.seed)
+        train, evaluation = parts["train"], parts["test"]
+    splits = {"train": (train, "data.train", d.train), "eval": (evaluation, "data.eval", d.eval or d.train)}
+    for split, (ds, key, source) in splits.items():
+        _check_not_empty(ds, key, source)
+    if recipe.task in LABELLED_TASKS or recipe.task == "tagging":
+        train, evaluation = _encode_labels(recipe, train, evaluation)
+    limit = {"train": d.max_train_samples, "eval": d.max_eval_samples}
+    out = {}
+    for split, ds in (("train", train), ("eval", evaluation)):
+        if limit[split] and len(ds) > limit[split]:
+            ds = ds.shuffle(seed=recipe.training.seed).select(range(limit[split]))
+        out[split] = ds
+    return datasets.DatasetDict(out)
+
+
+def fingerprint(data) -> str:
+    """A short hash of the data's content, for the manifest."""
+    h = hashlib.sha256()
+    for split in sorted(data):
+        h.update(split.encode())
+        h.update(str(data[split]._fingerprint).encode())
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- sources
+
+
+def _read(source: str, key: str, recipe: Recipe, split: str | None = None, target: str | None = None):
+    import datasets
+
+    if source.startswith("builtin:"):
+        from hftoolkit.builtin import BUILTIN
+
+        name = source.removeprefix("builtin:")
+        if name not in BUILTIN:
+            raise UserError(f"{key}: unknown built-in set {source!r}; choose one of "
+                            + ", ".join(f"builtin:{n}" for n in BUILTIN))
+        ds = datasets.Dataset.from_list(BUILTIN[name](seed=recipe.training.seed))
+        return _map_columns(ds, recipe, key, source, canonical=True)
+    path = Path(source).expanduser()
+    if path.is_dir():
+        ds = _load_builder("imagefolder", {"data_dir": str(path)}, key, source)
+        return _map_columns(ds, recipe, key, source, canonical=True)
+    if path.is_file() or path.suffix.lower() in FILE_BUILDERS or source.startswith((".", "/", "~")):
+        if not path.is_file():
+            raise UserError(f"{key}: data file {source} not found: check the path")
+        if target is not None:
+            return _aligned(path, Path(target).expanduser(), key)
+        builder = FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise UserError(f"{key}: {source} has an unsupported extension; use one of {', '.join(FILE_BUILDERS)}")
+        if builder == "text":
+            ds = datasets.Dataset.from_dict({"text": _lines(path, key)})
+        else:
+            kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+            ds = _load_builder(builder, {"data_files": str(path), **kwargs}, key, source)
+        return _map_columns(ds, recipe, key, source)
+    if not hub_reachable():
+        raise UserError(f"{key}: {source!r} is not a local file and names a hub data set, but the Hugging Face Hub "
+                        "can't be reached (offline): point it at a local file or a builtin: set")
+    ds = _load_builder(source, {"split": split or recipe.data.train_split}, key, source)
+    return _map_columns(ds, recipe, key, source)
+
+
+def _load_builder(builder: str, kwargs: dict, key: str, source: str):
+    import datasets
+
+    split = kwargs.pop("split", "train")
+    try:
+        return datasets.load_dataset(builder, split=split, **kwargs)
+    except UnicodeDecodeError:
+        raise UserError(f"{key}: {source} is not UTF-8 text: convert it to UTF-8") from None
+    except Exception as err:  # datasets wraps parser errors in several types
+        cause = err.__cause__ or err
+        if "corresponds to no data" in str(cause):  # a header and no rows
+            raise UserError(f"{key}: {source} has no rows: point it at a data set with examples") from None
+        raise UserError(f"{key}: could not read {source} ({type(cause).__name__}: "
+                        f"{str(cause).splitlines()[0][:200]}): check its format") from None
+
+
+def _lines(path: Path, key: str) -> list[str]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            return [line.rstrip("\n") for line in f if line.strip()]
+    except UnicodeDecodeError:
+        raise UserError(f"{key}: {path} is not UTF-8 text: convert it to UTF-8") from None
+    except (OSError, EOFError) as err:
+        raise UserError(f"{key}: could not read {path} ({err}): check the file") from None
+
+
+def _aligned(source: Path, target: Path, key: str):
+    """Two files aligned line by line (translation): line i of target translates line i of source."""
+    import datasets
+
+    if not target.is_file():
+        raise UserError(f"{key.replace('train', 'train_target').replace('eval', 'eval_target')}: "
+                        f"target file {target} not found: check the path")
+    src, tgt = _lines(source, key), _lines(target, key)
+    if len(src) != len(tgt):
+        raise UserError(f"{key}: aligned files differ in length ({source}: {len(src)} lines, {target}: {len(tgt)}): "
+                        "they must match line for line")
+    return datasets.Dataset.from_dict({"text": src, "target": tgt})
+
+
+def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = False):
+    """Rename the recipe's columns to canonical names and drop the rest."""
+    wanted = TASK_COLUMNS[recipe.task]
+    mapping = {}
+    for name, field in wanted.items():
+        column = name if canonical and name in ds.column_names else getattr(recipe.data, field)
+        if column not in ds.column_names:
+            raise UserError(f"data.{field}: column {column!r} not found in {source}; columns found: "
+                            f"{', '.join(ds.column_names)}; set data.{field}")
+        mapping[column] = name
+    ds = ds.select_columns(list(mapping))
+    return ds.rename_columns({k: v for k, v in mapping.items() if k != v})
+
+
+def _check_not_empty(ds, key: str, source: str) -> None:
+    if len(ds) == 0:
+        raise UserError(f"{key}: {source} has no rows: point it at a data set with examples")
+
+
+# ---------------------------------------------------------------- labels
+
+
+def _encode_labels(recipe: Recipe, train, evaluation):
+    """Map label values to ids 0..n-1 in the order of `data.label_names` (found in the data if unset)."""
+    from datasets import ClassLabel
+
+    feature = train.features["label"]
+    inner = getattr(feature, "feature", feature)  # a Sequence (tagging) holds its item feature
+    if isinstance(inner, ClassLabel):  # imagefolder and hub sets: ids -> their names first
+        as_names = lambda r: {"label": _names(r["label"], inner.names)}
+        train, evaluation = train.map(as_names), evaluation.map(as_names)
+    values = _flat(train["label"]) + _flat(evaluation["label"])
+    kinds = {type(v).__name__ for v in values}
+    if len(kinds) > 1 or not kinds <= {"int", "str"}:
+        raise UserError(f"data.label_column: labels in {recipe.data.train} are of types {', '.join(sorted(kinds))}: "
+                        "make every label a name or every label an integer id")
+    names = recipe.data.label_names
+    if names is None:
+        unique = sorted(set(values), key=lambda v: (str(type(v)), v))
+        names = [str(v) for v in unique] if kinds != {"int"} else [str(i) for i in range(max(unique) + 1)]
+    if recipe.task != "tagging" and len(set(_flat(train["label"]))) < 2:
+        raise UserError(f"data.train: only one class ({values[0]!r}) in {recipe.data.train}: "
+                        "classification needs examples of at least two labels")
+    index = {n: i for i, n in enumerate(names)}
+    for v in values:
+        if (str(v) if kinds != {"int"} else names[v] if 0 <= v < len(names) else None) not in index:
+            raise UserError(f"data.label_column: label {v!r} is not one of data.label_names ({', '.join(names)}): "
+                            "fix the data or add the label to data.label_names")
+    to_id = (lambda v: index[str(v)]) if kinds != {"int"} else (lambda v: v)
+    recipe.data.label_names = names
+    encode = lambda r: {"label": [to_id(v) for v in r["label"]] if isinstance(r["label"], list) else to_id(r["label"])}
+    return train.map(encode), evaluation.map(encode)
+
+
+def _names(label, names):
+    return [names[i] for i in label] if isinstance(label, list) else names[label]
+
+
+def _flat(column) -> list:
+    return [v for item in column for v in (item if isinstance(item, list) else [item])]
+
+
+# ---------------------------------------------------------------- network
+
+
+def hub_reachable(timeout: float = 2.0) -> bool:
+    """False when HF_HUB_OFFLINE is set or huggingface.co can't be reached in `timeout` seconds."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,168 @@
+"""Checkpoint loading, quantization and LoRA: the parts every family shares.
+
+A family's `load_model` picks the Auto class and the head; this module resolves
+where the checkpoint is, loads it (8-bit or 4-bit through bitsandbytes, with the
+task head kept out of quantization), and wraps it in a LoRA adapter whose
+targets come from the table below, checked against the model's own modules.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hftoolkit.errors import UserError
+from hftoolkit.recipe import Recipe
+
+# model_type -> candidate LoRA target module names (q and v projections, as in the LoRA paper).
+# Several candidates where releases renamed them: only those the model really has are used.
+LORA_TARGETS: dict[str, list[str]] = {
+    "bert": ["query", "value"], "roberta": ["query", "value"], "xlm-roberta": ["query", "value"],
+    "electra": ["query", "value"], "distilbert": ["q_lin", "v_lin"], "deberta-v2": ["query_proj", "value_proj"],
+    "gpt2": ["c_attn"], "gpt_neo": ["q_proj", "v_proj"], "llama": ["q_proj", "v_proj"],
+    "mistral": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"], "opt": ["q_proj", "v_proj"],
+    "t5": ["q", "v"], "mt5": ["q", "v"], "bart": ["q_proj", "v_proj"], "mbart": ["q_proj", "v_proj"],
+    "marian": ["q_proj", "v_proj"],
+    # transformers 5 names ViT's projections q_proj/v_proj; older releases said query/value.
+    "vit": ["q_proj", "v_proj", "query", "value"], "deit": ["q_proj", "v_proj", "query", "value"],
+}
+# Modules that are Conv1D (weight stored transposed): LoRA needs fan_in_fan_out=True.
+CONV1D_MODEL_TYPES = {"gpt2"}
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def resolve_checkpoint(recipe: Recipe) -> str:
+    """A local path for init: and directories; a hub id when the hub is reachable; else a clear error."""
+    from hftoolkit.data import hub_reachable
+
+    ckpt = recipe.model.checkpoint
+    if ckpt.startswith("init:"):
+        from hftoolkit.tiny import ensure_tiny
+
+        return str(ensure_tiny(ckpt.removeprefix("init:")))
+    path = Path(ckpt).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"model.checkpoint: {ckpt} has no config.json, so it is not a saved model; "
+                            "point it at a folder written by save_pretrained")
+        return str(path)
+    if ckpt.startswith((".", "/", "~")) or path.suffix:
+        raise UserError(f"model.checkpoint: checkpoint directory {ckpt} not found: check the path")
+    if not hub_reachable():
+        raise UserError(f"model.checkpoint: {ckpt!r} is a hub id but the Hugging Face Hub can't be reached "
+                        "(offline): download it elsewhere and point model.checkpoint at the local directory")
+    return ckpt
+
+
+def load_task_model(auto_class, recipe: Recipe, task_type: str | None, with_head: bool = True, **kwargs):
+    """Load a checkpoint into `auto_class` and wrap it in LoRA; the task head stays full precision and trainable."""
+    head = task_head_of(auto_class, recipe, **kwargs) if with_head else []
+    model = load_pretrained(auto_class, recipe, keep_full_precision=head, **kwargs)
+    return apply_lora(model, recipe, task_type, modules_to_save=head)
+
+
+def task_head_of(auto_class, recipe: Recipe, **kwargs) -> list[str]:
+    """The head modules `auto_class` adds, read from a weightless (meta-device) copy of the model."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
+                                        trust_remote_code=recipe.model.trust_remote_code, **kwargs)
+    with init_empty_weights():
+        return head_modules(auto_class.from_config(config, trust_remote_code=recipe.model.trust_remote_code))
+
+
+def load_pretrained(auto_class, recipe: Recipe, keep_full_precision: list[str] = (), **kwargs):
+    """from_pretrained with the recipe's dtype, quantization and remote-code policy."""
+    import torch
+
+    from_kwargs = dict(revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code, **kwargs)
+    if recipe.model.dtype != "auto":
+        from_kwargs["dtype"] = getattr(torch, DTYPES[recipe.model.dtype])
+    quant = quantization_config(recipe, keep_full_precision)
+    if quant is not None:
+        from_kwargs.update(quantization_config=quant, device_map={"": _device()})
+    checkpoint = resolve_checkpoint(recipe)
+    try:
+        return auto_class.from_pretrained(checkpoint, **from_kwargs)
+    except (OSError, ValueError) as err:
+        raise UserError(f"model.checkpoint: could not load {recipe.model.checkpoint} "
+                        f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
+
+
+def quantization_config(recipe: Recipe, skip: list[str]):
+    if recipe.model.quantization == "none":
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    # None, not []: transformers then skips its defaults (output embeddings, tied weights such as GPT-2's lm_head);
+    # an explicit list replaces them, and a quantized lm_head tied to the embeddings fails in its first forward.
+    skip = list(skip) or None
+    if recipe.model.quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
+    compute = torch.bfloat16 if recipe.training.precision == "bf16" else torch.float32
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute,
+                              llm_int8_skip_modules=skip)
+
+
+def head_modules(model) -> list[str]:
+    """Top-level modules outside the base model that hold weights: the task head (kept trainable, saved)."""
+    base = getattr(model, "base_model_prefix", "")
+    return [name for name, child in model.named_children()
+            if name != base and any(True for _ in child.parameters())]
+
+
+def lora_targets_for(model, recipe: Recipe) -> list[str]:
+    """The recipe's LoRA targets, or the table's for `auto`, checked against the model's modules."""
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    if recipe.lora.targets != "auto":
+        missing = [t for t in recipe.lora.targets if t not in names]
+        if missing:
+            raise UserError(f"lora.targets: {', '.join(map(repr, missing))} match no module of "
+                            f"{recipe.model.checkpoint}; linear layers it has: {', '.join(_linear_names(model))}")
+        return list(recipe.lora.targets)
+    model_type = model.config.model_type
+    targets = [t for t in LORA_TARGETS.get(model_type, []) if t in names]
+    if not targets:
+        raise UserError(f"lora.targets: no default targets for model type {model_type!r}; set lora.targets to some "
+                        f"of its linear layers: {', '.join(_linear_names(model))}")
+    return targets
+
+
+def _linear_names(model) -> list[str]:
+    import torch
+
+    found = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
+             if isinstance(m, torch.nn.Linear) or type(m).__name__ in ("Conv1D", "Linear8bitLt", "Linear4bit")}
+    return sorted(found)
+
+
+def apply_lora(model, recipe: Recipe, task_type: str | None, modules_to_save: list[str] = ()):
+    """Wrap `model` in a peft LoRA adapter (after kbit preparation when quantized)."""
+    if not recipe.lora.enabled:
+        return model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    targets = lora_targets_for(model, recipe)
+    if recipe.model.quantization != "none":
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+                        target_modules=targets, modules_to_save=list(modules_to_save) or None,
+                        fan_in_fan_out=model.config.model_type in CONV1D_MODEL_TYPES, task_type=task_type)
+    return get_peft_model(model, config)
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameters; 4-bit weights count as stored elements times two."""
+    trainable = total = 0
+    for p in model.parameters():
+        n = p.numel() * (2 if type(p).__name__ == "Params4bit" else 1)
+        total += n
+        trainable += n if p.requires_grad else 0
+    return trainable, total
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

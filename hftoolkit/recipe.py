@@ -1,0 +1,300 @@
+"""The recipe: a strict schema for one training job, loaded from YAML.
+
+Everything past this module sees a validated `Recipe`, never a raw dict. Unknown
+keys are errors with a "did you mean" suggestion, and every error of a file is
+reported at once as `file: a.b.c: message` (see DESIGN.md, "Recipes").
+Imports only pydantic and yaml: `validate` must stay light.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hftoolkit.errors import UserError
+
+Task = Literal[
+    "classification", "tagging", "mlm", "clm", "translation", "summarization", "denoise", "image-classification"
+]
+Family = Literal["encoder", "decoder", "seq2seq", "vision"]
+
+# The course's decision tree: what the output is decides the family.
+TASK_FAMILIES: dict[str, tuple[str, str]] = {
+    "classification": ("encoder", "the output is a label for the whole input"),
+    "tagging": ("encoder", "the output is a label for every token"),
+    "mlm": ("encoder", "masked-token prediction needs bidirectional attention"),
+    "clm": ("decoder", "the output continues a prompt"),
+    "translation": ("seq2seq", "the output transforms a separate input"),
+    "summarization": ("seq2seq", "the output transforms a separate input"),
+    "denoise": ("seq2seq", "the output reconstructs a corrupted separate input"),
+    "image-classification": ("vision", "the input is an image"),
+}
+
+# model_type (config.json) -> family. Kept as data; extend by adding a line.
+MODEL_TYPE_FAMILIES: dict[str, str] = {
+    **dict.fromkeys(["bert", "roberta", "distilbert", "electra", "deberta", "deberta-v2", "albert", "xlm-roberta",
+                     "mpnet", "camembert", "modernbert"], "encoder"),
+    **dict.fromkeys(["gpt2", "gpt_neo", "gptj", "llama", "mistral", "qwen2", "qwen3", "opt", "phi", "gemma",
+                     "smollm3"], "decoder"),
+    **dict.fromkeys(["t5", "mt5", "bart", "mbart", "marian", "pegasus"], "seq2seq"),
+    **dict.fromkeys(["vit", "deit", "beit", "swin", "convnext", "dinov2"], "vision"),
+}
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(Section):
+    checkpoint: str = Field(min_length=1, description="hub id, local directory, or init:<arch>")
+    family: Family | None = Field(None, description="only needed for a hub id whose type can't be read offline")
+    quantization: Literal["none", "8bit", "4bit"] = "none"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    revision: str | None = None
+    trust_remote_code: bool = False
+
+    @model_validator(mode="after")
+    def _remote_code_needs_pinned_revision(self):
+        if self.trust_remote_code and not self.revision:
+            raise ValueError("trust_remote_code runs code from the checkpoint: set model.revision to a pinned commit too")
+        return self
+
+
+class LoraSection(Section):
+    enabled: bool = True
+    r: int = Field(8, gt=0)
+    alpha: float = Field(16, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    targets: Literal["auto"] | list[str] = "auto"
+
+
+class DataSection(Section):
+    train: str = Field(min_length=1, description="file, folder, hub id or builtin:<name>")
+    eval: str | None = None
+    eval_fraction: float = Field(0.1, gt=0, lt=1)
+    train_split: str = "train"
+    eval_split: str | None = None
+    text_column: str = "text"
+    label_column: str = "label"
+    target_column: str = "target"
+    image_column: str = "image"
+    train_target: str | None = Field(None, description="aligned targets, one a line, matching data.train's lines")
+    eval_target: str | None = Field(None, description="aligned targets for data.eval")
+    label_names: list[str] | None = None
+    max_length: int = Field(128, gt=0)
+    max_target_length: int = Field(64, gt=0)
+    source_prefix: str = ""
+    packing: bool = True
+    mask_probability: float = Field(0.15, ge=0.1, le=0.3)
+    max_train_samples: int | None = Field(None, gt=0)
+    max_eval_samples: int | None = Field(None, gt=0)
+
+
+class TrainingSection(Section):
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, gt=0)
+    batch_size: int = Field(16, gt=0)
+    gradient_accumulation: int = Field(1, gt=0)
+    learning_rate: float = Field(5e-4, gt=0)
+    scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    seed: int = 0
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    group_by_length: bool = True
+    logging_steps: int = Field(10, gt=0)
+    save_steps: int | None = Field(None, gt=0)
+    keep_last: int = Field(2, gt=0)
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "trackio"]] = []
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    max_nonfinite_skips: int = Field(3, gt=0)
+
+
+class GenerationSection(Section):
+    strategy: Literal["greedy", "sample", "beam"] = "greedy"
+    max_new_tokens: int = Field(32, gt=0)
+    num_beams: int = Field(4, gt=1)
+    length_penalty: float = 1.0
+    temperature: float = Field(1.0, gt=0)
+    top_k: int | None = Field(None, gt=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+
+
+class EvalSection(Section):
+    batch_size: int = Field(64, gt=0)
+    metrics: Literal["auto"] | list[str] = "auto"
+    max_predictions: int = Field(100, ge=0)
+    generation: GenerationSection = GenerationSection()
+
+
+class OutputSection(Section):
+    dir: str = "runs"
+
+
+class Recipe(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="run name, also the run folder's name")
+    task: Task
+    description: str = ""
+    model: ModelSection
+    lora: LoraSection = LoraSection()
+    data: DataSection
+    training: TrainingSection = TrainingSection()
+    eval: EvalSection = EvalSection()
+    output: OutputSection = OutputSection()
+
+    @model_validator(mode="after")
+    def _family_fits_task(self):
+        family = self.family
+        needed, why = TASK_FAMILIES[self.task]
+        if family is not None and family != needed:
+            raise ValueError(
+                f"task {self.task!r} needs the {needed} family because {why}, "
+                f"but {self.model.checkpoint!r} is a {family} model: use a {needed} checkpoint"
+            )
+        if self.task == "denoise" and self.model_type not in (None, "bart", "mbart"):
+            raise ValueError("task 'denoise' is BART's text-infilling objective: use a bart checkpoint")
+        if self.model_type in ("t5", "mt5") and self.training.precision == "fp16":
+            raise ValueError("T5 overflows in fp16 and trains to NaN losses: set training.precision to bf16 or fp32")
+        if self.training.max_steps is None and self.training.epochs <= 0:
+            raise ValueError("set training.epochs or training.max_steps")
+        return self
+
+    @property
+    def model_type(self) -> str | None:
+        return model_type_of(self.model.checkpoint)
+
+    @property
+    def family(self) -> str | None:
+        """The model family, known from the checkpoint where possible without loading it."""
+        if self.model.family:
+            return self.model.family
+        return MODEL_TYPE_FAMILIES.get(self.model_type or "")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output.dir) / self.name
+
+
+def model_type_of(checkpoint: str) -> str | None:
+    """model_type from `init:<arch>` or a local config.json; None for a hub id (unknown offline)."""
+    if checkpoint.startswith("init:"):
+        return checkpoint.removeprefix("init:")
+    config = Path(checkpoint).expanduser() / "config.json"
+    if config.is_file():
+        try:
+            return json.loads(config.read_text()).get("model_type")
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+# ---------------------------------------------------------------- loading
+
+
+class RecipeError(UserError):
+    """One or more recipe problems, each a `source: a.b.c: message` line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
+    """Read, override and validate a recipe file; raises RecipeError listing every problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError([f"{path}: recipe file not found: check the path (`hftoolkit recipes` lists the shipped ones)"])
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise RecipeError([f"{path}: not UTF-8 text: save the recipe as UTF-8"]) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise RecipeError([f"{path}: {where}YAML syntax error ({problem}): fix the YAML"]) from None
+    if not isinstance(raw, dict):
+        raise RecipeError([f"{path}: a recipe is a YAML mapping of sections (name, task, model, data, ...), "
+                           f"got {type(raw).__name__}"])
+    overridden = apply_overrides(raw, overrides, path)
+    return validate_recipe(raw, str(path), overridden)
+
+
+def apply_overrides(raw: dict, overrides: list[str], source: Path | str = "--set") -> dict[tuple, str]:
+    """Apply `a.b.c=value` overrides in place (values parsed as YAML); returns {path: original text}."""
+    applied: dict[tuple, str] = {}
+    problems = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"--set {item}: expected key=value, for example --set training.epochs=3")
+            continue
+        dotted = tuple(key.strip().split("."))
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except yaml.YAMLError:
+            value = text
+        node = raw
+        for part in dotted[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.append(f"--set {key}: {'.'.join(dotted[:-1])} is not a section, so it has no key {dotted[-1]!r}")
+                break
+            node = child
+        else:
+            node[dotted[-1]] = value
+            applied[dotted] = item
+    if problems:
+        raise RecipeError(problems)
+    return applied
+
+
+def validate_recipe(raw: dict, source: str = "recipe", overridden: dict[tuple, str] | None = None) -> Recipe:
+    """Validate a raw mapping; every error reported at once with its dotted path."""
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            loc = tuple(str(p) for p in e["loc"])
+            origin = next((f"--set {overridden[loc[:i]]}" for i in range(len(loc), 0, -1)
+                           if overridden and loc[:i] in overridden), source)
+            problems.append(f"{origin}: {'.'.join(loc) or '(top level)'}: {_describe(e, loc)}")
+        raise RecipeError(problems) from None
+
+
+def _describe(error: dict, loc: tuple[str, ...]) -> str:
+    kind, msg = error["type"], error["msg"]
+    if kind == "extra_forbidden":
+        known = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+        return f"unknown key: {hint}"
+    if kind == "missing":
+        return "required key missing: add it"
+    if kind == "value_error":
+        return msg.removeprefix("Value error, ")
+    got = error.get("input")
+    shown = json.dumps(got, default=str) if not isinstance(got, dict) else "a mapping"
+    return f"{msg[0].lower()}{msg[1:]} (got {shown})"
+
+
+def _fields_at(loc: tuple[str, ...]) -> list[str]:
+    model: Any = Recipe
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,150 @@
+"""The run directory: the one place a run's results live (DESIGN.md, "The run directory").
+
+    recipe.yaml  manifest.json  metrics.json  log_history.jsonl  adapter/ or model/
+    checkpoints/  predictions.jsonl  README.md
+
+Every file is written atomically (temporary file, fsync, rename), so a killed run never
+leaves a file half-written; manifest.json's "status" says whether the run is running,
+complete or failed. Light: no torch import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from hftoolkit import __version__
+from hftoolkit.errors import UserError
+
+FILES = ("recipe.yaml", "manifest.json", "metrics.json", "log_history.jsonl", "predictions.jsonl", "README.md")
+
+
+class RunDirectory:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __truediv__(self, name: str) -> Path:
+        return self.path / name
+
+    # ------------------------------------------------------------ lifecycle
+
+    def claim(self, overwrite: bool = False, resume: bool = False) -> None:
+        """Make sure the run may write here: an existing non-empty folder needs --overwrite or --resume."""
+        if self.path.exists() and not self.path.is_dir():
+            raise UserError(f"--output: {self.path} is a file, not a folder: choose another output path")
+        if self.path.is_dir() and any(self.path.iterdir()) and not resume:
+            if not overwrite:
+                raise UserError(f"--output: run directory {self.path} is not empty: pass --overwrite to replace it, "
+                                "--resume to continue it, or choose another name")
+            shutil.rmtree(self.path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    def start(self, recipe_yaml: str, command: list[str], seed: int) -> None:
+        self.write_text("recipe.yaml", recipe_yaml)
+        previous = self.manifest()
+        self.write_json("manifest.json", {
+            **previous, "status": "running", "hftoolkit_version": __version__,
+            "started": previous.get("started", _now()), "finished": None, "error": None,
+            "command": " ".join(command), "seed": seed, "git_sha": _git_sha(), "versions": _versions(),
+            "hardware": _hardware(),
+        })
+
+    def update_manifest(self, **fields) -> None:
+        self.write_json("manifest.json", {**self.manifest(), **fields})
+
+    def finish(self, status: str, error: str | None = None) -> None:
+        self.update_manifest(status=status, error=error, finished=_now())
+
+    # ------------------------------------------------------------ reading
+
+    def manifest(self) -> dict:
+        path = self.path / "manifest.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def metrics(self) -> dict:
+        path = self.path / "metrics.json"
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    def weights_dir(self) -> Path:
+        for name in ("adapter", "model"):
+            if (self.path / name).is_dir():
+                return self.path / name
+        raise UserError(f"{self.path}: no adapter/ or model/ folder, so the run did not finish; "
+                        "train it again or resume it with --resume")
+
+    # ------------------------------------------------------------ atomic writes
+
+    def write_text(self, name: str, text: str) -> Path:
+        return write_atomic(self.path / name, text.encode("utf-8"))
+
+    def write_json(self, name: str, data) -> Path:
+        return self.write_text(name, json.dumps(data, indent=2, default=_jsonable) + "\n")
+
+    def write_jsonl(self, name: str, rows) -> Path:
+        return self.write_text(name, "".join(json.dumps(r, default=_jsonable) + "\n" for r in rows))
+
+
+def write_atomic(path: Path, data: bytes) -> Path:
+    """Write bytes so that `path` holds either the old content or the new, never a part."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _jsonable(value):
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return str(value)
+
+
+def _now() -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S%z")
+
+
+def _git_sha() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("torch", "transformers", "peft", "accelerate", "datasets", "evaluate", "bitsandbytes"):
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def _hardware() -> dict:
+    info = {"platform": platform.platform(), "machine": platform.machine(), "cpus": os.cpu_count()}
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_available():
+            info["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return info

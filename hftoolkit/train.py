@@ -1,0 +1,255 @@
+"""Train, evaluate and write the run directory: the one path every recipe takes.
+
+recipe -> data.load_data -> family.load_model / preprocess / collator -> HF Trainer
+-> evaluate (loss, metrics, predictions) -> run directory. Only the main process writes.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+from pathlib import Path
+
+from hftoolkit import modeling
+from hftoolkit.data import fingerprint, load_data
+from hftoolkit.errors import UserError
+from hftoolkit.families import family_module
+from hftoolkit.recipe import Recipe, load_recipe, recipe_to_yaml
+from hftoolkit.rundir import RunDirectory
+
+# Tasks scored by generated text rather than by the Trainer's logits.
+GENERATION_TASKS = {"translation", "summarization"}
+# Tasks whose main metric is perplexity, exp(eval loss).
+PERPLEXITY_TASKS = {"mlm", "clm", "denoise"}
+# What a prediction record shows as the input and the reference, by canonical column.
+INPUT_COLUMN = {"image-classification": "image"}
+# Tasks whose eval texts are whole documents: predictions continue the first fraction of each.
+PROMPT_FRACTION = {"clm": 0.25}
+
+
+def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False) -> dict:
+    """Run one recipe end to end; returns metrics.json's content."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    run = RunDirectory(run_dir)
+    if state.is_main_process:
+        run.claim(overwrite=overwrite)
+    state.wait_for_everyone()
+    started = time.perf_counter()
+    try:
+        family = family_module(resolve_family(recipe))
+        with state.main_process_first():  # tokenize once, on the main process; the others read its cache
+            data = load_data(recipe)
+        if state.is_main_process:
+            run.start(recipe_to_yaml(recipe), command, recipe.training.seed)
+            run.update_manifest(data_fingerprint=fingerprint(data))
+        set_seed(recipe.training.seed)
+        model, processor = family.load_model(recipe)
+        with state.main_process_first():
+            encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
+        counter = TokenCounter(family.collator(recipe, processor))
+        scorer = family.metrics(recipe, processor)
+        trainer = build_trainer(recipe, run, model, processor, encoded, counter, scorer)
+        trainer.train()
+        train_seconds = time.perf_counter() - started
+        trainer.model.eval()
+        evaluation, predictions, eval_seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
+        metrics = summarize(recipe, trainer.model, scorer, evaluation, counter, train_seconds, eval_seconds)
+        if state.is_main_process:
+            save_weights(recipe, trainer.model, processor, run)
+            run.write_jsonl("log_history.jsonl", trainer.state.log_history)
+            run.write_jsonl("predictions.jsonl", predictions)
+            run.write_json("metrics.json", metrics)
+            run.write_text("README.md", model_card(recipe, metrics))
+            run.finish("complete")
+        return metrics
+    except BaseException as err:
+        if state.is_main_process and (run / "manifest.json").exists():
+            message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+            run.finish("failed", error=message or type(err).__name__)
+        elif state.is_main_process and run.path.is_dir() and not any(run.path.iterdir()):
+            run.path.rmdir()  # nothing was written: leave no empty run directory behind
+        raise
+
+
+def resolve_family(recipe: Recipe) -> str:
+    """The recipe's family; for a hub id, read from its config (the recipe validator could not)."""
+    if recipe.family:
+        return recipe.family
+    from transformers import AutoConfig
+
+    from hftoolkit.recipe import MODEL_TYPE_FAMILIES, validate_recipe
+
+    config = AutoConfig.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision,
+                                        trust_remote_code=recipe.model.trust_remote_code)
+    family = MODEL_TYPE_FAMILIES.get(config.model_type)
+    if family is None:
+        raise UserError(f"model.checkpoint: model type {config.model_type!r} is not in hftoolkit's family table; "
+                        "set model.family to encoder, decoder, seq2seq or vision")
+    raw = recipe.model_dump()
+    raw["model"]["family"] = family
+    validate_recipe(raw, "model.checkpoint")  # the task/family check, now that the family is known
+    recipe.model.family = family
+    return family
+
+
+def set_seed(seed: int) -> None:
+    from transformers import set_seed as hf_set_seed
+
+    hf_set_seed(seed)
+
+
+class TokenCounter:
+    """Wraps a collator: counts real and padding tokens, and drops the "length" column."""
+
+    def __init__(self, collate):
+        self.collate = collate
+        self.real = self.total = self.samples = 0
+
+    def __call__(self, features):
+        for f in features:
+            f.pop("length", None)
+        batch = self.collate(features)
+        mask = batch.get("attention_mask")
+        if mask is not None:
+            self.real += int(mask.sum())
+            self.total += mask.numel()
+        self.samples += len(features)
+        return batch
+
+    def reset(self):
+        self.real = self.total = self.samples = 0
+
+
+def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, counter, scorer):
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    t = recipe.training
+    args = TrainingArguments(
+        output_dir=str(run / "checkpoints"),
+        num_train_epochs=t.epochs, max_steps=t.max_steps or -1,
+        per_device_train_batch_size=t.batch_size, per_device_eval_batch_size=recipe.eval.batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation, learning_rate=t.learning_rate,
+        lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm, label_smoothing_factor=t.label_smoothing, seed=t.seed,
+        bf16=t.precision == "bf16", fp16=t.precision == "fp16", use_cpu=not torch.cuda.is_available(),
+        logging_steps=t.logging_steps, logging_first_step=True, report_to=list(t.report_to) or "none",
+        save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 500,
+        save_total_limit=t.keep_last, save_only_model=False, eval_strategy="no",
+        train_sampling_strategy="group_by_length" if t.group_by_length else "random",
+        remove_unused_columns=False,  # our collator drops "length"; the sampler needs it first
+        dataloader_num_workers=0, disable_tqdm=False, logging_nan_inf_filter=False,
+    )
+    return Trainer(model=model, args=args, train_dataset=encoded["train"], eval_dataset=encoded["eval"],
+                   data_collator=counter, processing_class=processor,
+                   compute_metrics=scorer.compute if recipe.task not in GENERATION_TASKS else None,
+                   preprocess_logits_for_metrics=scorer.reduce_logits)
+
+
+def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
+    """Eval loss and metrics on the eval split, plus up to eval.max_predictions prediction records."""
+    started = time.perf_counter()
+    column = INPUT_COLUMN.get(recipe.task, "text")
+    raw = data["eval"]
+    scored = trainer.evaluate(encoded["eval"], metric_key_prefix="eval")
+    results = {k.removeprefix("eval_"): v for k, v in scored.items()
+               if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second", "steps_per_second"))}
+    if recipe.task in PERPLEXITY_TASKS and "loss" in results:
+        results["perplexity"] = math.exp(min(results["loss"], 50))
+    count = len(raw) if recipe.task in GENERATION_TASKS else min(len(raw), recipe.eval.max_predictions)
+    inputs = raw[column][:count]
+    prompt = {"prompt_fraction": PROMPT_FRACTION[recipe.task]} if recipe.task in PROMPT_FRACTION else {}
+    outputs = family.generate(recipe, trainer.model, processor, inputs, **prompt) if count else []
+    if recipe.task in GENERATION_TASKS:
+        results.update(scorer.compute([o["text"] for o in outputs], raw["target"]))
+    references = _references(recipe, raw, count)
+    predictions = [{"input": _show(x), **({"reference": r} if r is not None else {}), **o}
+                   for x, r, o in zip(inputs, references, outputs)][:recipe.eval.max_predictions]
+    return results, predictions, time.perf_counter() - started
+
+
+def _references(recipe: Recipe, raw, count: int) -> list:
+    if "target" in raw.column_names:
+        return raw["target"][:count]
+    if "label" in raw.column_names and recipe.data.label_names:
+        names = recipe.data.label_names
+        return [[names[i] for i in v] if isinstance(v, list) else names[v] for v in raw["label"][:count]]
+    return [None] * count
+
+
+def _show(value):
+    return value if isinstance(value, (str, list)) else f"<{type(value).__name__}>"
+
+
+def summarize(recipe, model, scorer, evaluation, counter, train_seconds, eval_seconds) -> dict:
+    trainable, total = modeling.count_parameters(model)
+    return {
+        "name": recipe.name, "family": recipe.family, "task": recipe.task, "checkpoint": recipe.model.checkpoint,
+        "quantization": recipe.model.quantization, "lora_rank": recipe.lora.r if recipe.lora.enabled else None,
+        "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better, "eval": evaluation,
+        "train_seconds": round(train_seconds, 3), "eval_seconds": round(eval_seconds, 3),
+        "samples_per_second": round(counter.samples / train_seconds, 3),
+        "tokens_per_second": round(counter.real / train_seconds, 1) if counter.total else None,
+        "padding_fraction": round(1 - counter.real / counter.total, 4) if counter.total else None,
+        "peak_memory_mb": peak_memory_mb(), "trainable_params": trainable, "total_params": total,
+        "hftoolkit_version": __import__("hftoolkit").__version__,
+    }
+
+
+def peak_memory_mb() -> float:
+    """Peak GPU memory allocated when on CUDA, else the process's peak resident set size."""
+    import torch
+
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def save_weights(recipe: Recipe, model, processor, run: RunDirectory) -> None:
+    """The adapter (LoRA) or the whole model (full fine-tuning), as safetensors, with the processor."""
+    target = run / ("adapter" if recipe.lora.enabled else "model")
+    model.save_pretrained(target, safe_serialization=True)
+    processor.save_pretrained(target)
+
+
+def load_trained(run_dir: Path):
+    """(recipe, family module, model, processor) of a finished run, ready for eval or predict."""
+    run = RunDirectory(run_dir)
+    if not (run / "recipe.yaml").is_file():
+        raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
+    weights = run.weights_dir()
+    recipe = load_recipe(run / "recipe.yaml")
+    family = family_module(resolve_family(recipe))
+    if weights.name == "model":
+        recipe.model.checkpoint = str(weights)
+        return recipe, family, *family.load_model(recipe)
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    model, processor = family.load_model(recipe)
+    set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
+    model.eval()
+    return recipe, family, model, processor
+
+
+def model_card(recipe: Recipe, metrics: dict) -> str:
+    scores = "\n".join(f"| {k} | {v:.4g} |" for k, v in metrics["eval"].items() if isinstance(v, (int, float)))
+    lora = f"LoRA r={recipe.lora.r}, alpha={recipe.lora.alpha}" if recipe.lora.enabled else "full fine-tuning"
+    return f"""# {recipe.name}
+
+{recipe.description or f"{recipe.task} fine-tuned with hftoolkit."}
+
+- Base checkpoint: `{recipe.model.checkpoint}` ({metrics['family']}), quantization: {recipe.model.quantization}
+- Method: {lora}; trainable parameters {metrics['trainable_params']:,} of {metrics['total_params']:,}
+- Data: `{recipe.data.train}`; seed {recipe.training.seed}
+- Train time {metrics['train_seconds']:.1f} s; peak memory {metrics['peak_memory_mb']} MB
+
+| metric | value |
+|---|---|
+{scores}
+
+Reproduce: `hftoolkit train recipe.yaml` (the resolved recipe beside this card).
+"""

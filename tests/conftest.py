@@ -1,0 +1,58 @@
+"""Shared fixtures: offline, tiny checkpoints built once per session, and a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RECIPES = ROOT / "recipes"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+os.environ["HF_HUB_OFFLINE"] = "1"
+os.environ["HF_DATASETS_OFFLINE"] = "1"
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def tiny_cache(tmp_path_factory):
+    """Tiny init: checkpoints go to one folder per test session (built once, reused)."""
+    cache = os.environ.get("HFTOOLKIT_TEST_CACHE") or str(tmp_path_factory.mktemp("hftoolkit-cache"))
+    os.environ["HFTOOLKIT_CACHE"] = cache
+    return Path(cache)
+
+
+@pytest.fixture(autouse=True)
+def seeded():
+    import random
+
+    random.seed(0)
+
+
+def run_cli(*args: str, expect: int | None = 0):
+    """Invoke the CLI in-process (no 10 s import per call); asserts the exit code when `expect` is set."""
+    from typer.testing import CliRunner
+
+    from hftoolkit.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if expect is not None and result.exit_code != expect:
+        raise AssertionError(f"exit {result.exit_code} (expected {expect}) for {args}:\n{result.output}"
+                             + (f"\n{result.exception!r}" if result.exception else ""))
+    return result
+
+
+def plain(text: str) -> str:
+    """Output without rich's box drawing and line wrapping, for matching sentences."""
+    return re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", text)).strip()
+
+
+def train_recipe(recipe: str | Path, out: Path, *sets: str, expect: int | None = 0):
+    """Train a recipe into `out` with --set overrides; returns the CliRunner result."""
+    args = ["train", str(recipe), "--output", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    return run_cli(*args, expect=expect)

@@ -1,0 +1,61 @@
+"""The light commands: fast, no torch or transformers imported, clean errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import RECIPES, ROOT, plain, run_cli
+
+HEAVY = ("torch", "transformers", "peft", "datasets", "accelerate")
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["validate", str(RECIPES / "encoder-classification.yaml")],
+                                  ["recipes"], ["doctor"]], ids=lambda a: a[0])
+def test_light_commands_import_no_torch(argv):
+    # A real process: what matters is what the command imports, which an in-process run can't show.
+    code = ("import sys; from hftoolkit.cli import app\n"
+            "try:\n    app(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
+            f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
+            "print('HEAVY', heavy); sys.exit(code)")
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "HEAVY []" in out.stdout, out.stdout
+
+
+def test_help_lists_every_command():
+    out = run_cli("--help").output
+    for command in ("train", "eval", "predict", "validate", "recipes", "init-model", "doctor"):
+        assert command in out
+
+
+def test_recipes_lists_shipped_recipes_with_descriptions():
+    out = run_cli("recipes").output
+    assert "recipes/encoder-classification.yaml" in out
+    assert "BERT-family sequence classification" in out
+
+
+def test_validate_reports_every_problem_of_every_file(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: x\ntask: classification\nmodel: {checkpoint: init:bert, quantisation: 8bit}\n"
+                   "data: {train: builtin:sentiment}\ntraining: {batch_size: -2}\n")
+    result = run_cli("validate", RECIPES / "encoder-classification.yaml", bad, expect=2)
+    text = plain(result.output)
+    assert "ok:" in text and "encoder-classification.yaml" in text
+    assert "model.quantisation: unknown key: did you mean 'quantization'?" in text
+    assert "training.batch_size: input should be greater than 0" in text
+
+
+def test_doctor_reports_versions_backend_and_network():
+    out = run_cli("doctor").output
+    for key in ("torch", "transformers", "bitsandbytes backend", "cuda", "hugging face hub", "free disk"):
+        assert key in out
+    assert "offline" in out  # tests run with HF_HUB_OFFLINE=1
+
+
+def test_python_dash_m_works():
+    out = subprocess.run([sys.executable, "-m", "hftoolkit", "--help"], capture_output=True, text=True,
+                         cwd=ROOT, timeout=60)
+    assert out.returncode == 0 and "Usage" in out.stdout

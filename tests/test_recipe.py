@@ -1,0 +1,122 @@
+"""Recipe validation: good recipes pass, every problem of a bad one is reported with its path."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from hftoolkit.recipe import RecipeError, load_recipe, validate_recipe
+from tests.conftest import RECIPES
+
+GOOD = {
+    "name": "t", "task": "classification",
+    "model": {"checkpoint": "init:bert"},
+    "data": {"train": "builtin:sentiment"},
+}
+
+
+def write(tmp_path, data, name="r.yaml"):
+    path = tmp_path / name
+    path.write_text(data if isinstance(data, str) else yaml.safe_dump(data))
+    return path
+
+
+# Every recipe, found by glob so none is forgotten; launcher configs have their own test file.
+SHIPPED = sorted(p for p in RECIPES.rglob("*.yaml") if "accelerate" not in p.relative_to(RECIPES).parts)
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_shipped_recipe_validates(path):
+    recipe = load_recipe(path)
+    first = path.read_text().splitlines()[0]
+    assert first.startswith("# hftoolkit train recipes/"), f"{path.name} must open with the command that runs it"
+    assert recipe.description, f"{path.name} needs a description for `hftoolkit recipes`"
+
+
+def test_defaults_fill_in(tmp_path):
+    recipe = load_recipe(write(tmp_path, GOOD))
+    assert recipe.lora.enabled and recipe.lora.targets == "auto"
+    assert recipe.training.group_by_length is True
+    assert recipe.family == "encoder"
+
+
+def test_unknown_keys_get_suggestions_and_all_errors_come_at_once(tmp_path):
+    raw = {**GOOD, "model": {"checkpoint": "init:bert", "quantisation": "8bit"},
+           "data": {"train": "x.csv", "max_lenght": 64}, "training": {"batch_size": 0, "epochs": "many"}}
+    with pytest.raises(RecipeError) as err:
+        load_recipe(write(tmp_path, raw))
+    text = str(err.value)
+    assert len(err.value.problems) == 4
+    assert "r.yaml: model.quantisation: unknown key: did you mean 'quantization'?" in text
+    assert "data.max_lenght: unknown key: did you mean 'max_length'?" in text
+    assert "training.batch_size: input should be greater than 0" in text
+    assert "training.epochs" in text and '"many"' in text
+
+
+def test_unknown_key_without_close_match_lists_known_keys():
+    with pytest.raises(RecipeError) as err:
+        validate_recipe({**GOOD, "lora": {"zzz": 1}})
+    assert "known keys: enabled, r, alpha, dropout, targets" in str(err.value)
+
+
+def test_yaml_syntax_error_names_the_line(tmp_path):
+    path = write(tmp_path, "name: x\ntask: classification\nmodel: [unclosed\n")
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path)
+    assert "line 4" in str(err.value) or "line 3" in str(err.value)
+    assert "YAML syntax error" in str(err.value)
+
+
+def test_missing_file_and_non_mapping(tmp_path):
+    with pytest.raises(RecipeError, match="recipe file not found"):
+        load_recipe(tmp_path / "nope.yaml")
+    with pytest.raises(RecipeError, match="a recipe is a YAML mapping"):
+        load_recipe(write(tmp_path, "- a\n- b\n"))
+
+
+def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
+    path = write(tmp_path, GOOD)
+    recipe = load_recipe(path, ["training.epochs=3", "lora.targets=[query, key]", "model.quantization=8bit"])
+    assert recipe.training.epochs == 3
+    assert recipe.lora.targets == ["query", "key"]
+    assert recipe.model.quantization == "8bit"
+    with pytest.raises(RecipeError) as err:
+        load_recipe(path, ["training.batch_sise=4", "training.learning_rate=-1"])
+    text = str(err.value)
+    assert "--set training.batch_sise=4: training.batch_sise: unknown key: did you mean 'batch_size'?" in text
+    assert "--set training.learning_rate=-1: training.learning_rate" in text
+    with pytest.raises(RecipeError, match="expected key=value"):
+        load_recipe(path, ["training.epochs"])
+    with pytest.raises(RecipeError, match="is not a section"):
+        load_recipe(path, ["name.x=1"])
+
+
+@pytest.mark.parametrize("task, family", [("clm", "decoder"), ("translation", "seq2seq"),
+                                          ("image-classification", "vision")])
+def test_task_family_mismatch_names_the_family_that_fits(task, family):
+    with pytest.raises(RecipeError) as err:
+        validate_recipe({**GOOD, "task": task})
+    assert f"needs the {family} family" in str(err.value)
+    assert f"use a {family} checkpoint" in str(err.value)
+
+
+def test_classification_on_a_decoder_is_refused():
+    with pytest.raises(RecipeError, match="needs the encoder family because the output is a label"):
+        validate_recipe({**GOOD, "model": {"checkpoint": "init:gpt2"}})
+
+
+def test_t5_fp16_and_remote_code_rules():
+    t5 = {**GOOD, "task": "translation", "model": {"checkpoint": "init:t5"}, "training": {"precision": "fp16"}}
+    with pytest.raises(RecipeError, match="bf16 or fp32"):
+        validate_recipe(t5)
+    with pytest.raises(RecipeError, match="pinned commit"):
+        validate_recipe({**GOOD, "model": {"checkpoint": "org/model", "trust_remote_code": True}})
+    ok = validate_recipe({**GOOD, "model": {"checkpoint": "org/model", "trust_remote_code": True,
+                                           "revision": "0123abc"}})
+    assert ok.model.trust_remote_code
+
+
+def test_local_checkpoint_family_read_from_config(tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
+    with pytest.raises(RecipeError, match="needs the encoder family"):
+        validate_recipe({**GOOD, "model": {"checkpoint": str(tmp_path)}})
