@@ -11,7 +11,7 @@ import typer
 
 from hftoolkit.errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   help="Fine-tune and evaluate pretrained transformers from one YAML recipe.")
 # The shipped recipes sit beside the package in a checkout (editable install), or in the
 # working directory (the Docker image copies them to /workspace/recipes).
@@ -131,6 +131,33 @@ def compare(
     except ReportError as err:
         raise UserError(str(err)) from None
     _print_rows(rows)
+    typer.echo(f"report: {path} and {path.with_suffix('.html')}")
+
+
+@app.command()
+def merge(
+    run_dir: Annotated[Path, typer.Argument(help="A LoRA run directory written by train.")],
+    out: Annotated[Path, typer.Option("--out", help="Folder for the merged checkpoint.")],
+    dtype: Annotated[str, typer.Option(help="Saved dtype: float32, bfloat16 or float16.")] = "float32",
+):
+    """Fold the LoRA adapter into the base weights; the result loads with the Auto classes, no peft."""
+    from hftoolkit.export import merge_run
+
+    typer.echo(f"merged checkpoint: {merge_run(run_dir, out, dtype)}")
+
+
+@app.command()
+def bench(
+    families: Annotated[Optional[list[str]], typer.Option("--families", help="Families to train (default all).")] = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for the runs and the report.")] = Path("bench"),
+    set_: SetOption = None,
+):
+    """Train each family's smoke recipe (offline) and write the cross-architecture comparison report."""
+    from hftoolkit.bench import SMOKE_RECIPES, bench as run_bench
+    from hftoolkit.report import load_run, summary_rows
+
+    path, runs = run_bench(families or list(SMOKE_RECIPES), out, RECIPES_DIR, set_ or [])
+    _print_rows(summary_rows([load_run(p) for p in runs]))
     typer.echo(f"report: {path} and {path.with_suffix('.html')}")
 
 

@@ -215,13 +215,18 @@ def save_weights(recipe: Recipe, model, processor, run: RunDirectory) -> None:
     processor.save_pretrained(target)
 
 
-def load_trained(run_dir: Path):
-    """(recipe, family module, model, processor) of a finished run, ready for eval or predict."""
+def load_trained(run_dir: Path, full_precision: bool = False):
+    """(recipe, family module, model, processor) of a finished run, ready for eval or predict.
+
+    full_precision loads an 8-bit or 4-bit base unquantized (for merging the adapter into it).
+    """
     run = RunDirectory(run_dir)
     if not (run / "recipe.yaml").is_file():
         raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
     weights = run.weights_dir()
     recipe = load_recipe(run / "recipe.yaml")
+    if full_precision:
+        recipe.model.quantization = "none"
     family = family_module(resolve_family(recipe))
     if weights.name == "model":
         recipe.model.checkpoint = str(weights)
