@@ -103,30 +103,43 @@ class _SeededMasking:
     """BERT's masking: each non-special, non-padding token is selected with probability p; of those,
     80% become [MASK], 10% a random token, 10% stay unchanged; only selected tokens carry a label.
 
-    DataCollatorForLanguageModeling does the masking. Its random stream is seeded per batch from
-    (training.seed, the batch's token ids), so the same batch is always masked the same way. That is
-    what makes eval loss comparable: eval batches are the same examples in the same order in every run
-    and every `hftoolkit eval`, whatever came before (a generator seeded once would depend on how many
-    training batches it had served). Training still sees fresh masks: the Trainer reshuffles every
-    epoch, so a batch of the same examples in the same order (hence the same mask) practically never recurs.
+    DataCollatorForLanguageModeling masks each example on its own, with a generator seeded from
+    (training.seed, the example's token ids, how many times this collator met the whole batch before).
+    Eval runs once per process (after training, or in `hftoolkit eval`), so each eval example gets its
+    first mask: the same in every run, whatever came before (one generator seeded at the start would
+    depend on how many training batches it had served), which makes eval loss comparable between runs.
+    A batch met again (the same examples in a later epoch, as with sequential sampling) gets fresh
+    masks, so training masks stay dynamic. Counting batches, not examples, keeps a text that occurs in
+    both splits (duplicates) from shifting the eval masks.
     """
 
     def __init__(self, tokenizer, probability: float, seed: int):
-        from transformers import DataCollatorForLanguageModeling
+        from transformers import DataCollatorForLanguageModeling, DataCollatorForTokenClassification
 
         self.masking = DataCollatorForLanguageModeling(tokenizer, mlm=True, mlm_probability=probability,
                                                        mask_replace_prob=0.8, random_replace_prob=0.1)
+        self.padding = DataCollatorForTokenClassification(tokenizer, label_pad_token_id=IGNORE_INDEX)
         self.seed = seed
+        self.times_met: dict[int, int] = {}
 
     def __call__(self, features):
         import torch
 
-        self.masking.generator = torch.Generator().manual_seed(_content_seed(self.seed, [f["input_ids"] for f in features]))
-        return self.masking(features)
+        batch = _content_seed(self.seed, [f["input_ids"] for f in features])
+        count = self.times_met[batch] = self.times_met.get(batch, -1) + 1
+        masked = []
+        for f in features:
+            self.masking.generator = torch.Generator().manual_seed(_content_seed(self.seed, [f["input_ids"], [count]]))
+            special = f.get("special_tokens_mask")  # without it, the collator asks the tokenizer
+            ids, labels = self.masking.torch_mask_tokens(
+                torch.tensor([f["input_ids"]]), None if special is None else torch.tensor([special]))
+            rest = {k: v for k, v in f.items() if k not in ("input_ids", "special_tokens_mask")}
+            masked.append({**rest, "input_ids": ids[0].tolist(), "labels": labels[0].tolist()})
+        return self.padding(masked)
 
 
 def _content_seed(seed: int, rows) -> int:
-    """A 63-bit seed from the recipe seed and the token ids of `rows` (stable across processes and runs)."""
+    """A 63-bit seed from a seed and the token ids of `rows` (stable across processes and runs)."""
     digest = hashlib.sha256(str(seed).encode())
     for ids in rows:
         digest.update(",".join(map(str, list(map(int, ids)))).encode() + b";")
@@ -246,7 +259,8 @@ def _fill_masks(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dic
         for row in range(len(ids)):
             maskable = (~fixed[row]).nonzero().flatten()
             if not (ids[row] == mask).any() and len(maskable):
-                generator = torch.Generator().manual_seed(_content_seed(recipe.training.seed, [ids[row]]))
+                real = ids[row][batch["attention_mask"][row].bool()]  # unpadded: the same masks in any batch
+                generator = torch.Generator().manual_seed(_content_seed(recipe.training.seed, [real]))
                 count = max(1, round(recipe.data.mask_probability * len(maskable)))
                 ids[row, maskable[torch.randperm(len(maskable), generator=generator)[:count]]] = mask
         with torch.no_grad():
