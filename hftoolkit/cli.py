@@ -23,20 +23,41 @@ SetOption = Annotated[Optional[list[str]], typer.Option("--set", help="Override 
 
 @app.command()
 def train(
-    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (or, with --resume, a run directory).")],
     set_: SetOption = None,
     output: Annotated[Optional[Path], typer.Option("--output", help="Run directory (default output.dir/name).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty run directory.")] = False,
+    resume: Annotated[bool, typer.Option(help="Continue the run from its newest complete checkpoint.")] = False,
+    num_processes: Annotated[Optional[int], typer.Option(
+        "--num-processes", min=1, help="Train on N processes (one per GPU; gloo on a CPU), started through "
+                                       "accelerate launch. training.batch_size is split over them.")] = None,
+    accelerate_config: Annotated[Optional[Path], typer.Option(
+        "--accelerate-config", help="An accelerate launch config (see recipes/accelerate/); "
+                                    "overrides the recipe's training.accelerate_config.")] = None,
 ):
     """Fine-tune a model as the recipe says and write a run directory."""
     from hftoolkit.recipe import load_recipe
 
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite contradict each other: pass one of them")
+    if resume and recipe.is_dir():  # `train --resume RUN_DIR`: the run's own resolved recipe
+        if not (recipe / "recipe.yaml").is_file():
+            raise UserError(f"--resume: {recipe} has no recipe.yaml, so it is not a run directory: "
+                            "pass a folder written by hftoolkit train, or the recipe file with --output")
+        output, recipe = output or recipe, recipe / "recipe.yaml"
     parsed = load_recipe(recipe, set_ or [])
     run_dir = output or parsed.run_dir
+    from hftoolkit import launch
+
+    plan = launch.plan_launch(parsed, num_processes, accelerate_config, source=str(recipe))
+    if plan.relaunch:  # N processes, each running this command without the launch options
+        raise typer.Exit(launch.relaunch(plan, sys.argv[1:]))
     from hftoolkit.train import train as run_training
 
-    metrics = run_training(parsed, run_dir, command=sys.argv, overwrite=overwrite)
-    _print_metrics(metrics, run_dir)
+    metrics = run_training(parsed, run_dir, command=launch.command_line(), overwrite=overwrite, resume=resume)
+    if launch.is_main_process():
+        _print_metrics(metrics, run_dir)
+    launch.end_processes()
 
 
 @app.command("eval")
@@ -73,12 +94,15 @@ def validate(
     set_: SetOption = None,
 ):
     """Check recipes without loading any model; lists every problem at once."""
+    from hftoolkit.launch import plan_launch
     from hftoolkit.recipe import RecipeError, load_recipe
 
     problems = []
     for path in recipes:
         try:
-            load_recipe(path, set_ or [])
+            parsed = load_recipe(path, set_ or [])
+            if parsed.training.accelerate_config:  # the launcher config it names, checked against it
+                plan_launch(parsed, None, None, source=str(path))
             typer.echo(f"ok: {path}")
         except RecipeError as err:
             problems += err.problems

@@ -90,7 +90,7 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
                             + ", ".join(f"builtin:{n}" for n in BUILTIN))
         ds = datasets.Dataset.from_list(BUILTIN[name](seed=recipe.training.seed))
         return _map_columns(ds, recipe, key, source, canonical=True)
-    path = Path(source).expanduser()
+    path = _expand(source, key)
     if path.is_dir():
         ds = _load_builder("imagefolder", {"data_dir": str(path)}, key, source)
         return _map_columns(ds, recipe, key, source, canonical=True)
@@ -98,7 +98,8 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
         if not path.is_file():
             raise UserError(f"{key}: data file {source} not found: check the path")
         if target is not None:
-            return _aligned(path, Path(target).expanduser(), key)
+            return _aligned(path, _expand(target, key.replace("data.train", "data.train_target")
+                                                  .replace("data.eval", "data.eval_target")), key)
         builder = FILE_BUILDERS.get(path.suffix.lower())
         if builder is None:
             raise UserError(f"{key}: {source} has an unsupported extension; use one of {', '.join(FILE_BUILDERS)}")
@@ -115,6 +116,13 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
     return _map_columns(ds, recipe, key, source)
 
 
+def _expand(source: str, key: str) -> Path:
+    try:
+        return Path(source).expanduser()
+    except RuntimeError:  # ~name of a user this machine does not know
+        raise UserError(f"{key}: {source} starts with an unknown ~user: write the full path") from None
+
+
 def _load_builder(builder: str, kwargs: dict, key: str, source: str):
     import datasets
 
@@ -125,6 +133,8 @@ def _load_builder(builder: str, kwargs: dict, key: str, source: str):
         raise UserError(f"{key}: {source} is not UTF-8 text: convert it to UTF-8") from None
     except Exception as err:  # datasets wraps parser errors in several types
         cause = err.__cause__ or err
+        if isinstance(cause, UnicodeDecodeError):  # the csv reader's, wrapped by datasets
+            raise UserError(f"{key}: {source} is not UTF-8 text: convert it to UTF-8") from None
         if "corresponds to no data" in str(cause):  # a header and no rows
             raise UserError(f"{key}: {source} has no rows: point it at a data set with examples") from None
         raise UserError(f"{key}: could not read {source} ({type(cause).__name__}: "
@@ -161,6 +171,8 @@ def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fa
     wanted = TASK_COLUMNS[recipe.task]
     mapping = {}
     for name, field in wanted.items():
+        if name == "text" and key == "data.eval" and recipe.data.eval_text_column:
+            field = "eval_text_column"
         column = name if canonical and name in ds.column_names else getattr(recipe.data, field)
         if column not in ds.column_names:
             raise UserError(f"data.{field}: column {column!r} not found in {source}; columns found: "
@@ -185,8 +197,7 @@ def _encode_labels(recipe: Recipe, train, evaluation):
     feature = train.features["label"]
     inner = getattr(feature, "feature", feature)  # a Sequence (tagging) holds its item feature
     if isinstance(inner, ClassLabel):  # imagefolder and hub sets: ids -> their names first
-        as_names = lambda r: {"label": _names(r["label"], inner.names)}
-        train, evaluation = train.map(as_names), evaluation.map(as_names)
+        train, evaluation = _as_names(train), _as_names(evaluation)
     values = _flat(train["label"]) + _flat(evaluation["label"])
     kinds = {type(v).__name__ for v in values}
     if len(kinds) > 1 or not kinds <= {"int", "str"}:
@@ -208,6 +219,19 @@ def _encode_labels(recipe: Recipe, train, evaluation):
     recipe.data.label_names = names
     encode = lambda r: {"label": [to_id(v) for v in r["label"]] if isinstance(r["label"], list) else to_id(r["label"])}
     return train.map(encode), evaluation.map(encode)
+
+
+def _as_names(ds):
+    """Class ids -> the split's own class names; map is told the new feature, else it keeps ClassLabel (ids again)."""
+    from datasets import ClassLabel, List, Value
+
+    feature = ds.features["label"]
+    inner = getattr(feature, "feature", feature)
+    if not isinstance(inner, ClassLabel):
+        return ds
+    features = ds.features.copy()
+    features["label"] = List(Value("string")) if inner is not feature else Value("string")
+    return ds.map(lambda r: {"label": _names(r["label"], inner.names)}, features=features)
 
 
 def _names(label, names):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from hftoolkit.errors import UserError
@@ -14,7 +13,8 @@ IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".ti
 def reevaluate(run_dir: Path) -> dict:
     """Score the run's saved weights on its eval split again; metrics.json's eval part is replaced."""
     from hftoolkit.data import load_data
-    from hftoolkit.train import TokenCounter, build_trainer, evaluate, load_trained
+    from hftoolkit.throughput import TokenCounter
+    from hftoolkit.train import build_trainer, evaluate, load_trained
 
     recipe, family, model, processor = load_trained(run_dir)
     run = RunDirectory(run_dir)
@@ -48,9 +48,7 @@ def predict(run_dir: Path, given: str, generation: dict) -> list[dict]:
         recipe.eval.generation = recipe.eval.generation.model_copy(update=generation)
         type(recipe.eval.generation).model_validate(recipe.eval.generation.model_dump())
     inputs = read_inputs(given, recipe.task)
-    started = time.perf_counter()
     outputs = family.generate(recipe, model, processor, inputs)
-    _ = time.perf_counter() - started
     shown = [x if isinstance(x, str) else given for x in inputs]
     return [{"input": x, **o} for x, o in zip(shown, outputs)]
 

@@ -39,7 +39,10 @@ def resolve_checkpoint(recipe: Recipe) -> str:
         from hftoolkit.tiny import ensure_tiny
 
         return str(ensure_tiny(ckpt.removeprefix("init:")))
-    path = Path(ckpt).expanduser()
+    try:
+        path = Path(ckpt).expanduser()
+    except RuntimeError:  # ~name of a user this machine does not know
+        raise UserError(f"model.checkpoint: {ckpt} starts with an unknown ~user: write the full path") from None
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"model.checkpoint: {ckpt} has no config.json, so it is not a saved model; "
@@ -81,10 +84,12 @@ def load_pretrained(auto_class, recipe: Recipe, keep_full_precision: list[str] =
     quant = quantization_config(recipe, keep_full_precision)
     if quant is not None:
         from_kwargs.update(quantization_config=quant, device_map={"": _device()})
+    from safetensors import SafetensorError  # a truncated or damaged weights file
+
     checkpoint = resolve_checkpoint(recipe)
     try:
         return auto_class.from_pretrained(checkpoint, **from_kwargs)
-    except (OSError, ValueError) as err:
+    except (OSError, ValueError, SafetensorError) as err:
         raise UserError(f"model.checkpoint: could not load {recipe.model.checkpoint} "
                         f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
 

@@ -80,6 +80,7 @@ class DataSection(Section):
     train_split: str = "train"
     eval_split: str | None = None
     text_column: str = "text"
+    eval_text_column: str | None = Field(None, description="data.eval's text column, where its name differs")
     label_column: str = "label"
     target_column: str = "target"
     image_column: str = "image"
@@ -98,7 +99,8 @@ class DataSection(Section):
 class TrainingSection(Section):
     epochs: float = Field(1.0, gt=0)
     max_steps: int | None = Field(None, gt=0)
-    batch_size: int = Field(16, gt=0)
+    batch_size: int = Field(16, gt=0, description="examples per optimizer step over all processes together "
+                                                  "(each of N processes takes batch_size / N)")
     gradient_accumulation: int = Field(1, gt=0)
     learning_rate: float = Field(5e-4, gt=0)
     scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
@@ -108,13 +110,35 @@ class TrainingSection(Section):
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     seed: int = 0
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
-    group_by_length: bool = True
+    sampling: Literal["group_by_length", "random", "sequential"] = Field(
+        "group_by_length", description="training batch order: similar lengths together (least padding), shuffled, "
+                                       "or the data's own order (the same global batches on any number of processes)")
+    accelerate_config: str | None = Field(None, description="accelerate launcher config (recipes/accelerate/*.yaml) "
+                                                            "that `hftoolkit train` launches with")
     logging_steps: int = Field(10, gt=0)
     save_steps: int | None = Field(None, gt=0)
     keep_last: int = Field(2, gt=0)
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "trackio"]] = []
     on_nonfinite: Literal["stop", "skip"] = "stop"
     max_nonfinite_skips: int = Field(3, gt=0)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _group_by_length_is_a_sampling(cls, data):
+        """The older switch `group_by_length: true|false` still reads, as sampling group_by_length|random."""
+        if isinstance(data, dict) and "group_by_length" in data:
+            data = dict(data)
+            grouped = data.pop("group_by_length")
+            implied = "group_by_length" if grouped else "random"
+            if "sampling" in data and data["sampling"] != implied:
+                raise ValueError(f"group_by_length: {str(grouped).lower()} and sampling: {data['sampling']} disagree: "
+                                 "keep only training.sampling (group_by_length, random or sequential)")
+            data["sampling"] = implied
+        return data
+
+    @property
+    def group_by_length(self) -> bool:
+        return self.sampling == "group_by_length"
 
 
 class GenerationSection(Section):
@@ -162,8 +186,12 @@ class Recipe(Section):
             raise ValueError("task 'denoise' is BART's text-infilling objective: use a bart checkpoint")
         if self.model_type in ("t5", "mt5") and self.training.precision == "fp16":
             raise ValueError("T5 overflows in fp16 and trains to NaN losses: set training.precision to bf16 or fp32")
-        if self.training.max_steps is None and self.training.epochs <= 0:
-            raise ValueError("set training.epochs or training.max_steps")
+        if self.model.quantization != "none" and not self.lora.enabled:
+            raise ValueError(f"{self.model.quantization} weights can't be trained directly: "
+                             "set lora.enabled to true, or model.quantization to none for full fine-tuning")
+        if self.task in ("mlm", "clm", "denoise") and self.training.label_smoothing:
+            raise ValueError(f"task {self.task!r} reports perplexity, which a label-smoothed loss would distort: "
+                             "set training.label_smoothing to 0")
         return self
 
     @property
@@ -186,7 +214,10 @@ def model_type_of(checkpoint: str) -> str | None:
     """model_type from `init:<arch>` or a local config.json; None for a hub id (unknown offline)."""
     if checkpoint.startswith("init:"):
         return checkpoint.removeprefix("init:")
-    config = Path(checkpoint).expanduser() / "config.json"
+    try:
+        config = Path(checkpoint).expanduser() / "config.json"
+    except RuntimeError:  # ~name of an unknown user: resolve_checkpoint names the problem
+        return None
     if config.is_file():
         try:
             return json.loads(config.read_text()).get("model_type")
@@ -220,6 +251,8 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise RecipeError([f"{path}: {where}YAML syntax error ({problem}): fix the YAML"]) from None
+    except RecursionError:  # PyYAML parses nesting recursively
+        raise RecipeError([f"{path}: the YAML is nested too deeply to read: a recipe is a few levels of sections"]) from None
     if not isinstance(raw, dict):
         raise RecipeError([f"{path}: a recipe is a YAML mapping of sections (name, task, model, data, ...), "
                            f"got {type(raw).__name__}"])
@@ -239,7 +272,7 @@ def apply_overrides(raw: dict, overrides: list[str], source: Path | str = "--set
         dotted = tuple(key.strip().split("."))
         try:
             value = yaml.safe_load(text) if text.strip() else ""
-        except yaml.YAMLError:
+        except (yaml.YAMLError, RecursionError):
             value = text
         node = raw
         for part in dotted[:-1]:
@@ -266,7 +299,8 @@ def validate_recipe(raw: dict, source: str = "recipe", overridden: dict[tuple, s
             loc = tuple(str(p) for p in e["loc"])
             origin = next((f"--set {overridden[loc[:i]]}" for i in range(len(loc), 0, -1)
                            if overridden and loc[:i] in overridden), source)
-            problems.append(f"{origin}: {'.'.join(loc) or '(top level)'}: {_describe(e, loc)}")
+            shown = ".".join(p if p.isprintable() else repr(p) for p in loc)  # a key may hold a line break
+            problems.append(f"{origin}: {shown or '(top level)'}: {_describe(e, loc)}")
         raise RecipeError(problems) from None
 
 

@@ -2,11 +2,14 @@
 
 `init:<arch>` in a recipe calls `ensure_tiny(arch)`, which builds the checkpoint once
 into a cache folder (atomically: a temporary folder renamed into place) and reuses it.
-Weights are random but seeded, so the same arch gives the same checkpoint everywhere.
+Weights are random but seeded. The tokenizer trainer may order tied merges differently
+from one build to the next, so a run directory keeps the tokenizer it trained with and
+`eval`/`predict` use that one, not the cache's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import string
@@ -34,9 +37,9 @@ def cache_dir() -> Path:
 
 def ensure_tiny(arch: str) -> Path:
     """Path of the cached tiny checkpoint for `arch`, creating it on first use."""
-    from hftoolkit import __version__
-
-    target = cache_dir() / f"{arch}-{__version__}"
+    # Keyed by this file's content: a change to the tiny configs or tokenizers rebuilds them.
+    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    target = cache_dir() / f"{arch}-{digest}"
     if not (target / "config.json").is_file():
         init_model(arch, target)
     return target
@@ -77,7 +80,8 @@ def _build(arch: str):
     if arch == "vit":
         config = tf.ViTConfig(hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
                               intermediate_size=ffn, image_size=32, patch_size=8)
-        processor = tf.ViTImageProcessor(size={"height": 32, "width": 32})
+        pil = getattr(tf, "ViTImageProcessorPil", tf.ViTImageProcessor)  # the PIL backend needs no torchvision
+        processor = pil(size={"height": 32, "width": 32})
         return tf.ViTModel(config, add_pooling_layer=False), processor
     tokenizer = train_tokenizer(arch)
     ids = {k.removesuffix("_token") + "_token_id": tokenizer.convert_tokens_to_ids(v) for k, v in SPECIALS[arch].items()}

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import resource
+import shutil
 import time
 from pathlib import Path
 
@@ -15,8 +16,10 @@ from hftoolkit import modeling
 from hftoolkit.data import fingerprint, load_data
 from hftoolkit.errors import UserError
 from hftoolkit.families import family_module
+from hftoolkit.launch import generate_everywhere
 from hftoolkit.recipe import Recipe, load_recipe, recipe_to_yaml
 from hftoolkit.rundir import RunDirectory
+from hftoolkit.throughput import TokenCounter, efficiency
 
 # Tasks scored by generated text rather than by the Trainer's logits.
 GENERATION_TASKS = {"translation", "summarization"}
@@ -28,35 +31,57 @@ INPUT_COLUMN = {"image-classification": "image"}
 PROMPT_FRACTION = {"clm": 0.25}
 
 
-def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False) -> dict:
-    """Run one recipe end to end; returns metrics.json's content."""
+def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False) -> dict:
+    """Run one recipe end to end; returns metrics.json's content.
+
+    resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py).
+    Bad input found before training starts removes the run directory this call created; a run
+    that fails once training has started keeps its log and says "failed" in manifest.json.
+    """
+    import torch
     from accelerate import PartialState
 
-    state = PartialState()
+    from hftoolkit import checkpoints
+
+    # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
+    # would otherwise each run alone as rank 0, and all write the run directory.
+    state = PartialState(cpu=not torch.cuda.is_available())
     run = RunDirectory(run_dir)
     if state.is_main_process:
-        run.claim(overwrite=overwrite)
+        run.claim(overwrite=overwrite, resume=resume)
     state.wait_for_everyone()
     started = time.perf_counter()
+    existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
+    written, trainer, resume_from = False, None, None
     try:
         family = family_module(resolve_family(recipe))
         with state.main_process_first():  # tokenize once, on the main process; the others read its cache
             data = load_data(recipe)
+        if resume:
+            resume_from = checkpoints.resume_point(run, recipe_to_yaml(recipe))
         if state.is_main_process:
+            if resume:
+                checkpoints.clear_results(run)
             run.start(recipe_to_yaml(recipe), command, recipe.training.seed)
+            written = True
+            run.update_manifest(resumed_from=str(resume_from) if resume_from else None)
             run.update_manifest(data_fingerprint=fingerprint(data))
         set_seed(recipe.training.seed)
-        model, processor = family.load_model(recipe)
+        with state.main_process_first():  # an init: checkpoint or a hub download is made once, by the main process
+            model, processor = family.load_model(recipe)
         with state.main_process_first():
             encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
         counter = TokenCounter(family.collator(recipe, processor))
         scorer = family.metrics(recipe, processor)
         trainer = build_trainer(recipe, run, model, processor, encoded, counter, scorer)
-        trainer.train()
-        train_seconds = time.perf_counter() - started
+        setup_seconds = time.perf_counter() - started
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        train_seconds = time.perf_counter() - started - setup_seconds
+        train_counts = counter.snapshot()  # before eval batches pass through the same collator
         trainer.model.eval()
         evaluation, predictions, eval_seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
-        metrics = summarize(recipe, trainer.model, scorer, evaluation, counter, train_seconds, eval_seconds)
+        metrics = summarize(recipe, trainer.model, scorer, evaluation, train_counts, train_seconds, eval_seconds)
+        metrics["setup_seconds"] = round(setup_seconds, 3)
         if state.is_main_process:
             save_weights(recipe, trainer.model, processor, run)
             run.write_jsonl("log_history.jsonl", trainer.state.log_history)
@@ -66,7 +91,11 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
             run.finish("complete")
         return metrics
     except BaseException as err:
-        if state.is_main_process and (run / "manifest.json").exists():
+        if state.is_main_process and isinstance(err, UserError) and not existed and trainer is None:
+            shutil.rmtree(run.path, ignore_errors=True)  # bad input, found before training: leave nothing
+        elif state.is_main_process and written:  # (a refused --resume has written nothing)
+            if trainer is not None:  # a failed run keeps its log
+                run.write_jsonl("log_history.jsonl", trainer.state.log_history)
             message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
             run.finish("failed", error=message or type(err).__name__)
         elif state.is_main_process and run.path.is_dir() and not any(run.path.iterdir()):
@@ -82,8 +111,12 @@ def resolve_family(recipe: Recipe) -> str:
 
     from hftoolkit.recipe import MODEL_TYPE_FAMILIES, validate_recipe
 
-    config = AutoConfig.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision,
-                                        trust_remote_code=recipe.model.trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision,
+                                            trust_remote_code=recipe.model.trust_remote_code)
+    except (OSError, ValueError) as err:  # config.json unreadable, or a model type transformers does not know
+        raise UserError(f"model.checkpoint: could not read the config of {recipe.model.checkpoint} "
+                        f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
     family = MODEL_TYPE_FAMILIES.get(config.model_type)
     if family is None:
         raise UserError(f"model.checkpoint: model type {config.model_type!r} is not in hftoolkit's family table; "
@@ -101,37 +134,20 @@ def set_seed(seed: int) -> None:
     hf_set_seed(seed)
 
 
-class TokenCounter:
-    """Wraps a collator: counts real and padding tokens, and drops the "length" column."""
-
-    def __init__(self, collate):
-        self.collate = collate
-        self.real = self.total = self.samples = 0
-
-    def __call__(self, features):
-        for f in features:
-            f.pop("length", None)
-        batch = self.collate(features)
-        mask = batch.get("attention_mask")
-        if mask is not None:
-            self.real += int(mask.sum())
-            self.total += mask.numel()
-        self.samples += len(features)
-        return batch
-
-    def reset(self):
-        self.real = self.total = self.samples = 0
-
-
 def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, counter, scorer):
     import torch
+    from accelerate import PartialState
     from transformers import Trainer, TrainingArguments
+
+    from hftoolkit.launch import per_process_batch
 
     t = recipe.training
     args = TrainingArguments(
         output_dir=str(run / "checkpoints"),
         num_train_epochs=t.epochs, max_steps=t.max_steps or -1,
-        per_device_train_batch_size=t.batch_size, per_device_eval_batch_size=recipe.eval.batch_size,
+        # training.batch_size is the step's batch over all processes; eval.batch_size is per process.
+        per_device_train_batch_size=per_process_batch(t.batch_size, PartialState().num_processes),
+        per_device_eval_batch_size=recipe.eval.batch_size,
         gradient_accumulation_steps=t.gradient_accumulation, learning_rate=t.learning_rate,
         lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm, label_smoothing_factor=t.label_smoothing, seed=t.seed,
@@ -139,14 +155,29 @@ def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, 
         logging_steps=t.logging_steps, logging_first_step=True, report_to=list(t.report_to) or "none",
         save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 500,
         save_total_limit=t.keep_last, save_only_model=False, eval_strategy="no",
-        train_sampling_strategy="group_by_length" if t.group_by_length else "random",
+        # Without a "length" column (images: all one size) the sampler would decode every example to measure it.
+        train_sampling_strategy="random" if t.sampling == "group_by_length" and "length" not in encoded["train"].column_names
+        else t.sampling,
         remove_unused_columns=False,  # our collator drops "length"; the sampler needs it first
         dataloader_num_workers=0, disable_tqdm=False, logging_nan_inf_filter=False,
     )
-    return Trainer(model=model, args=args, train_dataset=encoded["train"], eval_dataset=encoded["eval"],
-                   data_collator=counter, processing_class=processor,
-                   compute_metrics=scorer.compute if recipe.task not in GENERATION_TASKS else None,
-                   preprocess_logits_for_metrics=scorer.reduce_logits)
+    trainer = toolkit_trainer(Trainer)(
+        model=model, args=args, train_dataset=encoded["train"], eval_dataset=encoded["eval"],
+        data_collator=counter, processing_class=processor,
+        compute_metrics=scorer.compute if recipe.task not in GENERATION_TASKS else None,
+        preprocess_logits_for_metrics=scorer.reduce_logits)
+    trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
+    return trainer
+
+
+def toolkit_trainer(base):
+    """`base` (Trainer or Seq2SeqTrainer) with the non-finite guard, atomic checkpoints and a loss scale
+    that holds on any number of processes (launch.ItemNormalizedLoss)."""
+    from hftoolkit.checkpoints import AtomicCheckpoints
+    from hftoolkit.guards import NonFiniteGuard
+    from hftoolkit.launch import ItemNormalizedLoss
+
+    return type(f"Toolkit{base.__name__}", (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, base), {})
 
 
 def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
@@ -156,13 +187,13 @@ def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
     raw = data["eval"]
     scored = trainer.evaluate(encoded["eval"], metric_key_prefix="eval")
     results = {k.removeprefix("eval_"): v for k, v in scored.items()
-               if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second", "steps_per_second"))}
+               if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second", "_time"))}
     if recipe.task in PERPLEXITY_TASKS and "loss" in results:
         results["perplexity"] = math.exp(min(results["loss"], 50))
     count = len(raw) if recipe.task in GENERATION_TASKS else min(len(raw), recipe.eval.max_predictions)
     inputs = raw[column][:count]
     prompt = {"prompt_fraction": PROMPT_FRACTION[recipe.task]} if recipe.task in PROMPT_FRACTION else {}
-    outputs = family.generate(recipe, trainer.model, processor, inputs, **prompt) if count else []
+    outputs = generate_everywhere(family, recipe, trainer.model, processor, inputs, **prompt)  # shared by processes
     if recipe.task in GENERATION_TASKS:
         results.update(scorer.compute([o["text"] for o in outputs], raw["target"]))
     references = _references(recipe, raw, count)
@@ -184,16 +215,15 @@ def _show(value):
     return value if isinstance(value, (str, list)) else f"<{type(value).__name__}>"
 
 
-def summarize(recipe, model, scorer, evaluation, counter, train_seconds, eval_seconds) -> dict:
+def summarize(recipe, model, scorer, evaluation, counts, train_seconds, eval_seconds) -> dict:
     trainable, total = modeling.count_parameters(model)
     return {
         "name": recipe.name, "family": recipe.family, "task": recipe.task, "checkpoint": recipe.model.checkpoint,
         "quantization": recipe.model.quantization, "lora_rank": recipe.lora.r if recipe.lora.enabled else None,
         "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better, "eval": evaluation,
         "train_seconds": round(train_seconds, 3), "eval_seconds": round(eval_seconds, 3),
-        "samples_per_second": round(counter.samples / train_seconds, 3),
-        "tokens_per_second": round(counter.real / train_seconds, 1) if counter.total else None,
-        "padding_fraction": round(1 - counter.real / counter.total, 4) if counter.total else None,
+        "samples_per_second": round(counts["samples"] / train_seconds, 3),
+        **efficiency(model, counts, train_seconds, lora=recipe.lora.enabled),
         "peak_memory_mb": peak_memory_mb(), "trainable_params": trainable, "total_params": total,
         "hftoolkit_version": __import__("hftoolkit").__version__,
     }
@@ -237,7 +267,8 @@ def load_trained(run_dir: Path, full_precision: bool = False):
     model, processor = family.load_model(recipe)
     set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
     model.eval()
-    return recipe, family, model, processor
+    # The processor the run trained with, saved beside its adapter (a rebuilt init: tokenizer may differ).
+    return recipe, family, model, type(processor).from_pretrained(weights)
 
 
 def model_card(recipe: Recipe, metrics: dict) -> str:

@@ -25,6 +25,15 @@ def tiny_cache(tmp_path_factory):
     return Path(cache)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def library_logging():
+    """Attach transformers' log handler to the real stderr once, before any CliRunner swaps stderr
+    (otherwise later runs print logging errors about a closed file into their output)."""
+    from transformers.utils import logging
+
+    logging.get_logger("transformers")
+
+
 @pytest.fixture(autouse=True)
 def seeded():
     import random

@@ -120,3 +120,11 @@ def test_local_checkpoint_family_read_from_config(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
     with pytest.raises(RecipeError, match="needs the encoder family"):
         validate_recipe({**GOOD, "model": {"checkpoint": str(tmp_path)}})
+
+
+def test_quantized_weights_need_lora_and_perplexity_tasks_refuse_label_smoothing():
+    with pytest.raises(RecipeError, match="set lora.enabled to true"):
+        validate_recipe({**GOOD, "model": {"checkpoint": "init:bert", "quantization": "8bit"},
+                         "lora": {"enabled": False}})
+    with pytest.raises(RecipeError, match="set training.label_smoothing to 0"):
+        validate_recipe({**GOOD, "task": "mlm", "training": {"label_smoothing": 0.1}})

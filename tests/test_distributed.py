@@ -1,0 +1,254 @@
+"""Training on several processes (CPU, 2 processes, gloo) equals training on one.
+
+The equality runs use a copy of the tiny checkpoint with every dropout at 0 (and lora.dropout=0):
+each process draws dropout masks from its own random stream, so with dropout on, 1 and 2
+processes would differ by design. Sampling is sequential, so both runs see the same global
+batches: 2 processes at 8 each take, per step, the same 16 examples that 1 process takes.
+Every launched command has a time bound and fails instead of waiting on a hung process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RECIPES, ROOT, run_cli, train_recipe
+
+ENCODER = RECIPES / "encoder-classification.yaml"
+SEQ2SEQ = RECIPES / "seq2seq-translation-t5.yaml"
+CPU_2PROC = RECIPES / "accelerate" / "cpu-2proc.yaml"
+BOUND_S = 240  # per launched run; a loaded 2-core machine takes ~45 s for one
+STEPS = 4
+# One relative tolerance for every loss (float32 sums in another order), one absolute for the weights.
+# The weights' is looser: Adam divides each gradient by its own running size, so where a gradient is
+# near zero, float noise of 1e-7 in it moves that weight's step by a visible part of the learning rate
+# (seen: 9e-6 at lr 5e-3). Other batches, or a lost half of one, move weights by about the learning rate.
+LOSS_RTOL, WEIGHT_ATOL = 1e-4, 1e-4
+SAME_BATCHES = ("lora.dropout=0", "data.max_train_samples=64", "training.batch_size=16", f"training.max_steps={STEPS}",
+                "training.logging_steps=1", "training.sampling=sequential", "training.warmup_ratio=0")
+
+
+def run_bounded(cmd: list[str], env: dict | None = None) -> tuple[int, str, float]:
+    """Run `cmd` in its own process group; past BOUND_S kill the whole group and fail the test."""
+    started = time.perf_counter()
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=BOUND_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        output, _ = proc.communicate()
+        pytest.fail(f"still running after {BOUND_S} s (a process hangs): {' '.join(map(str, cmd))}\n{output[-3000:]}")
+    return proc.returncode, output, time.perf_counter() - started
+
+
+@pytest.fixture(scope="module")
+def no_dropout(tiny_cache, tmp_path_factory):
+    """arch -> a copy of its tiny checkpoint with every dropout probability in config.json set to 0."""
+    from hftoolkit.tiny import ensure_tiny
+
+    made = {}
+    for arch in ("bert", "t5"):
+        target = tmp_path_factory.mktemp("no-dropout") / arch
+        shutil.copytree(ensure_tiny(arch), target)
+        config = json.loads((target / "config.json").read_text())
+        config.update({k: 0.0 for k, v in config.items() if "dropout" in k and isinstance(v, float)})
+        (target / "config.json").write_text(json.dumps(config))
+        made[arch] = target
+    return made
+
+
+def step_losses(run: Path) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "log_history.jsonl").read_text().splitlines()]
+    losses = [(r["step"], r["loss"]) for r in rows if "loss" in r]
+    assert len(losses) == len({s for s, _ in losses}), f"{run}: a step logged twice: {losses}"
+    return dict(losses)
+
+
+def adapter_weights(run: Path) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(run / "adapter" / "adapter_model.safetensors")
+
+
+def assert_complete_run(run: Path, command_part: str) -> None:
+    """Every file of the run directory contract, once; no staging leftovers; status complete."""
+    from hftoolkit.rundir import FILES
+
+    names = {p.name for p in run.iterdir()}
+    assert set(FILES) <= names and "adapter" in names, f"{run}: missing {set(FILES) - names}"
+    assert not [n for n in names if n.startswith(".")], f"{run}: temporary files left: {names}"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["error"] is None
+    assert command_part in manifest["command"], manifest["command"]  # the command the user typed
+
+
+def assert_same_training(one: Path, two: Path) -> dict:
+    """Per-step losses and final adapter weights of the 1-process and 2-process runs agree."""
+    losses_one, losses_two = step_losses(one), step_losses(two)
+    assert sorted(losses_one) == sorted(losses_two) == list(range(1, STEPS + 1))
+    rel = max(abs(losses_two[s] - losses_one[s]) / abs(losses_one[s]) for s in losses_one)
+    assert rel < LOSS_RTOL, f"per-step losses differ: 1 process {losses_one}, 2 processes {losses_two}"
+    w1, w2 = adapter_weights(one), adapter_weights(two)
+    assert w1.keys() == w2.keys()
+    diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
+    assert diff < WEIGHT_ATOL, f"final adapter weights differ by up to {diff}"
+    return {"max_rel_loss_diff": rel, "max_abs_weight_diff": diff}
+
+
+def read_json_lines(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropout):
+    sets = (f"model.checkpoint={no_dropout['bert']}", *SAME_BATCHES,
+            # 21 eval examples in per-process batches of 8: the last step is padded with repeated examples.
+            "data.max_eval_samples=21", "eval.batch_size=8")
+    started = time.perf_counter()
+    train_recipe(ENCODER, tmp_path / "one", *sets)
+    one_s = time.perf_counter() - started
+    args = ["train", ENCODER, "--output", tmp_path / "two", "--num-processes", "2"]
+    rc, output, two_s = run_bounded([sys.executable, "-m", "hftoolkit", *args, *[a for s in sets for a in ("--set", s)]])
+    assert rc == 0, output[-4000:]
+    assert output.count("run directory:") == 1, "the metrics table is printed by the main process only"
+    assert_complete_run(tmp_path / "two", "--num-processes 2")
+    figures = assert_same_training(tmp_path / "one", tmp_path / "two")
+
+    eval_one = json.loads((tmp_path / "one" / "metrics.json").read_text())["eval"]
+    eval_two = json.loads((tmp_path / "two" / "metrics.json").read_text())["eval"]
+    assert eval_one.keys() == eval_two.keys()
+    for key in eval_one:  # accuracy & co. count examples: a repeated or lost one would change them
+        assert eval_two[key] == pytest.approx(eval_one[key], rel=LOSS_RTOL, abs=1e-9), key
+    # Predictions are shared out over the processes and gathered back: every eval example once, in order.
+    one, two = read_json_lines(tmp_path / "one" / "predictions.jsonl"), read_json_lines(tmp_path / "two" / "predictions.jsonl")
+    assert len(two) == 21
+    assert [(p["input"], p["label"]) for p in two] == [(p["input"], p["label"]) for p in one]
+    assert [p["probability"] for p in two] == pytest.approx([p["probability"] for p in one], abs=1e-4)
+    print(f"encoder: 1 process {one_s:.0f} s, 2 processes {two_s:.0f} s, {figures}")
+
+
+def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, no_dropout):
+    sets = (f"model.checkpoint={no_dropout['t5']}", *SAME_BATCHES,
+            "data.max_eval_samples=20", "eval.batch_size=5", "eval.generation.max_new_tokens=12")
+    started = time.perf_counter()
+    train_recipe(SEQ2SEQ, tmp_path / "one", *sets)
+    one_s = time.perf_counter() - started
+    # The other way in: accelerate's own launcher, with the shipped CPU config, running the package.
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", CPU_2PROC, "-m", "hftoolkit",
+           "train", SEQ2SEQ, "--output", tmp_path / "two", *[a for s in sets for a in ("--set", s)]]
+    rc, output, two_s = run_bounded(cmd, env={"ACCELERATE_USE_CPU": "true"})
+    assert rc == 0, output[-4000:]
+    assert_complete_run(tmp_path / "two", "--set training.sampling=sequential")
+    figures = assert_same_training(tmp_path / "one", tmp_path / "two")
+
+    eval_one = json.loads((tmp_path / "one" / "metrics.json").read_text())["eval"]
+    eval_two = json.loads((tmp_path / "two" / "metrics.json").read_text())["eval"]
+    assert {"loss", "bleu", "chrf"} <= eval_one.keys() == eval_two.keys()
+    for key in eval_one:
+        assert eval_two[key] == pytest.approx(eval_one[key], rel=LOSS_RTOL, abs=1e-9), key
+    # Generation-scored eval: each example generated once (shared out, gathered in order).
+    one, two = read_json_lines(tmp_path / "one" / "predictions.jsonl"), read_json_lines(tmp_path / "two" / "predictions.jsonl")
+    assert len(two) == 20 and two == one
+    print(f"seq2seq: 1 process {one_s:.0f} s, 2 processes {two_s:.0f} s, {figures}")
+
+
+def test_a_process_that_fails_ends_the_run_instead_of_hanging(tmp_path):
+    """Bad input found on the main process (inside main_process_first, where the other process waits)."""
+    missing = tmp_path / "missing.csv"
+    rc, output, seconds = run_bounded([sys.executable, "-m", "hftoolkit", "train", ENCODER, "--output",
+                                       tmp_path / "run", "--num-processes", "2", "--set", f"data.train={missing}"])
+    assert rc != 0
+    assert f"data file {missing} not found" in output
+    assert not (tmp_path / "run").exists(), "bad input found before training leaves no run directory"
+    print(f"failing 2-process run ended in {seconds:.0f} s")
+
+
+# ---------------------------------------------------------------- refused before anything starts
+
+
+def test_batch_that_does_not_split_over_the_processes_is_refused():
+    result = run_cli("train", ENCODER, "--num-processes", "3", "--set", "training.batch_size=16", expect=2)
+    assert "training.batch_size: 16 examples per step do not split evenly over 3 processes" in result.output
+    assert "multiple of 3" in result.output
+
+
+def test_quantized_model_under_zero3_or_fsdp_is_refused():
+    for config, name in (("deepspeed-zero3.yaml", "DeepSpeed ZeRO-3"), ("fsdp.yaml", "FSDP")):
+        path = RECIPES / "accelerate" / config
+        result = run_cli("validate", ENCODER, "--set", "model.quantization=4bit",
+                         "--set", f"training.accelerate_config={path}", expect=2)
+        assert "model.quantization: 4bit (bitsandbytes) weights cannot be sharded" in result.output
+        assert name in result.output and "use DDP" in result.output
+    # DDP keeps a whole quantized copy per process: accepted.
+    run_cli("validate", ENCODER, "--set", "model.quantization=8bit",
+            "--set", f"training.accelerate_config={RECIPES / 'accelerate' / 'ddp.yaml'}")
+
+
+def test_config_forcing_another_precision_is_refused(tmp_path):
+    config = tmp_path / "fp16.yaml"
+    config.write_text((RECIPES / "accelerate" / "ddp.yaml").read_text().replace("mixed_precision: 'no'",
+                                                                                 "mixed_precision: fp16"))
+    result = run_cli("train", ENCODER, "--accelerate-config", config, expect=2)
+    assert "training.precision: fp32 disagrees with mixed_precision 'fp16'" in result.output
+
+
+def test_missing_accelerate_config_is_named():
+    result = run_cli("train", ENCODER, "--accelerate-config", "nowhere.yaml", expect=2)
+    assert "accelerate config nowhere.yaml not found" in result.output
+
+
+def test_relaunch_command_keeps_the_users_arguments_and_drops_the_launch_options(tmp_path):
+    from hftoolkit.launch import launch_command, plan_from_config
+
+    argv = ["train", "r.yaml", "--num-processes", "2", "--set", "a.b=1", "--accelerate-config=x.yaml", "--overwrite"]
+    cmd, env = launch_command(plan_from_config(None, 2), argv, cuda=False)
+    assert cmd[cmd.index("--num_processes") + 1] == "2" and "--multi_gpu" in cmd
+    assert cmd[cmd.index("-m", 3):] == ["-m", "hftoolkit", "train", "r.yaml", "--set", "a.b=1", "--overwrite"]
+    assert env["ACCELERATE_USE_CPU"] == "true"  # on a CPU-only machine: gloo, not a GPU search
+    assert json.loads(env["HFTOOLKIT_COMMAND"]) == ["hftoolkit", *argv]
+    # A MULTI_CPU config would start one process without mpirun: launched through torchrun instead.
+    config = tmp_path / "multi-cpu.yaml"
+    config.write_text("distributed_type: MULTI_CPU\nnum_processes: 2\nmixed_precision: 'no'\n")
+    cmd, _ = launch_command(plan_from_config(config, None), argv, cuda=False)
+    assert cmd[cmd.index("--config_file") + 1] == str(config) and "--multi_gpu" in cmd
+
+
+def test_recipe_names_its_accelerate_config():
+    from hftoolkit.launch import plan_launch
+    from hftoolkit.recipe import load_recipe
+
+    recipe = load_recipe(ENCODER, [f"training.accelerate_config={CPU_2PROC}"])
+    plan = plan_launch(recipe, None, None)
+    assert plan.relaunch and plan.config == CPU_2PROC and plan.num_processes == 2
+    assert plan_launch(recipe, 4, None).num_processes == 4  # --num-processes overrides the file's count
+
+
+def test_a_launched_process_never_relaunches(monkeypatch):
+    from hftoolkit.launch import plan_launch
+    from hftoolkit.recipe import load_recipe
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    recipe = load_recipe(ENCODER)
+    plan = plan_launch(recipe, 2, None)
+    assert not plan.relaunch and plan.num_processes == 2
+    with pytest.raises(Exception, match="one of 2 that a launcher started already"):
+        plan_launch(recipe, 4, None)
+
+
+def test_sampling_replaces_group_by_length():
+    from hftoolkit.recipe import RecipeError, load_recipe
+
+    assert load_recipe(ENCODER, ["training.group_by_length=false"]).training.sampling == "random"
+    assert load_recipe(ENCODER).training.sampling == "group_by_length"
+    with pytest.raises(RecipeError, match="group_by_length: true and sampling: sequential disagree"):
+        load_recipe(ENCODER, ["training.group_by_length=true", "training.sampling=sequential"])
