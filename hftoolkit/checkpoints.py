@@ -1,0 +1,279 @@
+"""Checkpoints you can resume from: written atomically, kept by number, found and checked on --resume.
+
+The HF Trainer already saves what an exact resume needs (adapter or model, optimizer,
+scheduler, gradient scaler, RNG states, trainer state with the step) and skips the
+batches already seen. Two things it does not do, added here:
+
+- Atomic saving. The Trainer writes straight into `checkpoint-N`, so a kill during a save
+  leaves a folder that looks like a checkpoint and is not one. Here each checkpoint is
+  written into `checkpoints/.tmp-checkpoint-N/`, every file and folder fsynced, then renamed
+  to `checkpoints/checkpoint-N`: a checkpoint folder is complete or absent. Retention
+  (training.keep_last) goes by step number and renames a folder away before deleting it,
+  so the newest complete checkpoint is never touched.
+- A reproducible batch order for group_by_length. The Trainer's LengthGroupedSampler draws
+  its permutation from the global torch RNG, whose state at the start of epoch 2 differs
+  between an uninterrupted run and a resumed one; here it is drawn from seed + epoch, as
+  accelerate's seedable sampler already does for plain shuffling.
+
+Test hooks (never set outside tests): HFTOOLKIT_TEST_PAUSE_IN_SAVE=N sleeps inside the save
+of checkpoint N, after its files are written and before the rename; HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=N
+sleeps once checkpoint N is complete. A test kills the process during the pause.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import time
+from pathlib import Path
+
+from hftoolkit.errors import UserError
+
+CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
+STAGING_PREFIX = ".tmp-"
+# The files of a finished run: removed when a failed or killed run is resumed, so the folder
+# never looks complete before the resumed run has really finished.
+RESULTS = ("metrics.json", "predictions.jsonl", "README.md", "adapter", "model")
+# Written by Trainer._save as a pickle (TrainingArguments); nothing reads it on resume, and a
+# pickle is code, so it is not kept.
+PICKLED_ARGS = "training_args.bin"
+# Recipe keys a resumed run may change: they decide what happens around the steps, not the steps.
+RESUMABLE_CHANGES = ("description", "training.on_nonfinite", "training.max_nonfinite_skips", "training.keep_last",
+                     "training.save_steps", "training.logging_steps", "training.report_to", "eval.")
+
+
+class AtomicCheckpoints:
+    """Trainer mixin: `_save_checkpoint` stages into a hidden folder, fsyncs, renames, then rotates."""
+
+    _staging_root: str | None = None
+
+    def _get_output_dir(self, trial):
+        return self._staging_root or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        final_dir = Path(super()._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
+        staging_root = final_dir.parent / f"{STAGING_PREFIX}{final_dir.name}"
+        if self.args.should_save and staging_root.exists():
+            shutil.rmtree(staging_root)  # left by a run killed while saving this step
+        self.accelerator.wait_for_everyone()
+        self._staging_root = str(staging_root)
+        try:
+            super()._save_checkpoint(model, trial)  # writes staging_root/checkpoint-N (every rank its RNG file)
+        finally:
+            self._staging_root = None
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            staged = staging_root / final_dir.name
+            (staged / PICKLED_ARGS).unlink(missing_ok=True)
+            _test_pause("HFTOOLKIT_TEST_PAUSE_IN_SAVE", self.state.global_step)
+            commit(staged, final_dir)
+            staging_root.rmdir()
+            if self.args.save_total_limit:  # (None: keep them all)
+                rotate(final_dir.parent, keep_last=self.args.save_total_limit)
+            _test_pause("HFTOOLKIT_TEST_PAUSE_AFTER_SAVE", self.state.global_step)
+        self.accelerator.wait_for_everyone()
+
+    def _get_train_sampler(self, train_dataset=None):
+        sampler = super()._get_train_sampler(train_dataset)
+        if type(sampler).__name__ == "LengthGroupedSampler":
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            return EpochSeededLengthSampler(sampler.lengths, sampler.batch_size, seed)
+        return sampler
+
+
+class EpochSeededLengthSampler:
+    """transformers' length-grouped order (similar lengths batched together), drawn from seed + epoch.
+
+    The Trainer (and accelerate, for several processes) call set_epoch before each epoch, so
+    every process and every resumed run sees the same batches in the same order.
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int):
+        self.lengths, self.batch_size, self.seed, self.epoch = list(lengths), batch_size, seed, 0
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        import torch
+        from transformers.trainer_pt_utils import get_length_grouped_indices
+
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
+
+
+# ---------------------------------------------------------------- atomic commit and retention
+
+
+def commit(staged: Path, final: Path) -> None:
+    """fsync every file and folder under `staged`, then rename it to `final` and fsync the parent."""
+    for folder, _, files in os.walk(staged):
+        for name in files:
+            _fsync(Path(folder) / name)
+        _fsync(Path(folder))
+    if final.exists():  # the same step saved again (a resume from an earlier checkpoint): swap, then drop
+        retired = final.parent / f"{STAGING_PREFIX}delete-{final.name}"
+        shutil.rmtree(retired, ignore_errors=True)
+        os.rename(final, retired)
+        os.rename(staged, final)
+        shutil.rmtree(retired, ignore_errors=True)
+    else:
+        os.rename(staged, final)
+    _fsync(final.parent)
+
+
+def rotate(checkpoints_dir: Path, keep_last: int) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints (by step); returns the deleted ones.
+
+    A folder is renamed away before it is deleted, so a kill mid-delete leaves a hidden
+    folder, never a partial `checkpoint-N`; the newest checkpoint is always kept.
+    """
+    complete = complete_checkpoints(checkpoints_dir)
+    doomed = complete[:-max(keep_last, 1)]
+    for path in doomed:
+        retired = path.parent / f"{STAGING_PREFIX}delete-{path.name}"
+        os.rename(path, retired)
+        shutil.rmtree(retired, ignore_errors=True)
+    return doomed
+
+
+def complete_checkpoints(checkpoints_dir: Path) -> list[Path]:
+    """The `checkpoint-N` folders that hold a trainer state, oldest step first."""
+    if not Path(checkpoints_dir).is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in Path(checkpoints_dir).iterdir()
+             if (m := CHECKPOINT.match(p.name)) and (p / "trainer_state.json").is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
+    found = complete_checkpoints(checkpoints_dir)
+    return found[-1] if found else None
+
+
+def remove_staging(checkpoints_dir: Path) -> None:
+    """Drop the hidden folders a killed save or delete left behind."""
+    if Path(checkpoints_dir).is_dir():
+        for path in Path(checkpoints_dir).iterdir():
+            if path.name.startswith(STAGING_PREFIX):
+                shutil.rmtree(path, ignore_errors=True)
+
+
+# ---------------------------------------------------------------- resume
+
+
+def resume_point(run, recipe_yaml: str) -> Path | None:
+    """The checkpoint a --resume continues from, after checking that resuming makes sense.
+
+    None when the folder holds no run yet or the run never reached its first checkpoint (the
+    run then starts from step 0). Raises UserError for a finished run, a recipe that differs
+    from the run's recipe.yaml (but for RESUMABLE_CHANGES), or a damaged checkpoint.
+    """
+    manifest = run.manifest()
+    if not manifest:
+        if run.path.is_dir() and any(run.path.iterdir()):
+            raise UserError(f"--resume: {run.path} holds files but no manifest.json, so it is not a run directory: "
+                            "choose another --output")
+        return None
+    if manifest.get("status") == "complete":
+        raise UserError(f"--resume: run {run.path} is already complete, so there is nothing to resume; "
+                        "pass --overwrite to train it again or choose another --output")
+    saved = run / "recipe.yaml"
+    if saved.is_file():
+        changed = [k for k in _changed_keys(saved.read_text(encoding="utf-8"), recipe_yaml)
+                   if not k.startswith(RESUMABLE_CHANGES)]
+        if changed:
+            raise UserError(f"--resume: the recipe differs from the one {run.path} was started with "
+                            f"({', '.join(changed[:5])}): resume with the same recipe and --set overrides, "
+                            "or pass --overwrite to start again")
+    checkpoint = latest_checkpoint(run / "checkpoints")
+    if checkpoint is not None:
+        check_checkpoint(checkpoint)
+    return checkpoint
+
+
+def check_checkpoint(path: Path) -> None:
+    """Raise UserError naming the file when a checkpoint's weights or states cannot be read back."""
+    import zipfile
+
+    fix = f"delete {path.name} to resume from the checkpoint before it, or pass --overwrite to start again"
+    try:
+        json.loads((path / "trainer_state.json").read_text())
+    except (OSError, ValueError) as err:
+        raise UserError(f"--resume: {path / 'trainer_state.json'} is damaged ({err}): {fix}") from None
+    for file in sorted(path.glob("*.safetensors")):  # (FSDP and DeepSpeed keep sharded states in sub-folders)
+        problem = _safetensors_problem(file)
+        if problem:
+            raise UserError(f"--resume: {file} is damaged ({problem}): {fix}")
+    for file in sorted(path.glob("*.pt")) + sorted(path.glob("*.pth")):
+        try:
+            with zipfile.ZipFile(file) as archive:
+                bad = archive.testzip()
+        except (OSError, zipfile.BadZipFile) as err:
+            bad = str(err)
+        if bad:
+            raise UserError(f"--resume: {file} is damaged ({bad}): {fix}")
+
+
+def _safetensors_problem(file: Path) -> str | None:
+    """Why a .safetensors file is unreadable (truncated, bad header), or None; reads the header only."""
+    try:
+        data = file.open("rb")
+    except OSError as err:
+        return str(err)
+    with data:
+        head = data.read(8)
+        if len(head) < 8:
+            return "shorter than a safetensors header"
+        size = int.from_bytes(head, "little")
+        if size > file.stat().st_size - 8:
+            return "truncated inside the header"
+        try:
+            header = json.loads(data.read(size))
+        except ValueError:
+            return "the header is not valid JSON"
+    ends = [info["data_offsets"][1] for name, info in header.items() if name != "__metadata__"]
+    expected = 8 + size + max(ends, default=0)
+    actual = file.stat().st_size
+    return None if actual == expected else f"{actual} bytes where the header promises {expected}: truncated"
+
+
+def clear_results(run) -> None:
+    """Remove a previous attempt's result files and staging folders before the resumed run writes its own."""
+    for name in RESULTS:
+        path = run / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+    remove_staging(run / "checkpoints")
+
+
+def _changed_keys(saved_yaml: str, new_yaml: str) -> list[str]:
+    import yaml
+
+    def flat(node, prefix=""):
+        if isinstance(node, dict):
+            return {k: v for key, child in node.items() for k, v in flat(child, f"{prefix}{key}.").items()}
+        return {prefix.rstrip("."): node}
+
+    old, new = flat(yaml.safe_load(saved_yaml) or {}), flat(yaml.safe_load(new_yaml) or {})
+    return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _test_pause(variable: str, step: int) -> None:
+    if os.environ.get(variable) == str(step):
+        time.sleep(600)

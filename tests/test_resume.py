@@ -1,0 +1,196 @@
+"""Exact resume: a run killed with SIGKILL and resumed ends where an uninterrupted run ends.
+
+Each scenario runs the recipe once uninterrupted (in-process), once in a real process that
+is SIGKILLed (a test hook holds it at the chosen moment, so the kill lands there every
+time), then resumes the killed run in-process and compares the per-step loss history and
+the final adapter weights.
+
+- encoder: killed after checkpoint 4 of 9 steps, in the middle of epoch 2 of 3, resumed with
+  `train --resume RUN_DIR`; the resumed run crosses into epoch 3. (Mid-epoch past the first
+  epoch is where the Trainer's length-grouped order used to differ: checkpoints.py.)
+- seq2seq: killed inside the save of checkpoint 8, so checkpoint 6 (the end of epoch 2) is the
+  newest complete one; resumed at that epoch boundary with `train RECIPE --resume`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
+
+ENCODER = RECIPES / "encoder-classification.yaml"
+SEQ2SEQ = RECIPES / "seq2seq-translation-t5.yaml"
+# 24 examples in batches of 8: 3 steps an epoch, 3 epochs, a checkpoint every 2 steps, a loss every step.
+STEPS = 9
+TINY = ("data.max_train_samples=24", "data.max_eval_samples=8", "training.batch_size=8", "training.epochs=3",
+        "training.save_steps=2", "training.logging_steps=1", "eval.max_predictions=4")
+SEQ2SEQ_TINY = (*TINY, "eval.generation.max_new_tokens=8")
+TOLERANCE = 1e-6
+
+
+def start_training(recipe, run, sets, **hooks) -> subprocess.Popen:
+    """`hftoolkit train` in its own process (so it can be SIGKILLed), with test hooks in its environment."""
+    args = [sys.executable, "-m", "hftoolkit", "train", str(recipe), "--output", str(run)]
+    for s in sets:
+        args += ["--set", s]
+    log = open(run.parent / f"{run.name}.log", "wb")
+    return subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **hooks})
+
+
+def kill_when(process: subprocess.Popen, path, timeout: float = 300) -> None:
+    """SIGKILL the process as soon as `path` exists; fail with its log if it ends or never gets there."""
+    deadline = time.monotonic() + timeout
+    try:
+        while not path.exists():
+            if process.poll() is not None or time.monotonic() > deadline:
+                log = process.args[process.args.index("--output") + 1] + ".log"
+                pytest.fail(f"training never reached {path} (exit {process.poll()}):\n"
+                            + open(log, errors="replace").read()[-3000:])
+            time.sleep(0.2)
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+
+
+@contextlib.contextmanager
+def killed_on_error(process: subprocess.Popen):
+    try:
+        yield
+    except BaseException:
+        process.kill()
+        process.wait()
+        raise
+
+
+def losses(run) -> dict[int, float]:
+    rows = [json.loads(line) for line in (run / "log_history.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in rows if "loss" in r}
+
+
+def adapter(run):
+    from safetensors.torch import load_file
+
+    return load_file(run / "adapter" / "adapter_model.safetensors")
+
+
+def assert_same_training(reference, resumed, steps: int) -> tuple[float, float]:
+    """Same per-step losses and final adapter weights (within TOLERANCE); returns the largest differences."""
+    ref_losses, res_losses = losses(reference), losses(resumed)
+    assert sorted(ref_losses) == sorted(res_losses) == list(range(1, steps + 1))
+    loss_diff = max(abs(ref_losses[s] - res_losses[s]) for s in ref_losses)
+    ref_weights, res_weights = adapter(reference), adapter(resumed)
+    assert ref_weights.keys() == res_weights.keys()
+    weight_diff = max(float((ref_weights[k] - res_weights[k]).abs().max()) for k in ref_weights)
+    print(f"max |loss diff| {loss_diff:.3g}, max |adapter weight diff| {weight_diff:.3g}")
+    assert loss_diff <= TOLERANCE and weight_diff <= TOLERANCE, (loss_diff, weight_diff)
+    return loss_diff, weight_diff
+
+
+@pytest.fixture(scope="module")
+def encoder_runs(tmp_path_factory):
+    """(uninterrupted run, killed-then-resumed run) of the encoder recipe."""
+    root = tmp_path_factory.mktemp("encoder-resume")
+    reference, killed = root / "reference", root / "killed"
+    process = start_training(ENCODER, killed, TINY, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
+    with killed_on_error(process):
+        train_recipe(ENCODER, reference, *TINY)  # while the other process starts up
+    kill_when(process, killed / "checkpoints" / "checkpoint-4")
+    assert json.loads((killed / "manifest.json").read_text())["status"] == "running", "killed, not finished"
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    assert not (killed / "metrics.json").exists() and not (killed / "adapter").exists()
+    run_cli("train", "--resume", killed)
+    return reference, killed
+
+
+def test_encoder_resumed_mid_epoch_matches_the_uninterrupted_run(encoder_runs):
+    reference, resumed = encoder_runs
+    assert_same_training(reference, resumed, steps=STEPS)
+    manifest = json.loads((resumed / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and manifest["resumed_from"].endswith("checkpoint-4")
+    assert json.loads((resumed / "metrics.json").read_text())["eval"]["accuracy"] == pytest.approx(
+        json.loads((reference / "metrics.json").read_text())["eval"]["accuracy"])
+
+
+def test_seq2seq_killed_during_a_save_keeps_the_previous_checkpoint_and_resumes_exactly(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from hftoolkit.checkpoints import check_checkpoint
+
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    process = start_training(SEQ2SEQ, killed, SEQ2SEQ_TINY, HFTOOLKIT_TEST_PAUSE_IN_SAVE="8")
+    with killed_on_error(process):
+        train_recipe(SEQ2SEQ, reference, *SEQ2SEQ_TINY)
+    # the hook holds the process after checkpoint 8's files are written, before the rename
+    kill_when(process, killed / "checkpoints" / ".tmp-checkpoint-8" / "checkpoint-8" / "trainer_state.json")
+    checkpoints = killed / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [".tmp-checkpoint-8", "checkpoint-4", "checkpoint-6"]
+    previous = checkpoints / "checkpoint-6"
+    check_checkpoint(previous)  # loadable: every safetensors file whole, every state archive readable
+    assert load_file(previous / "adapter_model.safetensors")
+    assert torch.load(previous / "optimizer.pt", weights_only=True)["state"]
+
+    run_cli("train", SEQ2SEQ, "--resume", "--output", killed, *[x for s in SEQ2SEQ_TINY for x in ("--set", s)])
+    assert_same_training(reference, killed, steps=STEPS)
+    assert json.loads((killed / "manifest.json").read_text())["resumed_from"].endswith("checkpoint-6")
+    assert not list(checkpoints.glob(".tmp-*")), "the half-written checkpoint is cleared on resume"
+    kept = sorted(p.name for p in checkpoints.iterdir())
+    assert kept == sorted(p.name for p in (reference / "checkpoints").iterdir()), "the same checkpoints are kept"
+
+
+# ---------------------------------------------------------------- resume refuses what it cannot do exactly
+
+
+def _unfinished_copy(run, tmp_path):
+    """A copy of a finished run that looks killed after its first checkpoint."""
+    copy = tmp_path / "copy"
+    shutil.copytree(run, copy)
+    for name in ("metrics.json", "predictions.jsonl", "README.md"):
+        (copy / name).unlink()
+    shutil.rmtree(copy / "adapter")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "status": "running", "finished": None}))
+    return copy
+
+
+def _snapshot(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_resume_refuses_a_complete_run_and_leaves_it_alone(encoder_runs):
+    reference, _ = encoder_runs
+    before = _snapshot(reference)
+    result = run_cli("train", "--resume", reference, expect=2)
+    assert "is already complete, so there is nothing to resume" in plain(result.output)
+    assert _snapshot(reference) == before
+
+
+def test_resume_refuses_a_changed_recipe_and_leaves_the_run_alone(encoder_runs, tmp_path):
+    copy = _unfinished_copy(encoder_runs[0], tmp_path)
+    before = _snapshot(copy)
+    sets = [x for s in (*TINY, "training.learning_rate=0.02") for x in ("--set", s)]
+    result = run_cli("train", ENCODER, "--resume", "--output", copy, *sets, expect=2)
+    message = plain(result.output)
+    assert "the recipe differs from the one" in message and "training.learning_rate" in message, message
+    assert _snapshot(copy) == before
+
+
+def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    result = run_cli("train", ENCODER, "--resume", "--output", folder, *[x for s in TINY for x in ("--set", s)],
+                     expect=2)
+    assert "is not a run directory" in plain(result.output)
+    assert [p.name for p in folder.iterdir()] == ["notes.txt"]
+    result = run_cli("train", "--resume", folder, expect=2)
+    assert "has no recipe.yaml, so it is not a run directory" in plain(result.output)
