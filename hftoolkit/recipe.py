@@ -274,6 +274,8 @@ def apply_overrides(raw: dict, overrides: list[str], source: Path | str = "--set
             value = yaml.safe_load(text) if text.strip() else ""
         except (yaml.YAMLError, RecursionError):
             value = text
+        if isinstance(value, dict) and not text.lstrip().startswith("{"):
+            value = text  # "translate English to German: " is a string, not a one-key mapping
         node = raw
         for part in dotted[:-1]:
             child = node.setdefault(part, {})

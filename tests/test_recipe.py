@@ -128,3 +128,9 @@ def test_quantized_weights_need_lora_and_perplexity_tasks_refuse_label_smoothing
                          "lora": {"enabled": False}})
     with pytest.raises(RecipeError, match="set training.label_smoothing to 0"):
         validate_recipe({**GOOD, "task": "mlm", "training": {"label_smoothing": 0.1}})
+
+
+def test_override_text_with_a_colon_stays_text(tmp_path):
+    path = write(tmp_path, GOOD)
+    recipe = load_recipe(path, ["data.source_prefix=translate English to German: "])
+    assert recipe.data.source_prefix == "translate English to German: "
