@@ -196,15 +196,20 @@ def parity(
     raise typer.Exit(run_parity(only=only, worked_examples=worked_examples))
 
 
+# The report's columns that fit a terminal; report.md and report.html have them all.
+TERMINAL_COLUMNS = ("run", "family", "task", "quant", "LoRA r", "main metric", "trainable / total", "train time")
+
+
 def _print_rows(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table()
-    for column in rows[0] if rows else []:
-        table.add_column(column)
+    columns = [c for c in TERMINAL_COLUMNS if rows and c in rows[0]]
+    for column in columns:
+        table.add_column(column, overflow="fold")
     for row in rows:
-        table.add_row(*row.values())
+        table.add_row(*(row[c] for c in columns))
     Console().print(table)
 
 

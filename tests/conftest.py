@@ -15,6 +15,9 @@ SHARED_DATA = ROOT.parent / "shared" / "data"
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Tiny models gain nothing from intra-op threads, and on 2 cores shared with the subprocess tests
+# OpenMP's spin-waiting threads made runs up to 10x slower. Set before torch is imported.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)

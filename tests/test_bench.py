@@ -33,7 +33,7 @@ def test_bench_trains_every_family_and_reports_them(bench_out):
         metrics = json.loads((out / "runs" / family / "metrics.json").read_text())
         assert metrics["family"] == family
         assert metrics["name"] in report, f"{family} run missing from the report table"
-        assert metrics["name"] in result.stdout, "the terminal shows the table too"
+        assert f"│ {family}" in result.stdout, "the terminal shows the table too"
     assert report.count("★") >= len({json.loads((out / "runs" / f / "metrics.json").read_text())["task"]
                                      for f in FAMILIES}), "the best run of each task is marked"
     for plot in out.glob("*.png"):

@@ -17,17 +17,6 @@ FEW_STEPS = ("training.max_steps=6", "data.max_train_samples=96", "data.max_eval
              "training.logging_steps=2")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """These tests share two CPU cores with other work; two OpenMP threads spin-wait and run ~10x slower then."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def read_jsonl(path):
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 

@@ -16,17 +16,6 @@ SHORT = ("training.epochs=4",)
 FEW_STEPS = ("training.max_steps=3", "data.max_train_samples=64", "data.max_eval_samples=32")
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_torch_thread():
-    """A tiny ViT gains nothing from intra-op threads, and on a busy shared CPU their spin-waits cost ~100x."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @pytest.fixture(scope="module")
 def digits_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "vit-digits"

@@ -148,7 +148,7 @@ def _content_seed(seed: int, rows) -> int:
 
 def metrics(recipe: Recipe, tokenizer) -> EvalMetrics:
     """classification: accuracy, F1, precision, recall, MCC; tagging: seqeval entity F1; mlm: perplexity."""
-    from hftoolkit.metrics import load_metric
+    from hftoolkit.metrics import label_metrics, load_metric
 
     if recipe.task == "mlm":
         if recipe.eval.metrics != "auto":
@@ -163,18 +163,7 @@ def metrics(recipe: Recipe, tokenizer) -> EvalMetrics:
                             "accuracy): set eval.metrics to auto or [seqeval]")
         return _tagging_metrics(recipe, load_metric("seqeval"))
 
-    names = CLASSIFICATION_METRICS if recipe.eval.metrics == "auto" else recipe.eval.metrics
-    modules = [load_metric(n) for n in names]
-
-    def compute(prediction):
-        predicted = prediction.predictions.argmax(-1)
-        out = {}
-        for module in modules:
-            out.update(module.compute(predictions=predicted, references=prediction.label_ids))
-        return out
-
-    # Probabilities are (B, labels): tiny next to the hidden states, so reducing to them costs nothing.
-    return EvalMetrics(compute, main=names[0], reduce_logits=lambda logits, labels: logits.softmax(-1))
+    return label_metrics(CLASSIFICATION_METRICS if recipe.eval.metrics == "auto" else recipe.eval.metrics)
 
 
 def _tagging_metrics(recipe: Recipe, seqeval) -> EvalMetrics:

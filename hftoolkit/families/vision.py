@@ -68,20 +68,9 @@ def collator(recipe: Recipe, processor):
 
 def metrics(recipe: Recipe, processor) -> EvalMetrics:
     """Accuracy and macro F1 from the shipped evaluate modules."""
-    from hftoolkit.metrics import load_metric
+    from hftoolkit.metrics import label_metrics
 
-    names = CLASSIFICATION_METRICS if recipe.eval.metrics == "auto" else recipe.eval.metrics
-    modules = [load_metric(n) for n in names]
-
-    def compute(prediction):
-        predicted = prediction.predictions.argmax(-1)
-        out = {}
-        for module in modules:
-            out.update(module.compute(predictions=predicted, references=prediction.label_ids))
-        return out
-
-    # Probabilities are (B, labels): reducing the logits to them keeps eval memory small.
-    return EvalMetrics(compute, main=names[0], reduce_logits=lambda logits, labels: logits.softmax(-1))
+    return label_metrics(CLASSIFICATION_METRICS if recipe.eval.metrics == "auto" else recipe.eval.metrics)
 
 
 def generate(recipe: Recipe, model, processor, inputs: list) -> list[dict]:

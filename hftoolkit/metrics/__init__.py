@@ -28,3 +28,21 @@ def load_metric(name: str):
 
         raise UserError(f"eval.metrics: unknown metric {name!r}; shipped metrics: {', '.join(available())}")
     return evaluate.load(str(HERE / name))
+
+
+def label_metrics(names: list[str]):
+    """EvalMetrics for one label per example (text or image classification): the named modules
+    on argmax predictions; the main metric is the first name."""
+    from hftoolkit.families import EvalMetrics
+
+    modules = [load_metric(n) for n in names]
+
+    def compute(prediction):
+        predicted = prediction.predictions.argmax(-1)
+        out = {}
+        for module in modules:
+            out.update(module.compute(predictions=predicted, references=prediction.label_ids))
+        return out
+
+    # Probabilities are (B, labels): tiny next to the hidden states, so reducing to them costs nothing.
+    return EvalMetrics(compute, main=names[0], reduce_logits=lambda logits, labels: logits.softmax(-1))
