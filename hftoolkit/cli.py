@@ -222,7 +222,8 @@ def _print_metrics(metrics: dict, run_dir: Path) -> None:
     table.add_column("value", justify="right")
     for key, value in metrics["eval"].items():
         table.add_row(key + (" *" if key == metrics["main_metric"] else ""), f"{value:.4f}" if isinstance(value, float) else str(value))
-    for key in ("train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second", "padding_fraction",
+    for key in ("setup_seconds", "train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second",
+                "padding_fraction", "matmul_fraction",
                 "peak_memory_mb", "trainable_params", "total_params"):
         if metrics.get(key) is not None:
             table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else f"{metrics[key]}")

@@ -122,24 +122,6 @@ class TrainingSection(Section):
     on_nonfinite: Literal["stop", "skip"] = "stop"
     max_nonfinite_skips: int = Field(3, gt=0)
 
-    @model_validator(mode="before")
-    @classmethod
-    def _group_by_length_is_a_sampling(cls, data):
-        """The older switch `group_by_length: true|false` still reads, as sampling group_by_length|random."""
-        if isinstance(data, dict) and "group_by_length" in data:
-            data = dict(data)
-            grouped = data.pop("group_by_length")
-            implied = "group_by_length" if grouped else "random"
-            if "sampling" in data and data["sampling"] != implied:
-                raise ValueError(f"group_by_length: {str(grouped).lower()} and sampling: {data['sampling']} disagree: "
-                                 "keep only training.sampling (group_by_length, random or sequential)")
-            data["sampling"] = implied
-        return data
-
-    @property
-    def group_by_length(self) -> bool:
-        return self.sampling == "group_by_length"
-
 
 class GenerationSection(Section):
     strategy: Literal["greedy", "sample", "beam"] = "greedy"

@@ -245,10 +245,3 @@ def test_a_launched_process_never_relaunches(monkeypatch):
         plan_launch(recipe, 4, None)
 
 
-def test_sampling_replaces_group_by_length():
-    from hftoolkit.recipe import RecipeError, load_recipe
-
-    assert load_recipe(ENCODER, ["training.group_by_length=false"]).training.sampling == "random"
-    assert load_recipe(ENCODER).training.sampling == "group_by_length"
-    with pytest.raises(RecipeError, match="group_by_length: true and sampling: sequential disagree"):
-        load_recipe(ENCODER, ["training.group_by_length=true", "training.sampling=sequential"])
