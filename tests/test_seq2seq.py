@@ -321,3 +321,24 @@ def test_denoise_preprocessing_keeps_special_tokens_and_is_seeded():
     assert encoded["input_ids"] == seq2seq.preprocess(recipe, tokenizer, rows)["input_ids"], "seeded"
     recipe.training.seed = 1
     assert encoded["input_ids"] != seq2seq.preprocess(recipe, tokenizer, rows)["input_ids"]
+
+
+def test_beam_search_returns_the_best_scoring_beam(bart_translation):
+    """The text `generate` gives for strategy beam is the beam that model.generate scores highest."""
+    import torch
+
+    from hftoolkit.families import decoding_options
+    from hftoolkit.train import load_trained
+
+    recipe, family, model, tokenizer = load_trained(bart_translation)
+    recipe.eval.generation = recipe.eval.generation.model_copy(
+        update={"strategy": "beam", "num_beams": 4, "length_penalty": 1.0, "max_new_tokens": 16})
+    sources = ["the cat sees a dog", "a small bird likes the old man near the river"]
+    chosen = [o["text"] for o in family.generate(recipe, model, tokenizer, sources)]
+    for source, text in zip(sources, chosen):
+        batch = tokenizer([source], return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**batch, **decoding_options(recipe.eval.generation), num_return_sequences=4,
+                                 output_scores=True, return_dict_in_generate=True)
+        best = int(out.sequences_scores.argmax())  # beams come back ranked; take the top score explicitly
+        assert tokenizer.decode(out.sequences[best], skip_special_tokens=True).strip() == text

@@ -37,6 +37,19 @@ class EvalMetrics:
     reduce_logits: Callable | None = None
 
 
+def decoding_options(generation) -> dict:
+    """A recipe's eval.generation section as keyword arguments of model.generate."""
+    g = generation
+    if g.strategy == "greedy":
+        return dict(max_new_tokens=g.max_new_tokens, do_sample=False, num_beams=1)
+    if g.strategy == "beam":
+        return dict(max_new_tokens=g.max_new_tokens, do_sample=False, num_beams=g.num_beams,
+                    length_penalty=g.length_penalty, early_stopping=True)
+    # top_k 0 and top_p 1 switch those filters off (generate's own defaults would apply top_k=50).
+    return dict(max_new_tokens=g.max_new_tokens, do_sample=True, num_beams=1, temperature=g.temperature,
+                top_k=g.top_k or 0, top_p=g.top_p or 1.0)
+
+
 def family_module(name: str) -> ModuleType:
     if name not in FAMILIES:
         raise KeyError(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")

@@ -9,7 +9,7 @@ reports perplexity = exp(eval loss) (train.py), and predictions are continuation
 from __future__ import annotations
 
 from hftoolkit.errors import UserError
-from hftoolkit.families import EvalMetrics
+from hftoolkit.families import EvalMetrics, decoding_options
 from hftoolkit.recipe import Recipe
 
 # Label id the loss ignores (torch's cross_entropy ignore_index): padding positions get it.
@@ -97,7 +97,8 @@ def generate(recipe: Recipe, model, tokenizer, inputs: list[str], prompt_fractio
     import torch
 
     model.eval()
-    kwargs = generation_kwargs(recipe, tokenizer)
+    kwargs = dict(decoding_options(recipe.eval.generation), pad_token_id=tokenizer.pad_token_id,
+                  eos_token_id=tokenizer.eos_token_id)
     # Room for the new tokens inside the model's context: prompts keep their last tokens.
     context = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024)
     room = max(1, min(recipe.data.max_length, context - recipe.eval.generation.max_new_tokens))
@@ -120,18 +121,3 @@ def generate(recipe: Recipe, model, tokenizer, inputs: list[str], prompt_fractio
             shown = {"prompt": tokenizer.decode(ids, skip_special_tokens=True)} if prompt_fraction < 1 else {}
             out.append({**shown, "text": text})
     return out
-
-
-def generation_kwargs(recipe: Recipe, tokenizer) -> dict:
-    """recipe.eval.generation as keyword arguments of model.generate (greedy, sample or beam)."""
-    g = recipe.eval.generation
-    kwargs = dict(max_new_tokens=g.max_new_tokens, pad_token_id=tokenizer.pad_token_id,
-                  eos_token_id=tokenizer.eos_token_id)
-    if g.strategy == "greedy":
-        kwargs.update(do_sample=False, num_beams=1)
-    elif g.strategy == "sample":
-        # top_k 0 and top_p 1.0 switch those filters off: transformers would otherwise apply its default top_k=50.
-        kwargs.update(do_sample=True, num_beams=1, temperature=g.temperature, top_k=g.top_k or 0, top_p=g.top_p or 1.0)
-    else:
-        kwargs.update(do_sample=False, num_beams=g.num_beams, length_penalty=g.length_penalty, early_stopping=True)
-    return kwargs

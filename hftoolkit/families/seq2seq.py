@@ -11,7 +11,7 @@ from __future__ import annotations
 import zlib
 
 from hftoolkit.errors import UserError
-from hftoolkit.families import EvalMetrics
+from hftoolkit.families import EvalMetrics, decoding_options
 from hftoolkit.recipe import Recipe
 
 # Shipped evaluate module -> the scores of it that go into metrics.json (the first is its main score).
@@ -161,20 +161,7 @@ def generate(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
             chunk = order[start:start + size]
             batch = tokenizer.pad({"input_ids": [encoded[i] for i in chunk]}, return_tensors="pt").to(model.device)
             generated = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                       **_decoding_options(recipe))
+                                       **decoding_options(recipe.eval.generation))
             for i, text in zip(chunk, tokenizer.batch_decode(generated, skip_special_tokens=True)):
                 texts[i] = text.strip()
     return [{"text": text} for text in texts]
-
-
-def _decoding_options(recipe: Recipe) -> dict:
-    """model.generate keyword arguments for eval.generation (greedy, sample or beam)."""
-    g = recipe.eval.generation
-    if g.strategy == "greedy":
-        return dict(max_new_tokens=g.max_new_tokens, do_sample=False, num_beams=1)
-    if g.strategy == "beam":
-        return dict(max_new_tokens=g.max_new_tokens, do_sample=False, num_beams=g.num_beams,
-                    length_penalty=g.length_penalty, early_stopping=True)
-    # top_k 0 and top_p 1 switch those filters off (generate's own defaults would apply top_k=50).
-    return dict(max_new_tokens=g.max_new_tokens, do_sample=True, num_beams=1, temperature=g.temperature,
-                top_k=g.top_k or 0, top_p=g.top_p or 1.0)
