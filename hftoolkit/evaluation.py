@@ -44,9 +44,12 @@ def predict(run_dir: Path, given: str, generation: dict) -> list[dict]:
     from hftoolkit.train import load_trained
 
     recipe, family, model, processor = load_trained(run_dir)
-    if generation:
-        recipe.eval.generation = recipe.eval.generation.model_copy(update=generation)
-        type(recipe.eval.generation).model_validate(recipe.eval.generation.model_dump())
+    if generation:  # --strategy and friends, validated like the recipe's own eval.generation
+        from hftoolkit.recipe import validate_recipe
+
+        raw = recipe.model_dump()
+        raw["eval"]["generation"].update(generation)
+        recipe.eval.generation = validate_recipe(raw, "predict options").eval.generation
     inputs = read_inputs(given, recipe.task)
     outputs = family.generate(recipe, model, processor, inputs)
     shown = [x if isinstance(x, str) else given for x in inputs]

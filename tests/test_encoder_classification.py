@@ -179,3 +179,9 @@ def test_non_empty_output_directory_is_refused(tmp_path):
     result = run_cli("train", RECIPE, "--output", run, expect=2)
     assert "is not empty: pass --overwrite" in plain(result.output)
     assert (run / "precious.txt").read_text() == "keep me"
+
+
+def test_predict_rejects_a_bad_decoding_option_with_a_clear_error(lora_run):
+    run, _ = lora_run
+    result = run_cli("predict", run, "--input", "fine", "--strategy", "telepathy", expect=2)
+    assert "predict options: eval.generation.strategy" in plain(result.output)
