@@ -82,8 +82,8 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
         evaluation, predictions, eval_seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
         metrics = summarize(recipe, trainer.model, scorer, evaluation, train_counts, train_seconds, eval_seconds)
         metrics["setup_seconds"] = round(setup_seconds, 3)
+        save_weights(recipe, trainer, processor, run)  # every process: sharded weights are gathered first
         if state.is_main_process:
-            save_weights(recipe, trainer.model, processor, run)
             run.write_jsonl("log_history.jsonl", trainer.state.log_history)
             run.write_jsonl("predictions.jsonl", predictions)
             run.write_json("metrics.json", metrics)
@@ -238,11 +238,22 @@ def peak_memory_mb() -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def save_weights(recipe: Recipe, model, processor, run: RunDirectory) -> None:
-    """The adapter (LoRA) or the whole model (full fine-tuning), as safetensors, with the processor."""
+def save_weights(recipe: Recipe, trainer, processor, run: RunDirectory) -> None:
+    """The adapter (LoRA) or the whole model (full fine-tuning), as safetensors, with the processor.
+
+    Called on every process. Under FSDP or DeepSpeed each process holds only shards of the weights:
+    the Trainer's save_model gathers them (a collective call) and writes on the main process alone.
+    Not exercised on these CPU machines; DDP and single-process runs take the plain path.
+    """
     target = run / ("adapter" if recipe.lora.enabled else "model")
-    model.save_pretrained(target, safe_serialization=True)
-    processor.save_pretrained(target)
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        trainer.save_model(str(target))
+        if trainer.accelerator.is_main_process:
+            (target / "training_args.bin").unlink(missing_ok=True)  # pickled arguments: not weights, not kept
+    elif trainer.accelerator.is_main_process:
+        trainer.model.save_pretrained(target, safe_serialization=True)
+    if trainer.accelerator.is_main_process:
+        processor.save_pretrained(target)
 
 
 def load_trained(run_dir: Path, full_precision: bool = False):
