@@ -90,8 +90,13 @@ def matmul_flops_per_second(size: int = 1024, repeats: int = 5) -> float:
     return rate
 
 
-def efficiency(model, counts: dict, seconds: float, lora: bool) -> dict:
-    """tokens/s, padding fraction and achieved FLOP/s (absolute and as a fraction of the matmul rate)."""
+def efficiency(model, counts: dict, seconds: float, lora: bool, processes: int = 1) -> dict:
+    """tokens/s, padding fraction and achieved FLOP/s (absolute and as a fraction of the matmul rate).
+
+    `counts` are one process's; every process takes an equal share of each step, so the run's totals
+    are `processes` times as large, and its matmul capacity is `processes` devices' worth.
+    """
+    counts = {k: v * processes for k, v in counts.items()}
     if not counts["total"] or seconds <= 0:
         return {"tokens_per_second": None, "padding_fraction": None, "flops_per_second": None,
                 "matmul_fraction": None}
@@ -100,5 +105,5 @@ def efficiency(model, counts: dict, seconds: float, lora: bool) -> dict:
         "tokens_per_second": round(counts["real"] / seconds, 1),
         "padding_fraction": round(1 - counts["real"] / counts["total"], 4),
         "flops_per_second": round(achieved),
-        "matmul_fraction": round(achieved / matmul_flops_per_second(), 4),
+        "matmul_fraction": round(achieved / (processes * matmul_flops_per_second()), 4),
     }

@@ -80,7 +80,8 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
         train_counts = counter.snapshot()  # before eval batches pass through the same collator
         trainer.model.eval()
         evaluation, predictions, eval_seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
-        metrics = summarize(recipe, trainer.model, scorer, evaluation, train_counts, train_seconds, eval_seconds)
+        metrics = summarize(recipe, trainer.model, scorer, evaluation, train_counts, train_seconds, eval_seconds,
+                            processes=state.num_processes)
         metrics["setup_seconds"] = round(setup_seconds, 3)
         save_weights(recipe, trainer, processor, run)  # every process: sharded weights are gathered first
         if state.is_main_process:
@@ -215,15 +216,16 @@ def _show(value):
     return value if isinstance(value, (str, list)) else f"<{type(value).__name__}>"
 
 
-def summarize(recipe, model, scorer, evaluation, counts, train_seconds, eval_seconds) -> dict:
+def summarize(recipe, model, scorer, evaluation, counts, train_seconds, eval_seconds, processes: int = 1) -> dict:
+    """metrics.json's content; `counts` are this process's token counts (see throughput.efficiency)."""
     trainable, total = modeling.count_parameters(model)
     return {
         "name": recipe.name, "family": recipe.family, "task": recipe.task, "checkpoint": recipe.model.checkpoint,
         "quantization": recipe.model.quantization, "lora_rank": recipe.lora.r if recipe.lora.enabled else None,
         "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better, "eval": evaluation,
         "train_seconds": round(train_seconds, 3), "eval_seconds": round(eval_seconds, 3),
-        "samples_per_second": round(counts["samples"] / train_seconds, 3),
-        **efficiency(model, counts, train_seconds, lora=recipe.lora.enabled),
+        "samples_per_second": round(processes * counts["samples"] / train_seconds, 3),
+        **efficiency(model, counts, train_seconds, lora=recipe.lora.enabled, processes=processes),
         "peak_memory_mb": peak_memory_mb(), "trainable_params": trainable, "total_params": total,
         "hftoolkit_version": __import__("hftoolkit").__version__,
     }

@@ -1,0 +1,45 @@
+"""Throughput figures: padding counted per batch, the FLOPs convention, totals over processes."""
+
+from __future__ import annotations
+
+import pytest
+
+from hftoolkit.throughput import TokenCounter, efficiency, matmul_flops_per_second, training_flops
+
+
+def test_token_counter_counts_real_and_padding_tokens_and_drops_length():
+    import torch
+
+    def pad(features):
+        longest = max(len(f["input_ids"]) for f in features)
+        mask = [[1] * len(f["input_ids"]) + [0] * (longest - len(f["input_ids"])) for f in features]
+        return {"attention_mask": torch.tensor(mask)}
+
+    counter = TokenCounter(pad)
+    features = [{"input_ids": [1, 2, 3], "length": 3}, {"input_ids": [1], "length": 1}]
+    counter(features)
+    assert "length" not in features[0], "the sampler's column never reaches the model"
+    assert counter.snapshot() == {"real": 4, "total": 6, "samples": 2, "token_length_product": 4 * 3}
+
+
+def test_lora_counts_four_n_and_full_training_six_n_per_token():
+    shape = {"non_embedding": 1000, "layers": 2, "width": 8}
+    counts = {"real": 10, "total": 12, "samples": 2, "token_length_product": 10 * 6}
+    attention = 4 * 2 * 8 * 60
+    assert training_flops(shape, counts, lora=True) == 4 * 1000 * 10 + attention * 2
+    assert training_flops(shape, counts, lora=False) == 6 * 1000 * 10 + attention * 3
+
+
+def test_efficiency_reports_run_totals_over_processes():
+    from transformers import BertConfig, BertModel
+
+    model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                                 vocab_size=50))
+    counts = {"real": 900, "total": 1000, "samples": 40, "token_length_product": 900 * 25}
+    one = efficiency(model, counts, seconds=2.0, lora=True)
+    two = efficiency(model, counts, seconds=2.0, lora=True, processes=2)
+    assert one["tokens_per_second"] == 450 and two["tokens_per_second"] == 900
+    assert one["padding_fraction"] == two["padding_fraction"] == pytest.approx(0.1)
+    assert two["flops_per_second"] == pytest.approx(2 * one["flops_per_second"], rel=1e-6)
+    assert two["matmul_fraction"] == pytest.approx(one["matmul_fraction"], abs=1e-4)  # both rounded to 4 places
+    assert one["matmul_fraction"] == pytest.approx(one["flops_per_second"] / matmul_flops_per_second(), abs=1e-4)
