@@ -59,3 +59,9 @@ def test_python_dash_m_works():
     out = subprocess.run([sys.executable, "-m", "hftoolkit", "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert out.returncode == 0 and "Usage" in out.stdout
+
+
+def test_parity_command_is_wired_and_exits_with_the_suite_result():
+    result = run_cli("parity", "--only", "norm")
+    assert "norm.layernorm" in result.stdout and "pass" in result.stdout
+    assert run_cli("parity", "--only", "no-such-component", expect=2).exit_code == 2
