@@ -21,22 +21,14 @@ def reevaluate(run_dir: Path) -> dict:
     data = load_data(recipe)
     encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
     scorer = family.metrics(recipe, processor)
-    trainer = build_trainer(recipe, _Scratch(), model, processor, encoded,
+    # The run's own Trainer settings; with saving off, an evaluate-only Trainer writes nothing there.
+    trainer = build_trainer(recipe, run, model, processor, encoded,
                             TokenCounter(family.collator(recipe, processor)), scorer)
     results, predictions, seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
     metrics = {**run.metrics(), "eval": results, "eval_seconds": round(seconds, 3)}
     run.write_json("metrics.json", metrics)
     run.write_jsonl("predictions.jsonl", predictions)
     return metrics
-
-
-class _Scratch:
-    """A throwaway output folder for a Trainer that only evaluates (it writes nothing there)."""
-
-    def __truediv__(self, name):
-        import tempfile
-
-        return Path(tempfile.mkdtemp(prefix="hftoolkit-eval-")) / name
 
 
 def predict(run_dir: Path, given: str, generation: dict) -> list[dict]:

@@ -64,8 +64,8 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
                 checkpoints.clear_results(run)
             run.start(recipe_to_yaml(recipe), command, recipe.training.seed)
             written = True
-            run.update_manifest(resumed_from=str(resume_from) if resume_from else None)
-            run.update_manifest(data_fingerprint=fingerprint(data))
+            run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
+                                data_fingerprint=fingerprint(data))
         set_seed(recipe.training.seed)
         with state.main_process_first():  # an init: checkpoint or a hub download is made once, by the main process
             model, processor = family.load_model(recipe)
