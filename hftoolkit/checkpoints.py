@@ -2,7 +2,8 @@
 
 The HF Trainer already saves what an exact resume needs (adapter or model, optimizer,
 scheduler, gradient scaler, RNG states, trainer state with the step) and skips the
-batches already seen. Two things it does not do, added here:
+batches already seen (in an order that a resumed run draws the same: batching.py). What it does
+not do, added here:
 
 - Atomic saving. The Trainer writes straight into `checkpoint-N`, so a kill during a save
   leaves a folder that looks like a checkpoint and is not one. Here each checkpoint is
@@ -10,10 +11,6 @@ batches already seen. Two things it does not do, added here:
   to `checkpoints/checkpoint-N`: a checkpoint folder is complete or absent. Retention
   (training.keep_last) goes by step number and renames a folder away before deleting it,
   so the newest complete checkpoint is never touched.
-- A reproducible batch order for group_by_length. The Trainer's LengthGroupedSampler draws
-  its permutation from the global torch RNG, whose state at the start of epoch 2 differs
-  between an uninterrupted run and a resumed one; here it is drawn from seed + epoch, as
-  accelerate's seedable sampler already does for plain shuffling.
 
 Test hooks (never set outside tests): HFTOOLKIT_TEST_PAUSE_IN_SAVE=N sleeps inside the save
 of checkpoint N, after its files are written and before the rename; HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=N
@@ -74,37 +71,6 @@ class AtomicCheckpoints:
                 rotate(final_dir.parent, keep_last=self.args.save_total_limit)
             _test_pause("HFTOOLKIT_TEST_PAUSE_AFTER_SAVE", self.state.global_step)
         self.accelerator.wait_for_everyone()
-
-    def _get_train_sampler(self, train_dataset=None):
-        sampler = super()._get_train_sampler(train_dataset)
-        if type(sampler).__name__ == "LengthGroupedSampler":
-            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
-            return EpochSeededLengthSampler(sampler.lengths, sampler.batch_size, seed)
-        return sampler
-
-
-class EpochSeededLengthSampler:
-    """transformers' length-grouped order (similar lengths batched together), drawn from seed + epoch.
-
-    The Trainer (and accelerate, for several processes) call set_epoch before each epoch, so
-    every process and every resumed run sees the same batches in the same order.
-    """
-
-    def __init__(self, lengths: list[int], batch_size: int, seed: int):
-        self.lengths, self.batch_size, self.seed, self.epoch = list(lengths), batch_size, seed, 0
-
-    def __len__(self) -> int:
-        return len(self.lengths)
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
-
-    def __iter__(self):
-        import torch
-        from transformers.trainer_pt_utils import get_length_grouped_indices
-
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
 
 
 # ---------------------------------------------------------------- atomic commit and retention

@@ -13,9 +13,10 @@ import time
 from pathlib import Path
 
 from hftoolkit import modeling
-from hftoolkit.data import fingerprint, load_data
+from hftoolkit.batching import shortest_first
+from hftoolkit.data import LABELLED_TASKS, fingerprint, load_data
 from hftoolkit.errors import UserError
-from hftoolkit.families import family_module
+from hftoolkit.families import family_module, label_records
 from hftoolkit.launch import generate_everywhere
 from hftoolkit.recipe import Recipe, load_recipe, recipe_to_yaml
 from hftoolkit.rundir import RunDirectory
@@ -130,9 +131,11 @@ def resolve_family(recipe: Recipe) -> str:
 
 
 def set_seed(seed: int) -> None:
-    from transformers import set_seed as hf_set_seed
+    """Seed python, numpy and torch (on every device), as transformers.set_seed does; accelerate's
+    copy, because importing transformers' imports peft, before modeling.bitsandbytes_hidden can act."""
+    from accelerate.utils import set_seed as seed_everything
 
-    hf_set_seed(seed)
+    seed_everything(seed)
 
 
 def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, counter, scorer):
@@ -172,29 +175,45 @@ def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, 
 
 
 def toolkit_trainer(base):
-    """`base` (Trainer or Seq2SeqTrainer) with the non-finite guard, atomic checkpoints and a loss scale
-    that holds on any number of processes (launch.ItemNormalizedLoss)."""
+    """`base` (Trainer or Seq2SeqTrainer) with the non-finite guard, atomic checkpoints, length-bucketed
+    batches and a loss scale that holds on any number of processes (launch.ItemNormalizedLoss)."""
+    from hftoolkit.batching import LengthBatching
     from hftoolkit.checkpoints import AtomicCheckpoints
     from hftoolkit.guards import NonFiniteGuard
     from hftoolkit.launch import ItemNormalizedLoss
 
-    return type(f"Toolkit{base.__name__}", (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, base), {})
+    return type(f"Toolkit{base.__name__}", (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, LengthBatching, base), {})
 
 
 def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
-    """Eval loss and metrics on the eval split, plus up to eval.max_predictions prediction records."""
+    """Eval loss and metrics on the eval split, plus up to eval.max_predictions prediction records.
+
+    Eval batches run shortest first, so they pad little; the metrics do not depend on the order, and
+    records are mapped back to the data's order. Classification records come from that same pass's
+    probabilities; other tasks generate theirs (a text, tags or filled masks the loss pass does not give).
+    """
     started = time.perf_counter()
     column = INPUT_COLUMN.get(recipe.task, "text")
     raw = data["eval"]
-    scored = trainer.evaluate(encoded["eval"], metric_key_prefix="eval")
+    count = len(raw) if recipe.task in GENERATION_TASKS else min(len(raw), recipe.eval.max_predictions)
+    eval_set, order = shortest_first(encoded["eval"])
+    outputs = None
+    if recipe.task in LABELLED_TASKS:
+        scored = trainer.predict(eval_set, metric_key_prefix="eval")
+        trainer.log(scored.metrics)  # as trainer.evaluate does: the eval lands in the log history
+        probabilities = scored.predictions if order is None else scored.predictions[order.argsort()]
+        outputs = label_records(probabilities[:count], trainer.model.config.id2label)
+        scored = scored.metrics
+    else:
+        scored = trainer.evaluate(eval_set, metric_key_prefix="eval")
     results = {k.removeprefix("eval_"): v for k, v in scored.items()
                if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second", "_time"))}
     if recipe.task in PERPLEXITY_TASKS and "loss" in results:
         results["perplexity"] = math.exp(min(results["loss"], 50))
-    count = len(raw) if recipe.task in GENERATION_TASKS else min(len(raw), recipe.eval.max_predictions)
     inputs = raw[column][:count]
-    prompt = {"prompt_fraction": PROMPT_FRACTION[recipe.task]} if recipe.task in PROMPT_FRACTION else {}
-    outputs = generate_everywhere(family, recipe, trainer.model, processor, inputs, **prompt)  # shared by processes
+    if outputs is None:
+        prompt = {"prompt_fraction": PROMPT_FRACTION[recipe.task]} if recipe.task in PROMPT_FRACTION else {}
+        outputs = generate_everywhere(family, recipe, trainer.model, processor, inputs, **prompt)  # shared by processes
     if recipe.task in GENERATION_TASKS:
         results.update(scorer.compute([o["text"] for o in outputs], raw["target"]))
     references = _references(recipe, raw, count)

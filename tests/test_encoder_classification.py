@@ -47,6 +47,21 @@ def test_train_writes_the_run_directory_contract(lora_run):
     assert "accuracy *" in result.output, "the train command ends with a results table"
 
 
+def test_prediction_records_are_their_own_inputs_predictions(lora_run, tmp_path):
+    """Eval runs shortest first and takes its records from that pass: each must still be its input's."""
+    run, _ = lora_run
+    records = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()][:24]
+    words = [len(r["input"].split()) for r in records]
+    assert words != sorted(words), "the eval texts differ in length, so shortest-first reorders them"
+    inputs = tmp_path / "inputs.txt"
+    inputs.write_text("".join(r["input"] + "\n" for r in records))
+    rows = run_cli("predict", run, "--input", inputs).stdout.strip().splitlines()[-len(records):]
+    for record, row in zip(records, rows):
+        text, label, probability = row.split("\t")
+        assert (text, label) == (record["input"], record["label"])
+        assert float(probability) == pytest.approx(record["probability"], abs=1e-3)
+
+
 def test_lora_trains_query_value_and_head_only(lora_run):
     from hftoolkit.recipe import load_recipe
     from hftoolkit.train import load_trained

@@ -50,6 +50,12 @@ def decoding_options(generation) -> dict:
                 top_k=g.top_k or 0, top_p=g.top_p or 1.0)
 
 
+def label_records(probabilities, id2label: dict) -> list[dict]:
+    """One {"label", "probability"} record per row of class probabilities (an array, examples x classes)."""
+    best = probabilities.argmax(-1)
+    return [{"label": id2label[int(i)], "probability": round(float(row[i]), 4)} for row, i in zip(probabilities, best)]
+
+
 def family_module(name: str) -> ModuleType:
     if name not in FAMILIES:
         raise KeyError(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")

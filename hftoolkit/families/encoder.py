@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from hftoolkit.errors import UserError
-from hftoolkit.families import EvalMetrics
+from hftoolkit.families import EvalMetrics, label_records
 from hftoolkit.recipe import Recipe
 
 CLASSIFICATION_METRICS = ["accuracy", "f1", "precision", "recall", "matthews_correlation"]
@@ -201,10 +201,7 @@ def _classify(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]
         batch = tokenizer(inputs[start:start + recipe.eval.batch_size], truncation=True,
                           max_length=recipe.data.max_length, padding=True, return_tensors="pt").to(model.device)
         with torch.no_grad():
-            probs = model(**batch).logits.float().softmax(-1)
-        best = probs.max(-1)
-        out += [{"label": id2label[int(i)], "probability": round(float(p), 4)}
-                for p, i in zip(best.values, best.indices)]
+            out += label_records(model(**batch).logits.float().softmax(-1).cpu().numpy(), id2label)
     return out
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import io
 
 from hftoolkit.errors import UserError
-from hftoolkit.families import EvalMetrics
+from hftoolkit.families import EvalMetrics, label_records
 from hftoolkit.recipe import Recipe
 
 CLASSIFICATION_METRICS = ["accuracy", "f1"]
@@ -84,10 +84,7 @@ def generate(recipe: Recipe, model, processor, inputs: list) -> list[dict]:
         images = [_decode(item) for item in inputs[start:start + recipe.eval.batch_size]]
         pixels = processor(images, return_tensors="pt")["pixel_values"].to(model.device)
         with torch.no_grad():
-            probs = model(pixel_values=pixels).logits.float().softmax(-1)
-        best = probs.max(-1)
-        out += [{"label": id2label[int(i)], "probability": round(float(p), 4)}
-                for p, i in zip(best.values, best.indices)]
+            out += label_records(model(pixel_values=pixels).logits.float().softmax(-1).cpu().numpy(), id2label)
     return out
 
 
