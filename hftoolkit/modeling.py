@@ -8,6 +8,8 @@ targets come from the table below, checked against the model's own modules.
 
 from __future__ import annotations
 
+import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from hftoolkit.errors import UserError
@@ -59,8 +61,11 @@ def resolve_checkpoint(recipe: Recipe) -> str:
 def load_task_model(auto_class, recipe: Recipe, task_type: str | None, with_head: bool = True, **kwargs):
     """Load a checkpoint into `auto_class` and wrap it in LoRA; the task head stays full precision and trainable."""
     head = task_head_of(auto_class, recipe, **kwargs) if with_head else []
-    model = load_pretrained(auto_class, recipe, keep_full_precision=head, **kwargs)
-    return apply_lora(model, recipe, task_type, modules_to_save=head)
+    with bitsandbytes_hidden(unless=recipe.model.quantization != "none"):
+        import peft  # noqa: F401  (imported first here, where bitsandbytes can be hidden from it)
+
+        model = load_pretrained(auto_class, recipe, keep_full_precision=head, **kwargs)
+        return apply_lora(model, recipe, task_type, modules_to_save=head)
 
 
 def task_head_of(auto_class, recipe: Recipe, **kwargs) -> list[str]:
@@ -155,6 +160,32 @@ def apply_lora(model, recipe: Recipe, task_type: str | None, modules_to_save: li
                         target_modules=targets, modules_to_save=list(modules_to_save) or None,
                         fan_in_fan_out=model.config.model_type in CONV1D_MODEL_TYPES, task_type=task_type)
     return get_peft_model(model, config)
+
+
+@contextmanager
+def bitsandbytes_hidden(unless: bool):
+    """Inside the block peft finds no bitsandbytes (unless `unless`, or bitsandbytes is imported already).
+
+    Why: peft imports bitsandbytes as it loads (peft/helpers.py; `from transformers import Trainer`
+    imports peft) and again as it wraps layers, and bitsandbytes imports torch's compiler: 0.8 s of
+    every run that quantizes nothing, measured here. A None entry in sys.modules makes that import
+    fail and find_spec answer None. On the way out peft's and transformers' cached answers are
+    cleared, so a quantized model later in the same process finds bitsandbytes again.
+    """
+    if unless or "bitsandbytes" in sys.modules:
+        yield
+        return
+    sys.modules["bitsandbytes"] = None
+    try:
+        yield
+    finally:
+        sys.modules.pop("bitsandbytes", None)
+        from peft import import_utils
+        from transformers.utils import import_utils as transformers_imports
+
+        for answer in (import_utils.is_bnb_available, import_utils.is_bnb_4bit_available,
+                       transformers_imports.is_bitsandbytes_available):
+            answer.cache_clear()
 
 
 def count_parameters(model) -> tuple[int, int]:

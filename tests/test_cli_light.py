@@ -25,6 +25,23 @@ def test_light_commands_import_no_torch(argv):
     assert "HEAVY []" in out.stdout, out.stdout
 
 
+def test_a_run_that_quantizes_nothing_never_imports_bitsandbytes():
+    # A real process: bitsandbytes (and the torch compiler it imports) must stay out of sys.modules,
+    # and a quantized model loaded afterwards in the same process must still find it.
+    code = ("import sys\n"
+            "from hftoolkit.families import encoder\nfrom hftoolkit.recipe import load_recipe\n"
+            f"recipe = load_recipe({str(RECIPES / 'encoder-classification.yaml')!r})\n"
+            "recipe.data.label_names = ['negative', 'positive']\n"
+            "encoder.load_model(recipe)\n"
+            "print('PLAIN', 'bitsandbytes' in sys.modules)\n"
+            "recipe.model.quantization = '8bit'\n"
+            "model, _ = encoder.load_model(recipe)\n"
+            "print('8BIT', type(model.base_model.model.bert.encoder.layer[0].attention.self.query).__name__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "PLAIN False" in out.stdout and "8BIT Linear8bitLt" in out.stdout, out.stdout
+
+
 def test_help_lists_every_command():
     out = run_cli("--help").output
     for command in ("train", "eval", "predict", "validate", "recipes", "init-model", "doctor"):
