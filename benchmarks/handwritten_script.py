@@ -14,7 +14,7 @@ import pandas as pd
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model
 from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                          TrainingArguments)
+                          TrainingArguments, set_seed)
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--checkpoint", required=True)
@@ -25,7 +25,9 @@ parser.add_argument("--lr", type=float, default=5e-4)
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--epochs", type=float, default=1)
 parser.add_argument("--max-length", type=int, default=64)
+parser.add_argument("--seed", type=int, default=0)
 args = parser.parse_args()
+set_seed(args.seed)  # before the model: its new head and the LoRA weights are drawn at creation
 
 tokenizer = AutoTokenizer.from_pretrained(args.checkpoint)
 train = Dataset.from_pandas(pd.read_csv(args.train))
@@ -55,7 +57,7 @@ def accuracy(prediction):
 
 training_args = TrainingArguments(
     output_dir="/tmp/handwritten-script", per_device_train_batch_size=args.batch_size,
-    per_device_eval_batch_size=64, num_train_epochs=args.epochs, learning_rate=args.lr, seed=0,
+    per_device_eval_batch_size=64, num_train_epochs=args.epochs, learning_rate=args.lr, seed=args.seed,
     report_to="none", save_strategy="no", logging_steps=50, use_cpu=True, disable_tqdm=True,
     train_sampling_strategy="group_by_length" if args.group_by_length else "random",
 )
