@@ -3,6 +3,8 @@ so `--help`, `validate`, `recipes` and `doctor` stay fast."""
 
 from __future__ import annotations
 
+import atexit
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -232,4 +234,25 @@ def _print_metrics(metrics: dict, run_dir: Path) -> None:
 
 
 def main() -> None:
-    app()
+    """The console script. Once every exit handler has run, the process ends without the interpreter's
+    teardown: freeing the modules torch, transformers and datasets import takes 1.4 s here, after
+    the results are written (the handlers that flush logs and remove temporary files still run)."""
+    status = [0]
+    atexit.register(_end_now, status)  # registered first, so it runs after every library's handler
+    try:
+        app()
+    except SystemExit as done:
+        status[0] = done.code if isinstance(done.code, int) else int(done.code is not None)
+        raise
+    except KeyboardInterrupt:
+        status[0] = 130
+        raise
+    except BaseException:  # a crash: Python prints the traceback, the exit status says it failed
+        status[0] = 1
+        raise
+
+
+def _end_now(status: list[int]) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status[0])

@@ -76,6 +76,10 @@ def test_python_dash_m_works():
     out = subprocess.run([sys.executable, "-m", "hftoolkit", "--help"], capture_output=True, text=True,
                          cwd=ROOT, timeout=60)
     assert out.returncode == 0 and "Usage" in out.stdout
+    # The console script ends without the interpreter's teardown: the exit status must survive that.
+    out = subprocess.run([sys.executable, "-m", "hftoolkit", "validate", "missing.yaml"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=60)
+    assert out.returncode == 2 and out.stderr.startswith("Error: missing.yaml: recipe file not found"), out.stderr
 
 
 def test_parity_command_is_wired_and_exits_with_the_suite_result():
