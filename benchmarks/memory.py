@@ -35,6 +35,7 @@ def worker(checkpoint: str, variant: str, steps: int) -> None:
                               "lora": {"enabled": lora}, "data": {"train": "builtin:sentiment"}})
     model = modeling.load_task_model(AutoModelForSequenceClassification, recipe, "SEQ_CLS", num_labels=2)
     footprint = model.get_memory_footprint()
+    model.train()  # as the Trainer does (bitsandbytes' 8-bit layers take another code path in eval mode)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
     for _ in range(steps):
         ids = torch.randint(0, model.config.vocab_size, (8, 128))

@@ -93,10 +93,36 @@ def load_pretrained(auto_class, recipe: Recipe, keep_full_precision: list[str] =
 
     checkpoint = resolve_checkpoint(recipe)
     try:
-        return auto_class.from_pretrained(checkpoint, **from_kwargs)
+        model = auto_class.from_pretrained(checkpoint, **from_kwargs)
     except (OSError, ValueError, SafetensorError) as err:
         raise UserError(f"model.checkpoint: could not load {recipe.model.checkpoint} "
                         f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
+    if quant is not None and _device() == "cpu":
+        _release_checkpoint_memory(model)
+    return model
+
+
+def _release_checkpoint_memory(model) -> None:
+    """After a quantized load on CPU: copy the unquantized tensors out of the checkpoint's memory map,
+    and hand the memory that quantizing freed back to the operating system.
+
+    Why: quantizing reads every weight through the safetensors file's memory map, and the tensors
+    left unquantized (embeddings, norms, the head) still point into it, so the whole file stays
+    resident; glibc also keeps the freed fp32 scratch. For BERT-base in 8-bit that was 439 MB of file
+    pages and 270 MB of freed heap, and lifted peak RSS above full fine-tuning's (benchmarks/memory.py).
+    """
+    import ctypes
+    import gc
+    from itertools import chain
+
+    for tensor in chain(model.parameters(), model.buffers()):
+        if tensor.dtype.is_floating_point:  # (quantized weights are integer tensors, made in memory)
+            tensor.data = tensor.data.clone()
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
 
 
 def quantization_config(recipe: Recipe, skip: list[str]):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import yaml
@@ -132,6 +133,36 @@ def test_lora_with_8bit_base_trains_and_keeps_the_head_out_of_quantization(tmp_p
     assert type(head).__name__ == "Linear" and head.weight.dtype.is_floating_point
     out = run_cli("predict", run, "--input", "every scene was delightful").stdout
     assert out.strip().split("\t")[1] in ("positive", "negative")
+
+
+@pytest.mark.parametrize("quantization", ["8bit", "4bit"])
+def test_a_quantized_load_lets_go_of_the_checkpoint_file(tmp_path, quantization):
+    """Quantizing reads every weight through the file's memory map; kept mapped, the whole file stays
+    resident (BERT-base 8-bit: 439 MB more peak RSS). After the load nothing may point into it."""
+    pytest.importorskip("bitsandbytes")
+    import gc
+    import shutil
+
+    import torch
+
+    from hftoolkit.families import encoder
+    from hftoolkit.recipe import load_recipe
+    from hftoolkit.tiny import ensure_tiny
+
+    checkpoint = tmp_path / "bert"  # a private copy: other tests' models may map the shared one
+    shutil.copytree(ensure_tiny("bert"), checkpoint)
+    weights = str(checkpoint / "model.safetensors")
+    recipe = load_recipe(RECIPE)
+    recipe.model.checkpoint, recipe.model.quantization = str(checkpoint), quantization
+    recipe.data.label_names = ["negative", "positive"]
+    model, tokenizer = encoder.load_model(recipe)
+    gc.collect()
+    assert weights not in Path("/proc/self/maps").read_text()
+    model.train()
+    batch = tokenizer(["a fine film", "dull"], padding=True, return_tensors="pt")
+    loss = model(**batch, labels=torch.tensor([0, 1])).loss
+    loss.backward()  # the copied tensors still train
+    assert loss.isfinite()
 
 
 # ---------------------------------------------------------------- bad input (issue 2's list)
