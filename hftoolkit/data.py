@@ -217,8 +217,9 @@ def _encode_labels(recipe: Recipe, train, evaluation):
                             "fix the data or add the label to data.label_names")
     to_id = (lambda v: index[str(v)]) if kinds != {"int"} else (lambda v: v)
     recipe.data.label_names = names
-    encode = lambda r: {"label": [to_id(v) for v in r["label"]] if isinstance(r["label"], list) else to_id(r["label"])}
-    return train.map(encode), evaluation.map(encode)
+    encode = lambda batch: {"label": [[to_id(v) for v in label] if isinstance(label, list) else to_id(label)
+                                      for label in batch["label"]]}
+    return train.map(encode, batched=True), evaluation.map(encode, batched=True)
 
 
 def _as_names(ds):
