@@ -182,7 +182,8 @@ def toolkit_trainer(base):
     from hftoolkit.guards import NonFiniteGuard
     from hftoolkit.launch import ItemNormalizedLoss
 
-    return type(f"Toolkit{base.__name__}", (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, LengthBatching, base), {})
+    mixins = (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, LengthBatching)
+    return type(f"Toolkit{base.__name__}", (*mixins, base), {})
 
 
 def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
@@ -199,11 +200,11 @@ def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
     eval_set, order = shortest_first(encoded["eval"])
     outputs = None
     if recipe.task in LABELLED_TASKS:
-        scored = trainer.predict(eval_set, metric_key_prefix="eval")
-        trainer.log(scored.metrics)  # as trainer.evaluate does: the eval lands in the log history
-        probabilities = scored.predictions if order is None else scored.predictions[order.argsort()]
+        output = trainer.predict(eval_set, metric_key_prefix="eval")
+        trainer.log(output.metrics)  # as trainer.evaluate does: the eval lands in the log history
+        scored = output.metrics
+        probabilities = output.predictions if order is None else output.predictions[order.argsort()]
         outputs = label_records(probabilities[:count], trainer.model.config.id2label)
-        scored = scored.metrics
     else:
         scored = trainer.evaluate(eval_set, metric_key_prefix="eval")
     results = {k.removeprefix("eval_"): v for k, v in scored.items()
