@@ -61,7 +61,7 @@ def resolve_checkpoint(recipe: Recipe) -> str:
 def load_task_model(auto_class, recipe: Recipe, task_type: str | None, with_head: bool = True, **kwargs):
     """Load a checkpoint into `auto_class` and wrap it in LoRA; the task head stays full precision and trainable."""
     head = task_head_of(auto_class, recipe, **kwargs) if with_head else []
-    with bitsandbytes_hidden(unless=recipe.model.quantization != "none"):
+    with bitsandbytes_hidden(needed=recipe.model.quantization != "none"):
         import peft  # noqa: F401  (imported first here, where bitsandbytes can be hidden from it)
 
         model = load_pretrained(auto_class, recipe, keep_full_precision=head, **kwargs)
@@ -189,8 +189,8 @@ def apply_lora(model, recipe: Recipe, task_type: str | None, modules_to_save: li
 
 
 @contextmanager
-def bitsandbytes_hidden(unless: bool):
-    """Inside the block peft finds no bitsandbytes (unless `unless`, or bitsandbytes is imported already).
+def bitsandbytes_hidden(needed: bool):
+    """Inside the block peft finds no bitsandbytes (unless it is `needed`, or imported already).
 
     Why: peft imports bitsandbytes as it loads (peft/helpers.py; `from transformers import Trainer`
     imports peft) and again as it wraps layers, and bitsandbytes imports torch's compiler: 0.8 s of
@@ -198,7 +198,7 @@ def bitsandbytes_hidden(unless: bool):
     fail and find_spec answer None. On the way out peft's and transformers' cached answers are
     cleared, so a quantized model later in the same process finds bitsandbytes again.
     """
-    if unless or "bitsandbytes" in sys.modules:
+    if needed or "bitsandbytes" in sys.modules:
         yield
         return
     sys.modules["bitsandbytes"] = None
