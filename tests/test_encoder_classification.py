@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 from pathlib import Path
 
@@ -46,6 +47,7 @@ def test_train_writes_the_run_directory_contract(lora_run):
     assert len(predictions) == 80
     assert {"input", "reference", "label", "probability"} <= set(predictions[0])
     assert "accuracy *" in result.output, "the train command ends with a results table"
+    assert gc.isenabled() and gc.get_freeze_count() == 0, "a caller (a notebook) gets the garbage collector back"
 
 
 def test_prediction_records_are_their_own_inputs_predictions(lora_run, tmp_path):
@@ -216,6 +218,7 @@ def test_bad_input_exits_with_one_clear_sentence_and_leaves_nothing(case, tmp_pa
     assert expected in plain(result.output), result.output
     assert "Traceback" not in result.output
     assert not run.exists(), "no half-written run directory"
+    assert gc.isenabled() and gc.get_freeze_count() == 0, "train turns garbage collection back on, even on error"
 
 
 def test_non_empty_output_directory_is_refused(tmp_path):
