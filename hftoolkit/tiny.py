@@ -41,7 +41,13 @@ def ensure_tiny(arch: str) -> Path:
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
     target = cache_dir() / f"{arch}-{digest}"
     if not (target / "config.json").is_file():
-        init_model(arch, target)
+        try:
+            init_model(arch, target)
+        except Exception:
+            # Two runs that start together both build it; the one that finishes second finds the
+            # folder taken (not empty, or a failed rename) and uses the first one's.
+            if not (target / "config.json").is_file():
+                raise
     return target
 
 

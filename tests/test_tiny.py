@@ -1,0 +1,26 @@
+"""The cache of tiny `init:` checkpoints."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from tests.conftest import ROOT
+
+
+def test_two_runs_building_the_same_tiny_checkpoint_at_once_both_get_it(tmp_path):
+    # Real processes: two runs started together on a cold cache both build init:bert; the one that
+    # finishes second must use the first one's folder, not fail on it.
+    code = "from hftoolkit.tiny import ensure_tiny; print('PATH', ensure_tiny('bert'))"
+    env = {**os.environ, "HFTOOLKIT_CACHE": str(tmp_path / "cache")}
+    runs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    for run, (out, err) in zip(runs, outputs):
+        assert run.returncode == 0, err[-2000:]
+    paths = {line.split()[1] for out, _ in outputs for line in out.splitlines() if line.startswith("PATH")}
+    assert len(paths) == 1
+    assert os.path.isfile(os.path.join(next(iter(paths)), "config.json"))
+    leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if p.name.startswith(".")]
+    assert not leftovers, "the losing build's temporary folder is removed"
