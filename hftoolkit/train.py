@@ -193,7 +193,24 @@ def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, 
         compute_metrics=scorer.compute if recipe.task not in GENERATION_TASKS else None,
         preprocess_logits_for_metrics=scorer.reduce_logits)
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
+    if hasattr(counter.collate, "epoch"):  # a collator whose randomness depends on the epoch (MLM masking)
+        trainer.add_callback(epoch_to_collator(counter.collate))
     return trainer
+
+
+def epoch_to_collator(collate):
+    """A callback that sets `collate.epoch` to the epoch about to begin, and back to 0 for the eval after
+    training. A resumed run's Trainer state holds the fractional epoch it stopped in: its floor is that epoch."""
+    from transformers import TrainerCallback
+
+    class EpochToCollator(TrainerCallback):
+        def on_epoch_begin(self, args, state, control, **kwargs):
+            collate.epoch = math.floor(state.epoch + 1e-6)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            collate.epoch = 0
+
+    return EpochToCollator()
 
 
 def toolkit_trainer(base):

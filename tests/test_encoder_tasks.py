@@ -266,7 +266,7 @@ def test_mlm_masking_rates(probability):
 
 def test_mlm_eval_masks_are_fixed_and_training_masks_change_each_epoch():
     """A new collator (another run, or `hftoolkit eval`) masks an example as the first one did, in any batch;
-    the same collator meeting a batch again (the next epoch) draws new masks."""
+    in the next epoch (the Trainer sets `epoch`) the same batch gets new masks, and epoch 0's again after."""
     [(rows, first, _)] = list(mlm_batches(0.15, batches=1, size=16))
     recipe, encoder, tokenizer = recipe_parts(MLM)
     another_run = encoder.collator(recipe, tokenizer)
@@ -276,10 +276,13 @@ def test_mlm_eval_masks_are_fixed_and_training_masks_change_each_epoch():
         length = len(rows[row]["input_ids"])
         assert torch_equal(reordered["labels"][position, :length], first["labels"][row, :length])
         assert torch_equal(reordered["input_ids"][position, :length], first["input_ids"][row, :length])
-    again = another_run([dict(r) for r in rows])  # this batch, first met by this collator: the same masks
+    again = another_run([dict(r) for r in rows])  # the same batch in the same epoch: the same masks
     assert torch_equal(again["labels"], first["labels"]) and torch_equal(again["input_ids"], first["input_ids"])
+    another_run.epoch = 1
     next_epoch = another_run([dict(r) for r in rows])
     assert not torch_equal(next_epoch["labels"] != -100, first["labels"] != -100)
+    another_run.epoch = 0  # as for the eval after training
+    assert torch_equal(another_run([dict(r) for r in rows])["labels"], first["labels"])
 
 
 def torch_equal(a, b) -> bool:

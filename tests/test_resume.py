@@ -7,7 +7,10 @@ the final adapter weights.
 
 - encoder: killed after checkpoint 4 of 9 steps, in the middle of epoch 2 of 3, resumed with
   `train --resume RUN_DIR`; the resumed run crosses into epoch 3. (Mid-epoch past the first
-  epoch is where the Trainer's length-grouped order used to differ: checkpoints.py.)
+  epoch is where the Trainer's length-grouped order used to differ: batching.py.)
+- MLM, full fine-tuning, sequential order (epoch 2 meets epoch 1's batches again): killed after
+  checkpoint 4, mid-epoch 2. Masks are seeded by content and epoch, so the resumed run masks as
+  the uninterrupted one did (a count of batches met, used before, restarted from zero: 0.32 apart).
 - seq2seq: killed inside the save of checkpoint 8, so checkpoint 6 (the end of epoch 2) is the
   newest complete one; resumed at that epoch boundary with `train RECIPE --resume`.
 """
@@ -28,6 +31,7 @@ import pytest
 from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
 
 ENCODER = RECIPES / "encoder-classification.yaml"
+MLM = RECIPES / "encoder-mlm.yaml"
 SEQ2SEQ = RECIPES / "seq2seq-translation-t5.yaml"
 # 24 examples in batches of 8: 3 steps an epoch, 3 epochs, a checkpoint every 2 steps, a loss every step.
 STEPS = 9
@@ -118,6 +122,25 @@ def test_encoder_resumed_mid_epoch_matches_the_uninterrupted_run(encoder_runs):
     assert manifest["status"] == "complete" and manifest["resumed_from"].endswith("checkpoint-4")
     assert json.loads((resumed / "metrics.json").read_text())["eval"]["accuracy"] == pytest.approx(
         json.loads((reference / "metrics.json").read_text())["eval"]["accuracy"])
+
+
+def test_mlm_resumed_mid_epoch_masks_as_the_uninterrupted_run(tmp_path):
+    from safetensors.torch import load_file
+
+    sets = (*TINY, "training.sampling=sequential")
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    process = start_training(MLM, killed, sets, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
+    with killed_on_error(process):
+        train_recipe(MLM, reference, *sets)
+    kill_when(process, killed / "checkpoints" / "checkpoint-4")
+    run_cli("train", "--resume", killed)
+    ref_losses, res_losses = losses(reference), losses(killed)
+    assert sorted(res_losses) == list(range(1, STEPS + 1))
+    assert max(abs(ref_losses[s] - res_losses[s]) for s in ref_losses) <= TOLERANCE, (ref_losses, res_losses)
+    ref_weights, res_weights = (load_file(run / "model" / "model.safetensors") for run in (reference, killed))
+    assert max(float((ref_weights[k] - res_weights[k]).abs().max()) for k in ref_weights) <= TOLERANCE
+    metrics = [json.loads((run / "metrics.json").read_text())["eval"] for run in (reference, killed)]
+    assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], abs=TOLERANCE), "eval masks as epoch 0 in both"
 
 
 def test_seq2seq_killed_during_a_save_keeps_the_previous_checkpoint_and_resumes_exactly(tmp_path):

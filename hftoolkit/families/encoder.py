@@ -104,13 +104,11 @@ class _SeededMasking:
     80% become [MASK], 10% a random token, 10% stay unchanged; only selected tokens carry a label.
 
     DataCollatorForLanguageModeling masks each example on its own, with a generator seeded from
-    (training.seed, the example's token ids, how many times this collator met the whole batch before).
-    Eval runs once per process (after training, or in `hftoolkit eval`), so each eval example gets its
-    first mask: the same in every run, whatever came before (one generator seeded at the start would
-    depend on how many training batches it had served), which makes eval loss comparable between runs.
-    A batch met again (the same examples in a later epoch, as with sequential sampling) gets fresh
-    masks, so training masks stay dynamic. Counting batches, not examples, keeps a text that occurs in
-    both splits (duplicates) from shifting the eval masks.
+    (training.seed, the example's token ids, `epoch`). The Trainer sets `epoch` as each epoch begins
+    (train.py, EpochToCollator), so an example seen again in a later epoch gets fresh masks (dynamic
+    masking), and a resumed run masks exactly as the uninterrupted run did (a count of batches met,
+    used before, started again from zero on resume). Eval masks as epoch 0: each eval example gets
+    the same mask in every run and in `hftoolkit eval`, so eval losses compare between runs.
     """
 
     def __init__(self, tokenizer, probability: float, seed: int):
@@ -120,16 +118,15 @@ class _SeededMasking:
                                                        mask_replace_prob=0.8, random_replace_prob=0.1)
         self.padding = DataCollatorForTokenClassification(tokenizer, label_pad_token_id=IGNORE_INDEX)
         self.seed = seed
-        self.times_met: dict[int, int] = {}
+        self.epoch = 0
 
     def __call__(self, features):
         import torch
 
-        batch = _content_seed(self.seed, [f["input_ids"] for f in features])
-        count = self.times_met[batch] = self.times_met.get(batch, -1) + 1
         masked = []
         for f in features:
-            self.masking.generator = torch.Generator().manual_seed(_content_seed(self.seed, [f["input_ids"], [count]]))
+            seed = _content_seed(self.seed, [f["input_ids"], [self.epoch]])
+            self.masking.generator = torch.Generator().manual_seed(seed)
             special = f.get("special_tokens_mask")  # without it, the collator asks the tokenizer
             ids, labels = self.masking.torch_mask_tokens(
                 torch.tensor([f["input_ids"]]), None if special is None else torch.tensor([special]))
