@@ -200,7 +200,8 @@ def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, 
 
 def epoch_to_collator(collate):
     """A callback that sets `collate.epoch` to the epoch about to begin, and back to 0 for the eval after
-    training. A resumed run's Trainer state holds the fractional epoch it stopped in: its floor is that epoch."""
+    training. A resumed run's Trainer state holds the fractional epoch it stopped in: its floor is that epoch
+    (give or take float rounding of the step fractions, hence the 1e-6)."""
     from transformers import TrainerCallback
 
     class EpochToCollator(TrainerCallback):
