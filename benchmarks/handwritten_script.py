@@ -13,8 +13,14 @@ import numpy as np
 import pandas as pd
 from datasets import Dataset
 from peft import LoraConfig, get_peft_model
-from transformers import (AutoModelForSequenceClassification, AutoTokenizer, DataCollatorWithPadding, Trainer,
-                          TrainingArguments, set_seed)
+from transformers import (
+    AutoModelForSequenceClassification,
+    AutoTokenizer,
+    DataCollatorWithPadding,
+    Trainer,
+    TrainingArguments,
+    set_seed,
+)
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--checkpoint", required=True)

@@ -16,7 +16,6 @@ import resource
 import subprocess
 import sys
 import tempfile
-from pathlib import Path
 
 VARIANTS = {"full fine-tuning": ("none", False), "LoRA": ("none", True), "LoRA + 8-bit": ("8bit", True),
             "LoRA + 4-bit": ("4bit", True)}

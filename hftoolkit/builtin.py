@@ -60,7 +60,8 @@ def tagging(n: int = 800, seed: int = 0) -> list[dict]:
 
 
 def _sentence(rng: random.Random) -> list[str]:
-    noun = lambda: [rng.choice(["the", "a"]), *([rng.choice(["big", "small", "red", "old"])] if rng.random() < .5 else []),
+    noun = lambda: [rng.choice(["the", "a"]),
+                    *([rng.choice(["big", "small", "red", "old"])] if rng.random() < .5 else []),
                     rng.choice(["cat", "dog", "bird", "man", "woman", "child"])]
     words = noun() + [rng.choice(["sees", "likes", "follows"])] + noun()
     if rng.random() < 0.4:

@@ -7,7 +7,7 @@ import atexit
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -20,20 +20,20 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 RECIPES_DIR = next((p for p in (Path(__file__).resolve().parent.parent / "recipes", Path.cwd() / "recipes")
                     if p.is_dir()), Path("recipes"))
 
-SetOption = Annotated[Optional[list[str]], typer.Option("--set", help="Override a recipe key: a.b.c=value.")]
+SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key: a.b.c=value.")]
 
 
 @app.command()
 def train(
     recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (or, with --resume, a run directory).")],
     set_: SetOption = None,
-    output: Annotated[Optional[Path], typer.Option("--output", help="Run directory (default output.dir/name).")] = None,
+    output: Annotated[Path | None, typer.Option("--output", help="Run directory (default output.dir/name).")] = None,
     overwrite: Annotated[bool, typer.Option(help="Replace a non-empty run directory.")] = False,
     resume: Annotated[bool, typer.Option(help="Continue the run from its newest complete checkpoint.")] = False,
-    num_processes: Annotated[Optional[int], typer.Option(
+    num_processes: Annotated[int | None, typer.Option(
         "--num-processes", min=1, help="Train on N processes (one per GPU; gloo on a CPU), started through "
                                        "accelerate launch. training.batch_size is split over them.")] = None,
-    accelerate_config: Annotated[Optional[Path], typer.Option(
+    accelerate_config: Annotated[Path | None, typer.Option(
         "--accelerate-config", help="An accelerate launch config (see recipes/accelerate/); "
                                     "overrides the recipe's training.accelerate_config.")] = None,
 ):
@@ -74,12 +74,12 @@ def eval_(run_dir: Annotated[Path, typer.Argument(help="A run directory written 
 def predict(
     run_dir: Annotated[Path, typer.Argument(help="A run directory written by train.")],
     input_: Annotated[str, typer.Option("--input", help="A text, or a file: .txt (one input a line) or an image.")],
-    strategy: Annotated[Optional[str], typer.Option(help="Decoding: greedy, sample or beam.")] = None,
-    num_beams: Annotated[Optional[int], typer.Option(help="Beams for beam search.")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(help="Tokens to generate.")] = None,
-    temperature: Annotated[Optional[float], typer.Option(help="Sampling temperature.")] = None,
-    top_k: Annotated[Optional[int], typer.Option(help="Sample from the k most likely tokens.")] = None,
-    top_p: Annotated[Optional[float], typer.Option(help="Sample from the nucleus of mass p.")] = None,
+    strategy: Annotated[str | None, typer.Option(help="Decoding: greedy, sample or beam.")] = None,
+    num_beams: Annotated[int | None, typer.Option(help="Beams for beam search.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(help="Tokens to generate.")] = None,
+    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
+    top_k: Annotated[int | None, typer.Option(help="Sample from the k most likely tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option(help="Sample from the nucleus of mass p.")] = None,
 ):
     """Predict with a trained run: label and probability, or generated text, per input."""
     from hftoolkit.evaluation import predict as run_predict
@@ -174,12 +174,13 @@ def merge(
 
 @app.command()
 def bench(
-    families: Annotated[Optional[list[str]], typer.Option("--families", help="Families to train (default all).")] = None,
+    families: Annotated[list[str] | None, typer.Option("--families", help="Families to train (default all).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for the runs and the report.")] = Path("bench"),
     set_: SetOption = None,
 ):
     """Train each family's smoke recipe (offline) and write the cross-architecture comparison report."""
-    from hftoolkit.bench import SMOKE_RECIPES, bench as run_bench
+    from hftoolkit.bench import SMOKE_RECIPES
+    from hftoolkit.bench import bench as run_bench
     from hftoolkit.report import load_run, summary_rows
 
     path, runs = run_bench(families or list(SMOKE_RECIPES), out, RECIPES_DIR, set_ or [])
@@ -189,7 +190,7 @@ def bench(
 
 @app.command()
 def parity(
-    only: Annotated[Optional[str], typer.Option(help="Run only the rows of this component.")] = None,
+    only: Annotated[str | None, typer.Option(help="Run only the rows of this component.")] = None,
     worked_examples: Annotated[bool, typer.Option(help="Also recompute the course's worked examples.")] = False,
 ):
     """Prove the from-scratch reference layers equal transformers, peft and torch (tiny random configs)."""
@@ -223,7 +224,8 @@ def _print_metrics(metrics: dict, run_dir: Path) -> None:
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in metrics["eval"].items():
-        table.add_row(key + (" *" if key == metrics["main_metric"] else ""), f"{value:.4f}" if isinstance(value, float) else str(value))
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        table.add_row(key + (" *" if key == metrics["main_metric"] else ""), shown)
     for key in ("setup_seconds", "train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second",
                 "padding_fraction", "matmul_fraction",
                 "peak_memory_mb", "trainable_params", "total_params"):

@@ -53,7 +53,7 @@ def load_data(recipe: Recipe):
         parts = train.train_test_split(test_size=d.eval_fraction, seed=recipe.training.seed)
         train, evaluation = parts["train"], parts["test"]
     splits = {"train": (train, "data.train", d.train), "eval": (evaluation, "data.eval", d.eval or d.train)}
-    for split, (ds, key, source) in splits.items():
+    for ds, key, source in splits.values():
         _check_not_empty(ds, key, source)
     if recipe.task in LABELLED_TASKS or recipe.task == "tagging":
         train, evaluation = _encode_labels(recipe, train, evaluation)

@@ -24,7 +24,8 @@ def report() -> list[tuple[str, str]]:
             rows.append((name, "not installed"))
     rows.append(("cuda", _cuda()))
     rows.append(("bitsandbytes backend", _bnb_backend()))
-    rows.append(("hugging face hub", "reachable" if hub_reachable(timeout=1.5) else "offline (HF_HUB_OFFLINE or no network)"))
+    reachable = hub_reachable(timeout=1.5)
+    rows.append(("hugging face hub", "reachable" if reachable else "offline (HF_HUB_OFFLINE or no network)"))
     free = shutil.disk_usage(Path.cwd()).free / 2**30
     rows.append(("free disk", f"{free:.1f} GiB in {Path.cwd()}"))
     return rows

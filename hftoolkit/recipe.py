@@ -61,7 +61,8 @@ class ModelSection(Section):
     @model_validator(mode="after")
     def _remote_code_needs_pinned_revision(self):
         if self.trust_remote_code and not self.revision:
-            raise ValueError("trust_remote_code runs code from the checkpoint: set model.revision to a pinned commit too")
+            raise ValueError("trust_remote_code runs code from the checkpoint: "
+                             "set model.revision to a pinned commit too")
         return self
 
 
@@ -223,7 +224,8 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     """Read, override and validate a recipe file; raises RecipeError listing every problem."""
     path = Path(path)
     if not path.is_file():
-        raise RecipeError([f"{path}: recipe file not found: check the path (`hftoolkit recipes` lists the shipped ones)"])
+        raise RecipeError([f"{path}: recipe file not found: check the path "
+                           "(`hftoolkit recipes` lists the shipped ones)"])
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
@@ -234,7 +236,8 @@ def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise RecipeError([f"{path}: {where}YAML syntax error ({problem}): fix the YAML"]) from None
     except RecursionError:  # PyYAML parses nesting recursively
-        raise RecipeError([f"{path}: the YAML is nested too deeply to read: a recipe is a few levels of sections"]) from None
+        raise RecipeError([f"{path}: the YAML is nested too deeply to read: "
+                           "a recipe is a few levels of sections"]) from None
     if not isinstance(raw, dict):
         raise RecipeError([f"{path}: a recipe is a YAML mapping of sections (name, task, model, data, ...), "
                            f"got {type(raw).__name__}"])
@@ -262,7 +265,8 @@ def apply_overrides(raw: dict, overrides: list[str], source: Path | str = "--set
         for part in dotted[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                problems.append(f"--set {key}: {'.'.join(dotted[:-1])} is not a section, so it has no key {dotted[-1]!r}")
+                problems.append(f"--set {key}: {'.'.join(dotted[:-1])} is not a section, "
+                                f"so it has no key {dotted[-1]!r}")
                 break
             node = child
         else:

@@ -386,7 +386,8 @@ def render_markdown(runs: list[RunSummary], plots: list[str]) -> str:
 _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
-th{background:#f0f0f0} td.cell{white-space:nowrap} tr.best td{background:#fff6d5} td.notes{font-size:12px;color:#555;min-width:13em;max-width:28em}
+th{background:#f0f0f0} td.cell{white-space:nowrap} tr.best td{background:#fff6d5}
+td.notes{font-size:12px;color:#555;min-width:13em;max-width:28em}
 img{max-width:100%;display:block;margin:1em 0}"""
 
 

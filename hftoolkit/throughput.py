@@ -62,11 +62,11 @@ def training_flops(shape: dict, counts: dict, lora: bool) -> float:
 @lru_cache(maxsize=1)
 def matmul_flops_per_second(size: int = 1024, repeats: int = 5) -> float:
     """This machine's fp32 matrix-multiply rate (best of a few), cached on disk for the host."""
-    from hftoolkit.tiny import cache_dir
-
     import platform
 
     import torch
+
+    from hftoolkit.tiny import cache_dir
 
     path = cache_dir().parent / "matmul-rate.json"
     key = f"{platform.node()}-{torch.get_num_threads()}-{torch.cuda.is_available()}"

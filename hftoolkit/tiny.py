@@ -90,7 +90,8 @@ def _build(arch: str):
         processor = pil(size={"height": 32, "width": 32})
         return tf.ViTModel(config, add_pooling_layer=False), processor
     tokenizer = train_tokenizer(arch)
-    ids = {k.removesuffix("_token") + "_token_id": tokenizer.convert_tokens_to_ids(v) for k, v in SPECIALS[arch].items()}
+    ids = {k.removesuffix("_token") + "_token_id": tokenizer.convert_tokens_to_ids(v)
+           for k, v in SPECIALS[arch].items()}
     vocab = len(tokenizer)
     if arch == "bert":
         config = tf.BertConfig(vocab_size=vocab, hidden_size=h, num_hidden_layers=layers, num_attention_heads=heads,
@@ -100,7 +101,8 @@ def _build(arch: str):
         # The LM head is tied to the embeddings and LoRA freezes both: at GPT-2's 0.02 init and width 64 no logit
         # can exceed ~1.3, so perplexity could never fall below ~300. 0.1 is near trained GPT-2's embedding scale.
         config = tf.GPT2Config(vocab_size=vocab, n_embd=h, n_layer=layers, n_head=heads, n_inner=ffn, n_positions=512,
-                               bos_token_id=ids["bos_token_id"], eos_token_id=ids["eos_token_id"], initializer_range=0.1)
+                               bos_token_id=ids["bos_token_id"], eos_token_id=ids["eos_token_id"],
+                               initializer_range=0.1)
         model = tf.GPT2LMHeadModel(config)
     elif arch == "t5":
         config = tf.T5Config(vocab_size=vocab, d_model=h, num_layers=layers, num_decoder_layers=layers, num_heads=heads,

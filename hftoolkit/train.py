@@ -182,8 +182,8 @@ def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, 
         save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 500,
         save_total_limit=t.keep_last, save_only_model=False, eval_strategy="no",
         # Without a "length" column (images: all one size) the sampler would decode every example to measure it.
-        train_sampling_strategy="random" if t.sampling == "group_by_length" and "length" not in encoded["train"].column_names
-        else t.sampling,
+        train_sampling_strategy="random" if t.sampling == "group_by_length"
+        and "length" not in encoded["train"].column_names else t.sampling,
         remove_unused_columns=False,  # our collator drops "length"; the sampler needs it first
         dataloader_num_workers=0, disable_tqdm=False, logging_nan_inf_filter=False,
     )

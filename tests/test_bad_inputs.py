@@ -9,9 +9,9 @@ tests/test_encoder_classification.py holds issue 2's first eleven cases; none re
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import yaml

@@ -117,7 +117,8 @@ def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropo
     train_recipe(ENCODER, tmp_path / "one", *sets)
     one_s = time.perf_counter() - started
     args = ["train", ENCODER, "--output", tmp_path / "two", "--num-processes", "2"]
-    rc, output, two_s = run_bounded([sys.executable, "-m", "hftoolkit", *args, *[a for s in sets for a in ("--set", s)]])
+    overrides = [a for s in sets for a in ("--set", s)]
+    rc, output, two_s = run_bounded([sys.executable, "-m", "hftoolkit", *args, *overrides])
     assert rc == 0, output[-4000:]
     assert output.count("run directory:") == 1, "the metrics table is printed by the main process only"
     assert_complete_run(tmp_path / "two", "--num-processes 2")
@@ -129,7 +130,7 @@ def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropo
     for key in eval_one:  # accuracy & co. count examples: a repeated or lost one would change them
         assert eval_two[key] == pytest.approx(eval_one[key], rel=LOSS_RTOL, abs=1e-9), key
     # Predictions are shared out over the processes and gathered back: every eval example once, in order.
-    one, two = read_json_lines(tmp_path / "one" / "predictions.jsonl"), read_json_lines(tmp_path / "two" / "predictions.jsonl")
+    one, two = (read_json_lines(tmp_path / run / "predictions.jsonl") for run in ("one", "two"))
     assert len(two) == 21
     assert [(p["input"], p["label"]) for p in two] == [(p["input"], p["label"]) for p in one]
     assert [p["probability"] for p in two] == pytest.approx([p["probability"] for p in one], abs=1e-4)
@@ -156,7 +157,7 @@ def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, n
     for key in eval_one:
         assert eval_two[key] == pytest.approx(eval_one[key], rel=LOSS_RTOL, abs=1e-9), key
     # Generation-scored eval: each example generated once (shared out, gathered in order).
-    one, two = read_json_lines(tmp_path / "one" / "predictions.jsonl"), read_json_lines(tmp_path / "two" / "predictions.jsonl")
+    one, two = (read_json_lines(tmp_path / run / "predictions.jsonl") for run in ("one", "two"))
     assert len(two) == 20 and two == one
     print(f"seq2seq: 1 process {one_s:.0f} s, 2 processes {two_s:.0f} s, {figures}")
 

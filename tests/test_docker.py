@@ -148,7 +148,8 @@ def test_entrypoint_is_the_cli_and_help_by_default():
 def test_installs_the_package_with_the_documented_extras():
     runs = "\n".join(args for k, args in INSTRUCTIONS if k == "RUN")
     installs = _package_installs(runs)
-    assert len(installs) == 1 and len(installs[0]) == 1, f"expected one `pip install '.[...]'` in the Dockerfile, got {installs}"
+    assert len(installs) == 1 and len(installs[0]) == 1, \
+        f"expected one `pip install '.[...]'` in the Dockerfile, got {installs}"
     image_extras = _extras(installs[0][0])
     assert any(k == "COPY" and args.split()[0] == "." for k, args in INSTRUCTIONS), "the source is not copied"
 
@@ -156,7 +157,8 @@ def test_installs_the_package_with_the_documented_extras():
     documented = _package_installs(section)
     assert documented, f"{doc_path.name}: the Docker section shows no `pip install '.[extras]'` line"
     doc_extras = set().union(*(_extras(t) for targets in documented for t in targets))
-    assert image_extras == doc_extras, f"Dockerfile installs extras {image_extras}, {doc_path.name} documents {doc_extras}"
+    assert image_extras == doc_extras, \
+        f"Dockerfile installs extras {image_extras}, {doc_path.name} documents {doc_extras}"
 
     pyproject = REPO / "pyproject.toml"
     if tomllib is not None and pyproject.is_file():  # pip only warns about an unknown extra: the image would lack it
@@ -218,7 +220,8 @@ def test_hadolint_default_rules_report_nothing(tmp_path):
     config = tmp_path / "hadolint.yaml"
     config.write_text("ignored: []\n", encoding="utf-8")
     result = subprocess.run(
-        [hadolint, "--no-color", "--config", str(config), "--disable-ignore-pragma", "--failure-threshold", "info", "Dockerfile"],
+        [hadolint, "--no-color", "--config", str(config), "--disable-ignore-pragma", "--failure-threshold", "info",
+         "Dockerfile"],
         cwd=REPO,
         capture_output=True,
         text=True,

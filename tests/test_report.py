@@ -210,7 +210,8 @@ def test_wrong_types_and_bare_runs_still_make_every_plot(tmp_path):
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
     rows = table_rows(write_report([odd, bare], out).read_text(encoding="utf-8"))
     assert rows["odd"][6] == DASH and rows["odd"][9] == DASH and rows["odd"][7] == f"perplexity={DASH} ↓"
-    assert "unusable values for lora_rank, eval, peak_memory_mb, trainable_params" in (out / "report.md").read_text(encoding="utf-8")
+    report = (out / "report.md").read_text(encoding="utf-8")
+    assert "unusable values for lora_rank, eval, peak_memory_mb, trainable_params" in report
 
 
 @pytest.mark.parametrize("kind", ["missing", "file", "empty-dir"])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import json
+
 import pytest
 
 from hftoolkit.recipe import RecipeError, load_recipe

@@ -17,7 +17,7 @@ def test_two_runs_building_the_same_tiny_checkpoint_at_once_both_get_it(tmp_path
     runs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     outputs = [run.communicate(timeout=300) for run in runs]
-    for run, (out, err) in zip(runs, outputs):
+    for run, (_, err) in zip(runs, outputs):
         assert run.returncode == 0, err[-2000:]
     paths = {line.split()[1] for out, _ in outputs for line in out.splitlines() if line.startswith("PATH")}
     assert len(paths) == 1

@@ -219,7 +219,8 @@ def test_image_paths_in_a_column_and_unreadable_bytes(tmp_path):
     # A truncated file has a readable header, so it passes the up-front check and fails when its batch is drawn.
     truncated = tmp_path / "truncated.png"
     truncated.write_bytes(png.read_bytes()[:-40])
-    encoded = vision.preprocess(recipe, processor, datasets.Dataset.from_dict({"image": [str(truncated)], "label": [0]}))
+    rows = datasets.Dataset.from_dict({"image": [str(truncated)], "label": [0]})
+    encoded = vision.preprocess(recipe, processor, rows)
     with pytest.raises(UserError, match=f"image file {re.escape(str(truncated))} can't be read"):
         encoded.__getitems__([0])
 

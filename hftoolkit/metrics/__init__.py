@@ -8,7 +8,7 @@ seqeval). One import per line in those scripts: evaluate scans them for dependen
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 HERE = Path(__file__).parent
@@ -18,7 +18,7 @@ def available() -> list[str]:
     return sorted(p.name for p in HERE.iterdir() if (p / f"{p.name}.py").is_file())
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_metric(name: str):
     """The shipped evaluate module `name` (offline)."""
     import evaluate

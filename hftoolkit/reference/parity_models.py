@@ -16,8 +16,9 @@ from transformers.generation.logits_process import TopKLogitsWarper, TopPLogitsW
 
 from hftoolkit.reference import bert, decoding, gpt2, lora, vit
 from hftoolkit.reference.parity import comparison
-from hftoolkit.reference.parity_layers import D, FF, HEADS, lengths_mask, randomized
+from hftoolkit.reference.parity_layers import FF, HEADS, D, lengths_mask, randomized
 from hftoolkit.reference.weight_map import load_weights
+
 
 def seeded(build):
     """Run a cached builder from seed 0 without touching the caller's random state."""

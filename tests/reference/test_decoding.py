@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from hftoolkit.reference import decoding
-from hftoolkit.reference.parity_models import gpt2_pair, beam_search_pair
+from hftoolkit.reference.parity_models import beam_search_pair, gpt2_pair
 
 
 @pytest.mark.parametrize("num_beams", [2, 5])

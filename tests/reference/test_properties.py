@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from transformers.models.t5.modeling_t5 import T5Attention
 
 from hftoolkit.reference import attention, norm, t5_attention
-from transformers.models.t5.modeling_t5 import T5Attention
 
 from .helpers import assert_close
 

@@ -8,7 +8,7 @@ import transformers
 from transformers.models.gpt2 import modeling_gpt2
 
 from hftoolkit.reference import attention, blocks, gpt2
-from hftoolkit.reference.parity_layers import D, HEADS, gpt2_config
+from hftoolkit.reference.parity_layers import HEADS, D, gpt2_config
 from hftoolkit.reference.weight_map import Rule, WeightMap, WeightMapError, load_weights
 
 

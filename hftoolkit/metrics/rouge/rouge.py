@@ -1,4 +1,5 @@
-"""ROUGE-1, ROUGE-2 and ROUGE-L F-measures from Google's rouge-score package, shipped with hftoolkit so evaluate.load works offline."""
+"""ROUGE-1, ROUGE-2 and ROUGE-L F-measures from Google's rouge-score package,
+shipped with hftoolkit so evaluate.load works offline."""
 
 import datasets
 import evaluate

@@ -1,4 +1,5 @@
-"""BLEU as sacrebleu computes it (corpus level, 13a tokenization), shipped with hftoolkit so evaluate.load works offline."""
+"""BLEU as sacrebleu computes it (corpus level, 13a tokenization),
+shipped with hftoolkit so evaluate.load works offline."""
 
 import datasets
 import evaluate

@@ -3,8 +3,7 @@ shipped with hftoolkit so evaluate.load works offline."""
 
 import datasets
 import evaluate
-from seqeval.metrics import accuracy_score
-from seqeval.metrics import classification_report
+from seqeval.metrics import accuracy_score, classification_report
 
 
 class Seqeval(evaluate.Metric):
