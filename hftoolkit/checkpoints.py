@@ -1,5 +1,7 @@
 """Checkpoints you can resume from: written atomically, kept by number, found and checked on --resume.
 
+The Trainer mixin that calls this module while saving is `trainer.AtomicCheckpoints`.
+
 The HF Trainer already saves what an exact resume needs (adapter or model, optimizer,
 scheduler, gradient scaler, RNG states, trainer state with the step) and skips the
 batches already seen (in an order that a resumed run draws the same: batching.py). What it does
@@ -39,38 +41,6 @@ PICKLED_ARGS = "training_args.bin"
 # Recipe keys a resumed run may change: they decide what happens around the steps, not the steps.
 RESUMABLE_CHANGES = ("description", "training.on_nonfinite", "training.max_nonfinite_skips", "training.keep_last",
                      "training.save_steps", "training.logging_steps", "training.report_to", "eval.")
-
-
-class AtomicCheckpoints:
-    """Trainer mixin: `_save_checkpoint` stages into a hidden folder, fsyncs, renames, then rotates."""
-
-    _staging_root: str | None = None
-
-    def _get_output_dir(self, trial):
-        return self._staging_root or super()._get_output_dir(trial)
-
-    def _save_checkpoint(self, model, trial):
-        final_dir = Path(super()._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
-        staging_root = final_dir.parent / f"{STAGING_PREFIX}{final_dir.name}"
-        if self.args.should_save and staging_root.exists():
-            shutil.rmtree(staging_root)  # left by a run killed while saving this step
-        self.accelerator.wait_for_everyone()
-        self._staging_root = str(staging_root)
-        try:
-            super()._save_checkpoint(model, trial)  # writes staging_root/checkpoint-N (every rank its RNG file)
-        finally:
-            self._staging_root = None
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            staged = staging_root / final_dir.name
-            (staged / PICKLED_ARGS).unlink(missing_ok=True)
-            _test_pause("HFTOOLKIT_TEST_PAUSE_IN_SAVE", self.state.global_step)
-            commit(staged, final_dir)
-            staging_root.rmdir()
-            if self.args.save_total_limit:  # (None: keep them all)
-                rotate(final_dir.parent, keep_last=self.args.save_total_limit)
-            _test_pause("HFTOOLKIT_TEST_PAUSE_AFTER_SAVE", self.state.global_step)
-        self.accelerator.wait_for_everyone()
 
 
 # ---------------------------------------------------------------- atomic commit and retention
@@ -240,6 +210,6 @@ def _fsync(path: Path) -> None:
         os.close(fd)
 
 
-def _test_pause(variable: str, step: int) -> None:
+def test_pause(variable: str, step: int) -> None:
     if os.environ.get(variable) == str(step):
         time.sleep(600)

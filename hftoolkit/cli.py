@@ -106,6 +106,8 @@ def validate(
             if parsed.training.accelerate_config:  # the launcher config it names, checked against it
                 plan_launch(parsed, None, None, source=str(path))
             typer.echo(f"ok: {path}")
+            if parsed.advice:
+                typer.echo(f"note: {parsed.advice}")
         except RecipeError as err:
             problems += err.problems
     if problems:

@@ -18,21 +18,12 @@ import os
 import socket
 from pathlib import Path
 
+from hftoolkit import tasks
 from hftoolkit.errors import UserError
 from hftoolkit.recipe import Recipe
 
 FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet",
                  ".txt": "text", ".gz": "text"}
-# Which canonical columns each task needs, and which recipe key names each one.
-TASK_COLUMNS = {
-    "classification": {"text": "text_column", "label": "label_column"},
-    "tagging": {"text": "text_column", "label": "label_column"},
-    "mlm": {"text": "text_column"}, "clm": {"text": "text_column"}, "denoise": {"text": "text_column"},
-    "translation": {"text": "text_column", "target": "target_column"},
-    "summarization": {"text": "text_column", "target": "target_column"},
-    "image-classification": {"image": "image_column", "label": "label_column"},
-}
-LABELLED_TASKS = ("classification", "image-classification")
 
 
 def load_data(recipe: Recipe):
@@ -55,7 +46,7 @@ def load_data(recipe: Recipe):
     splits = {"train": (train, "data.train", d.train), "eval": (evaluation, "data.eval", d.eval or d.train)}
     for ds, key, source in splits.values():
         _check_not_empty(ds, key, source)
-    if recipe.task in LABELLED_TASKS or recipe.task == "tagging":
+    if tasks.spec(recipe.task).labels in ("class", "tags"):
         train, evaluation = _encode_labels(recipe, train, evaluation)
     limit = {"train": d.max_train_samples, "eval": d.max_eval_samples}
     out = {}
@@ -168,9 +159,9 @@ def _aligned(source: Path, target: Path, key: str):
 
 def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = False):
     """Rename the recipe's columns to canonical names and drop the rest."""
-    wanted = TASK_COLUMNS[recipe.task]
     mapping = {}
-    for name, field in wanted.items():
+    for name in tasks.spec(recipe.task).columns:
+        field = tasks.COLUMN_KEYS[name]
         if name == "text" and key == "data.eval" and recipe.data.eval_text_column:
             field = "eval_text_column"
         column = name if canonical and name in ds.column_names else getattr(recipe.data, field)

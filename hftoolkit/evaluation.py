@@ -1,20 +1,111 @@
-"""`eval` and `predict` on a finished run directory."""
+"""A finished run's weights at work: the eval pass, `eval` of a run again, and `predict`.
+
+`evaluate` scores a trained model on the eval split (loss, the task's metrics, prediction
+records); `train.py` calls it once training ends, `reevaluate` on a run directory later.
+`load_trained` rebuilds a run's model from its recipe and saved weights.
+"""
 
 from __future__ import annotations
 
+import math
+import time
 from pathlib import Path
 
+from hftoolkit import tasks
+from hftoolkit.batching import shortest_first
 from hftoolkit.errors import UserError
+from hftoolkit.families import family_module, label_records
+from hftoolkit.launch import generate_everywhere
+from hftoolkit.recipe import Recipe, load_recipe
 from hftoolkit.rundir import RunDirectory
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
+
+
+def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
+    """Eval loss and metrics on the eval split, plus up to eval.max_predictions prediction records.
+
+    Eval batches run shortest first, so they pad little; the metrics do not depend on the order, and
+    records are mapped back to the data's order. Classification records come from that same pass's
+    probabilities; other tasks generate theirs (a text, tags or filled masks the loss pass does not give).
+    """
+    started = time.perf_counter()
+    task = tasks.spec(recipe.task)
+    column = task.columns[0]
+    raw = data["eval"]
+    count = len(raw) if task.scoring == "generation" else min(len(raw), recipe.eval.max_predictions)
+    eval_set, order = shortest_first(encoded["eval"])
+    outputs = None
+    if task.labels == "class":
+        output = trainer.predict(eval_set, metric_key_prefix="eval")
+        trainer.log(output.metrics)  # as trainer.evaluate does: the eval lands in the log history
+        scored = output.metrics
+        probabilities = output.predictions if order is None else output.predictions[order.argsort()]
+        outputs = label_records(probabilities[:count], trainer.model.config.id2label)
+    else:
+        scored = trainer.evaluate(eval_set, metric_key_prefix="eval")
+    results = {k.removeprefix("eval_"): v for k, v in scored.items()
+               if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second", "_time"))}
+    if task.main_metric == "perplexity" and "loss" in results:
+        results["perplexity"] = math.exp(min(results["loss"], 50))
+    inputs = raw[column][:count]
+    if outputs is None:
+        prompt = {"prompt_fraction": task.prompt_fraction} if task.prompt_fraction < 1 else {}
+        outputs = generate_everywhere(family, recipe, trainer.model, processor, inputs, **prompt)  # shared by processes
+    if task.scoring == "generation":
+        results.update(scorer.compute([o["text"] for o in outputs], raw["target"]))
+    references = _references(recipe, raw, count)
+    predictions = [{"input": _show(x), **({"reference": r} if r is not None else {}), **o}
+                   for x, r, o in zip(inputs, references, outputs)][:recipe.eval.max_predictions]
+    return results, predictions, time.perf_counter() - started
+
+
+def _references(recipe: Recipe, raw, count: int) -> list:
+    if "target" in raw.column_names:
+        return raw["target"][:count]
+    if "label" in raw.column_names and recipe.data.label_names:
+        names = recipe.data.label_names
+        return [[names[i] for i in v] if isinstance(v, list) else names[v] for v in raw["label"][:count]]
+    return [None] * count
+
+
+def _show(value):
+    return value if isinstance(value, (str, list)) else f"<{type(value).__name__}>"
+
+
+def load_trained(run_dir: Path, full_precision: bool = False):
+    """(recipe, family module, model, processor) of a finished run, ready for eval or predict.
+
+    full_precision loads an 8-bit or 4-bit base unquantized (for merging the adapter into it).
+    """
+    run = RunDirectory(run_dir)
+    if not (run / "recipe.yaml").is_file():
+        raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
+    weights = run.weights_dir()
+    recipe = load_recipe(run / "recipe.yaml")
+    if full_precision:
+        recipe.model.quantization = "none"
+    from hftoolkit.modeling import resolve_family
+
+    family = family_module(resolve_family(recipe))
+    if weights.name == "model":
+        recipe.model.checkpoint = str(weights)
+        return recipe, family, *family.load_model(recipe)
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    model, processor = family.load_model(recipe)
+    set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
+    model.eval()
+    # The processor the run trained with, saved beside its adapter (a rebuilt init: tokenizer may differ).
+    return recipe, family, model, type(processor).from_pretrained(weights)
 
 
 def reevaluate(run_dir: Path) -> dict:
     """Score the run's saved weights on its eval split again; metrics.json's eval part is replaced."""
     from hftoolkit.data import load_data
     from hftoolkit.throughput import TokenCounter
-    from hftoolkit.train import build_trainer, evaluate, load_trained
+    from hftoolkit.trainer import build_trainer
 
     recipe, family, model, processor = load_trained(run_dir)
     run = RunDirectory(run_dir)
@@ -33,8 +124,6 @@ def reevaluate(run_dir: Path) -> dict:
 
 def predict(run_dir: Path, given: str, generation: dict) -> list[dict]:
     """One record per input: the input and the family's prediction (label and probability, or text)."""
-    from hftoolkit.train import load_trained
-
     recipe, family, model, processor = load_trained(run_dir)
     if generation:  # --strategy and friends, validated like the recipe's own eval.generation
         from hftoolkit.recipe import validate_recipe

@@ -17,7 +17,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 def merge_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
     import torch
 
-    from hftoolkit.train import load_trained
+    from hftoolkit.evaluation import load_trained
 
     if dtype not in DTYPES:
         raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")

@@ -15,17 +15,17 @@ from pathlib import Path
 from hftoolkit.errors import UserError
 from hftoolkit.recipe import Recipe
 
-# model_type -> candidate LoRA target module names (q and v projections, as in the LoRA paper).
+# LoRA's default targets (the attention's query and value projections, as in the LoRA paper) come from
+# peft's own table, TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING; these are the model types it lacks.
 # Several candidates where releases renamed them: only those the model really has are used.
-LORA_TARGETS: dict[str, list[str]] = {
-    "bert": ["query", "value"], "roberta": ["query", "value"], "xlm-roberta": ["query", "value"],
-    "electra": ["query", "value"], "distilbert": ["q_lin", "v_lin"], "deberta-v2": ["query_proj", "value_proj"],
-    "gpt2": ["c_attn"], "gpt_neo": ["q_proj", "v_proj"], "llama": ["q_proj", "v_proj"],
-    "mistral": ["q_proj", "v_proj"], "qwen2": ["q_proj", "v_proj"], "opt": ["q_proj", "v_proj"],
-    "t5": ["q", "v"], "mt5": ["q", "v"], "bart": ["q_proj", "v_proj"], "mbart": ["q_proj", "v_proj"],
-    "marian": ["q_proj", "v_proj"],
+LORA_TARGETS_PEFT_LACKS: dict[str, list[str]] = {
+    "distilbert": ["q_lin", "v_lin"], "albert": ["query", "value"], "camembert": ["query", "value"],
+    "mpnet": ["q", "v"], "modernbert": ["Wqkv"], "smollm3": ["q_proj", "v_proj"],
+    "mbart": ["q_proj", "v_proj"], "marian": ["q_proj", "v_proj"], "pegasus": ["q_proj", "v_proj"],
     # transformers 5 names ViT's projections q_proj/v_proj; older releases said query/value.
     "vit": ["q_proj", "v_proj", "query", "value"], "deit": ["q_proj", "v_proj", "query", "value"],
+    "beit": ["query", "value"], "dinov2": ["q_proj", "v_proj", "query", "value"],
+    "swin": ["query", "value"],
 }
 # Modules that are Conv1D (weight stored transposed): LoRA needs fan_in_fan_out=True.
 CONV1D_MODEL_TYPES = {"gpt2"}
@@ -56,6 +56,31 @@ def resolve_checkpoint(recipe: Recipe) -> str:
         raise UserError(f"model.checkpoint: {ckpt!r} is a hub id but the Hugging Face Hub can't be reached "
                         "(offline): download it elsewhere and point model.checkpoint at the local directory")
     return ckpt
+
+
+def resolve_family(recipe: Recipe) -> str:
+    """The recipe's family; for a hub id, read from its config (the recipe validator could not)."""
+    if recipe.family:
+        return recipe.family
+    from transformers import AutoConfig
+
+    from hftoolkit.recipe import MODEL_TYPE_FAMILIES, validate_recipe
+
+    try:
+        config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
+                                            trust_remote_code=recipe.model.trust_remote_code)
+    except (OSError, ValueError) as err:  # config.json unreadable, or a model type transformers does not know
+        raise UserError(f"model.checkpoint: could not read the config of {recipe.model.checkpoint} "
+                        f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
+    family = MODEL_TYPE_FAMILIES.get(config.model_type)
+    if family is None:
+        raise UserError(f"model.checkpoint: model type {config.model_type!r} is not in hftoolkit's family table; "
+                        "set model.family to encoder, decoder, seq2seq or vision")
+    raw = recipe.model_dump()
+    raw["model"]["family"] = family
+    validate_recipe(raw, "model.checkpoint")  # the task/family check, now that the family is known
+    recipe.model.family = family
+    return family
 
 
 def load_task_model(auto_class, recipe: Recipe, task_type: str | None, with_head: bool = True, **kwargs):
@@ -148,8 +173,16 @@ def head_modules(model) -> list[str]:
             if name != base and any(True for _ in child.parameters())]
 
 
-def lora_targets_for(model, recipe: Recipe) -> list[str]:
-    """The recipe's LoRA targets, or the table's for `auto`, checked against the model's modules."""
+def lora_targets_for(model, recipe: Recipe, head: list[str] = ()) -> list[str]:
+    """The recipe's LoRA targets, checked against the model's modules.
+
+    auto: the model type's query and value projections (peft's table, then ours).
+    all-linear: every linear layer of the base model, as QLoRA does; the task head (trained in full)
+    and the output projection are left out. Returned as full module names, so that a name such as
+    `dense` can't also match a layer inside the head.
+    """
+    if recipe.lora.targets == "all-linear":
+        return _all_linear(model, head)
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     if recipe.lora.targets != "auto":
         missing = [t for t in recipe.lora.targets if t not in names]
@@ -157,20 +190,32 @@ def lora_targets_for(model, recipe: Recipe) -> list[str]:
             raise UserError(f"lora.targets: {', '.join(map(repr, missing))} match no module of "
                             f"{recipe.model.checkpoint}; linear layers it has: {', '.join(_linear_names(model))}")
         return list(recipe.lora.targets)
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
+
     model_type = model.config.model_type
-    targets = [t for t in LORA_TARGETS.get(model_type, []) if t in names]
+    candidates = PEFT_TARGETS.get(model_type) or LORA_TARGETS_PEFT_LACKS.get(model_type, [])
+    targets = [t for t in candidates if t in names]
     if not targets:
         raise UserError(f"lora.targets: no default targets for model type {model_type!r}; set lora.targets to some "
                         f"of its linear layers: {', '.join(_linear_names(model))}")
     return targets
 
 
-def _linear_names(model) -> list[str]:
+def _is_linear(module) -> bool:
     import torch
 
-    found = {name.rsplit(".", 1)[-1] for name, m in model.named_modules()
-             if isinstance(m, torch.nn.Linear) or type(m).__name__ in ("Conv1D", "Linear8bitLt", "Linear4bit")}
-    return sorted(found)
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ in ("Conv1D", "Linear8bitLt", "Linear4bit")
+
+
+def _linear_names(model) -> list[str]:
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _is_linear(m)})
+
+
+def _all_linear(model, head: list[str]) -> list[str]:
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    skipped = tuple(f"{h}." for h in head)
+    return [name for name, m in model.named_modules()
+            if _is_linear(m) and m is not output and name not in head and not name.startswith(skipped)]
 
 
 def apply_lora(model, recipe: Recipe, task_type: str | None, modules_to_save: list[str] = ()):
@@ -179,7 +224,7 @@ def apply_lora(model, recipe: Recipe, task_type: str | None, modules_to_save: li
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    targets = lora_targets_for(model, recipe)
+    targets = lora_targets_for(model, recipe, list(modules_to_save))
     if recipe.model.quantization != "none":
         model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
     config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,

@@ -16,24 +16,11 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from hftoolkit import tasks
 from hftoolkit.errors import UserError
 
-Task = Literal[
-    "classification", "tagging", "mlm", "clm", "translation", "summarization", "denoise", "image-classification"
-]
+Task = Literal[tasks.NAMES]
 Family = Literal["encoder", "decoder", "seq2seq", "vision"]
-
-# The course's decision tree: what the output is decides the family.
-TASK_FAMILIES: dict[str, tuple[str, str]] = {
-    "classification": ("encoder", "the output is a label for the whole input"),
-    "tagging": ("encoder", "the output is a label for every token"),
-    "mlm": ("encoder", "masked-token prediction needs bidirectional attention"),
-    "clm": ("decoder", "the output continues a prompt"),
-    "translation": ("seq2seq", "the output transforms a separate input"),
-    "summarization": ("seq2seq", "the output transforms a separate input"),
-    "denoise": ("seq2seq", "the output reconstructs a corrupted separate input"),
-    "image-classification": ("vision", "the input is an image"),
-}
 
 # model_type (config.json) -> family. Kept as data; extend by adding a line.
 MODEL_TYPE_FAMILIES: dict[str, str] = {
@@ -71,7 +58,8 @@ class LoraSection(Section):
     r: int = Field(8, gt=0)
     alpha: float = Field(16, gt=0)
     dropout: float = Field(0.05, ge=0, lt=1)
-    targets: Literal["auto"] | list[str] = "auto"
+    targets: Literal["auto", "all-linear"] | list[str] = Field(
+        "auto", description="auto (the query and value projections), all-linear, or module names")
 
 
 class DataSection(Section):
@@ -158,12 +146,12 @@ class Recipe(Section):
 
     @model_validator(mode="after")
     def _family_fits_task(self):
-        family = self.family
-        needed, why = TASK_FAMILIES[self.task]
-        if family is not None and family != needed:
+        family, task = self.family, tasks.spec(self.task)
+        if family is not None and family not in task.families:
             raise ValueError(
-                f"task {self.task!r} needs the {needed} family because {why}, "
-                f"but {self.model.checkpoint!r} is a {family} model: use a {needed} checkpoint"
+                f"task {self.task!r} can't be done by {self.model.checkpoint!r}, {_a(family)} {family} model, "
+                f"because transformers has no {family} head for it: use {_a(task.families[0])} "
+                f"{' or '.join(task.families)} checkpoint (the course recommends {task.recommended}: {task.why})"
             )
         if self.task == "denoise" and self.model_type not in (None, "bart", "mbart"):
             raise ValueError("task 'denoise' is BART's text-infilling objective: use a bart checkpoint")
@@ -172,10 +160,19 @@ class Recipe(Section):
         if self.model.quantization != "none" and not self.lora.enabled:
             raise ValueError(f"{self.model.quantization} weights can't be trained directly: "
                              "set lora.enabled to true, or model.quantization to none for full fine-tuning")
-        if self.task in ("mlm", "clm", "denoise") and self.training.label_smoothing:
+        if task.main_metric == "perplexity" and self.training.label_smoothing:
             raise ValueError(f"task {self.task!r} reports perplexity, which a label-smoothed loss would distort: "
                              "set training.label_smoothing to 0")
         return self
+
+    @property
+    def advice(self) -> str | None:
+        """The course's advice when the recipe pairs its task with another family than the one it recommends."""
+        task = tasks.spec(self.task)
+        if self.family is None or self.family == task.recommended:
+            return None
+        return (f"task {self.task!r} with a {self.family} model: the course recommends the {task.recommended} "
+                f"family ({task.why}); fine for comparing architectures")
 
     @property
     def model_type(self) -> str | None:
@@ -191,6 +188,10 @@ class Recipe(Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.output.dir) / self.name
+
+
+def _a(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
 
 
 def model_type_of(checkpoint: str) -> str | None:

@@ -8,12 +8,9 @@ says so on its canvas, and a run missing a value shows an empty bar labelled wit
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from hftoolkit.report import RunSummary
+from hftoolkit.runsummary import DASH, RunSummary, best_per_task, format_seconds, lora_cell
 
-DASH = "–"
 LOG_SPAN = 10.0  # log y for losses spanning more than one decade
 
 
@@ -126,8 +123,6 @@ def plot_eval(runs: list[RunSummary], best: set[int], path: Path) -> None:
 
 def plot_params(runs: list[RunSummary], path: Path) -> None:
     """Trainable against total parameters on log axes, each point labelled with run and LoRA rank."""
-    from hftoolkit.report import lora_cell
-
     figure = _figure(8, 5)
     axes = figure.add_subplot()
     known = [(run, color) for run, color in zip(runs, _colors(len(runs)))
@@ -163,8 +158,6 @@ def plot_params(runs: list[RunSummary], path: Path) -> None:
 
 def plot_resources(runs: list[RunSummary], path: Path) -> None:
     """Peak memory, samples/s, tokens/s and wall time (train and eval) per run, as bars."""
-    from hftoolkit.report import format_seconds
-
     figure = _figure(12, max(3.5, 0.35 * len(runs) + 1.5) * 2)
     labels = [run.label for run in runs]
     colors = _colors(len(runs))
@@ -193,8 +186,6 @@ def plot_resources(runs: list[RunSummary], path: Path) -> None:
 
 def write_plots(runs: list[RunSummary], out: Path) -> list[str]:
     """Draw every plot into out; return the file names written."""
-    from hftoolkit.report import best_per_task
-
     plot_loss(runs, out / "loss.png")
     plot_eval(runs, best_per_task(runs), out / "eval.png")
     plot_params(runs, out / "params.png")

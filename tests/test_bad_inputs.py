@@ -158,7 +158,7 @@ CASES: dict[str, Case] = {
     "top_p above 1": Case("recipe", lambda t: _train(SEQ2SEQ, "eval.generation.top_p=1.5"),
                           "eval.generation.top_p: input should be less than or equal to 1"),
     "task the family cannot do": Case("recipe", lambda t: _train(ENCODER, "task=clm"),
-                                      "task 'clm' needs the decoder family"),
+                                      "task 'clm' can't be done by 'init:bert', an encoder model"),
     "remote code without a pinned revision": Case("recipe", lambda t: _train(ENCODER, "model.trust_remote_code=true"),
                                                   "set model.revision to a pinned commit"),
     "run name that is a path": Case("recipe", lambda t: _train(ENCODER, "name=../elsewhere"), "name: string should"),

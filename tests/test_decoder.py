@@ -95,8 +95,8 @@ def test_eval_reproduces_the_loss_and_predict_generates_with_beam_search(clm_run
 
 def test_batched_generation_matches_one_by_one_and_top1_sampling_matches_greedy(clm_run):
     """Left padding: a short prompt batched with a long one continues exactly as it does alone."""
+    from hftoolkit.evaluation import load_trained
     from hftoolkit.families import decoder
-    from hftoolkit.train import load_trained
 
     run, _ = clm_run
     recipe, _, model, tokenizer = load_trained(run)
@@ -127,7 +127,7 @@ def test_quantized_lora_trains_with_lm_head_in_full_precision(bits, layer, tmp_p
                  "data.max_eval_samples=20", "eval.max_predictions=1", "eval.generation.max_new_tokens=4")
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["quantization"] == bits and math.isfinite(metrics["eval"]["loss"])
-    from hftoolkit.train import load_trained
+    from hftoolkit.evaluation import load_trained
 
     _, _, model, _ = load_trained(run)
     bases = [m.base_layer for n, m in model.named_modules() if n.endswith(".c_attn")]
@@ -186,7 +186,8 @@ def test_without_packing_padding_is_masked_from_the_loss_but_eos_is_not():
 def test_clm_on_a_bert_checkpoint_is_refused_naming_the_decoder_family():
     with pytest.raises(RecipeError) as err:
         _recipe("model.checkpoint=init:bert")
-    assert "task 'clm' needs the decoder family because the output continues a prompt" in str(err.value)
+    assert "task 'clm' can't be done by 'init:bert', an encoder model" in str(err.value)
+    assert "the course recommends decoder: the output continues a prompt" in str(err.value)
     result = run_cli("validate", RECIPE, "--set", "model.checkpoint=init:bert", expect=2)
     assert "use a decoder checkpoint" in plain(result.output)
 

@@ -66,8 +66,8 @@ def test_prediction_records_are_their_own_inputs_predictions(lora_run, tmp_path)
 
 
 def test_lora_trains_query_value_and_head_only(lora_run):
+    from hftoolkit.evaluation import load_trained
     from hftoolkit.recipe import load_recipe
-    from hftoolkit.train import load_trained
 
     run, _ = lora_run
     _, _, model, _ = load_trained(run)
@@ -100,7 +100,7 @@ def test_eval_reproduces_the_metrics_and_predict_prints_label_and_probability(lo
 def test_adapter_round_trip_gives_identical_logits(lora_run):
     import torch
 
-    from hftoolkit.train import load_trained
+    from hftoolkit.evaluation import load_trained
 
     run, _ = lora_run
     _, _, first, tokenizer = load_trained(run)
@@ -126,7 +126,7 @@ def test_lora_with_8bit_base_trains_and_keeps_the_head_out_of_quantization(tmp_p
                  "data.max_eval_samples=32")
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["quantization"] == "8bit"
-    from hftoolkit.train import load_trained
+    from hftoolkit.evaluation import load_trained
 
     _, _, model, _ = load_trained(run)
     kinds = {type(m).__name__ for n, m in model.named_modules() if n.endswith("attention.self.key")}

@@ -64,7 +64,9 @@ def _crafted_trainer(tmp_path, policy: str):
     from hftoolkit.families import family_module
     from hftoolkit.recipe import load_recipe
     from hftoolkit.rundir import RunDirectory
-    from hftoolkit.train import TokenCounter, build_trainer, set_seed
+    from hftoolkit.throughput import TokenCounter
+    from hftoolkit.train import set_seed
+    from hftoolkit.trainer import build_trainer
 
     recipe = load_recipe(RECIPE, ["data.label_names=[negative, positive]", "training.batch_size=1",
                                   "training.max_steps=6", "training.logging_steps=1", "training.warmup_ratio=0",
@@ -152,7 +154,7 @@ def test_a_skipped_update_leaves_weights_and_optimizer_state_untouched(tmp_path)
 
 
 def test_a_crafted_nan_batch_stops_training_by_default(tmp_path):
-    from hftoolkit.guards import NonFiniteError
+    from hftoolkit.trainer import NonFiniteError
 
     trainer = _crafted_trainer(tmp_path, "stop")
     with pytest.raises(NonFiniteError) as caught:

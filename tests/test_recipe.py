@@ -91,18 +91,24 @@ def test_overrides_are_parsed_as_yaml_and_validated(tmp_path):
         load_recipe(path, ["name.x=1"])
 
 
-@pytest.mark.parametrize("task, family", [("clm", "decoder"), ("translation", "seq2seq"),
-                                          ("image-classification", "vision")])
-def test_task_family_mismatch_names_the_family_that_fits(task, family):
+@pytest.mark.parametrize("task, families", [("clm", "a decoder"), ("translation", "a seq2seq or decoder"),
+                                            ("image-classification", "a vision"), ("denoise", "a seq2seq")])
+def test_a_task_without_a_head_in_the_family_names_the_families_that_have_one(task, families):
     with pytest.raises(RecipeError) as err:
         validate_recipe({**GOOD, "task": task})
-    assert f"needs the {family} family" in str(err.value)
-    assert f"use a {family} checkpoint" in str(err.value)
+    assert f"task {task!r} can't be done by 'init:bert', an encoder model" in str(err.value)
+    assert f"use {families} checkpoint" in str(err.value)
 
 
-def test_classification_on_a_decoder_is_refused():
-    with pytest.raises(RecipeError, match="needs the encoder family because the output is a label"):
-        validate_recipe({**GOOD, "model": {"checkpoint": "init:gpt2"}})
+@pytest.mark.parametrize("task, checkpoint", [
+    ("classification", "init:gpt2"), ("classification", "init:bart"), ("classification", "init:t5"),
+    ("tagging", "init:gpt2"), ("translation", "init:gpt2"), ("summarization", "init:gpt2"),
+])
+def test_other_families_with_a_head_are_accepted_with_the_course_advice(task, checkpoint):
+    recipe = validate_recipe({**GOOD, "task": task, "model": {"checkpoint": checkpoint}})
+    assert recipe.advice.startswith(f"task {task!r} with a ")
+    assert "the course recommends the" in recipe.advice
+    assert validate_recipe(GOOD).advice is None
 
 
 def test_t5_fp16_and_remote_code_rules():
@@ -118,8 +124,8 @@ def test_t5_fp16_and_remote_code_rules():
 
 def test_local_checkpoint_family_read_from_config(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
-    with pytest.raises(RecipeError, match="needs the encoder family"):
-        validate_recipe({**GOOD, "model": {"checkpoint": str(tmp_path)}})
+    with pytest.raises(RecipeError, match="a decoder model"):
+        validate_recipe({**GOOD, "task": "mlm", "model": {"checkpoint": str(tmp_path)}})
 
 
 def test_quantized_weights_need_lora_and_perplexity_tasks_refuse_label_smoothing():

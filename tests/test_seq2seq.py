@@ -109,7 +109,7 @@ def test_t5_translation_writes_bleu_chrf_and_generated_predictions(t5_translatio
 
 
 def test_t5_lora_trains_only_q_and_v_adapters(t5_translation):
-    from hftoolkit.train import load_trained
+    from hftoolkit.evaluation import load_trained
 
     recipe, _, model, _ = load_trained(t5_translation)
     trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
@@ -327,8 +327,8 @@ def test_beam_search_returns_the_best_scoring_beam(bart_translation):
     """The text `generate` gives for strategy beam is the beam that model.generate scores highest."""
     import torch
 
+    from hftoolkit.evaluation import load_trained
     from hftoolkit.families import decoding_options
-    from hftoolkit.train import load_trained
 
     recipe, family, model, tokenizer = load_trained(bart_translation)
     recipe.eval.generation = recipe.eval.generation.model_copy(

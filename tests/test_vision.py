@@ -73,7 +73,7 @@ def test_learns_digits_clearly_above_the_majority_baseline(digits_run):
 
 
 def test_eval_reproduces_the_metrics_and_predict_reads_a_png(digits_run, tmp_path):
-    from hftoolkit.train import load_trained
+    from hftoolkit.evaluation import load_trained
 
     run, _ = digits_run
     before = json.loads((run / "metrics.json").read_text())["eval"]
@@ -98,8 +98,8 @@ def test_eval_reproduces_the_metrics_and_predict_reads_a_png(digits_run, tmp_pat
 
 def test_lora_targets_the_query_value_projections_and_the_head_only(digits_run):
     from hftoolkit import modeling
+    from hftoolkit.evaluation import load_trained
     from hftoolkit.recipe import load_recipe
-    from hftoolkit.train import load_trained
 
     run, _ = digits_run
     recipe, _, model, _ = load_trained(run)
@@ -142,7 +142,7 @@ def test_lora_targets_keep_only_the_names_a_vit_release_has():
 @pytest.mark.parametrize("quantization,layer", [("8bit", "Linear8bitLt"), ("4bit", "Linear4bit")])
 def test_lora_on_a_quantized_vit_trains_on_cpu(quantization, layer, tmp_path):
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed, so 8-bit/4-bit loading can't run")
-    from hftoolkit.train import load_trained
+    from hftoolkit.evaluation import load_trained
 
     run = tmp_path / f"vit-{quantization}"
     train_recipe(RECIPE, run, f"model.quantization={quantization}", *FEW_STEPS)
@@ -234,4 +234,5 @@ def test_image_paths_in_a_column_and_unreadable_bytes(tmp_path):
 def test_image_classification_with_a_bert_checkpoint_fails_validation_naming_vision():
     result = run_cli("validate", RECIPE, "--set", "model.checkpoint=init:bert", expect=2)
     message = plain(result.output)
-    assert "'image-classification' needs" in message and "vision" in message and "'init:bert'" in message, message
+    assert "task 'image-classification' can't be done by 'init:bert', an encoder model" in message, message
+    assert "use a vision checkpoint" in message, message

@@ -1,40 +1,42 @@
-"""The four model families, one module each, all with the same five functions.
+"""The four model families, one module each, all implementing the `Family` protocol below.
 
-    load_model(recipe) -> (model, processor)        checkpoint, task head, quantization, LoRA
-    preprocess(recipe, processor, dataset) -> dataset  tokenize or transform; adds a "length" column
-    collator(recipe, processor)                      batches (dynamic padding, label masking, pixels)
-    metrics(recipe, processor) -> EvalMetrics        built on the shipped evaluate modules
-    generate(recipe, model, processor, inputs) -> list[dict]   predictions for predict and eval
-
-Datasets reaching a family carry data.py's canonical columns (text, label, target, image).
+A family module answers for every task it can do (tasks.py names them) through its `FORMULATIONS`:
+task -> an object with the same five functions. Formulations that several families share (a text
+classifier on an encoder, a decoder or an encoder-decoder) live in `labels.py`. Datasets reaching a
+family carry data.py's canonical columns (text, label, target, image).
 Modules load lazily: importing this package imports no torch.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from hftoolkit.metrics import EvalMetrics
+    from hftoolkit.recipe import Recipe
 
 FAMILIES = ("encoder", "decoder", "seq2seq", "vision")
 
 
-@dataclass
-class EvalMetrics:
-    """How a family scores its predictions.
+class Family(Protocol):
+    """What train.py and evaluation.py ask of a family (or of one of its formulations)."""
 
-    compute: for Trainer-scored tasks, takes an EvalPrediction; for generation tasks
-        (translation, summarization) takes (predictions: list[str], references: list[str]).
-    main: the metric named in reports and used to pick the best run; greater_is_better says which way.
-    reduce_logits: applied to each eval batch's logits before they are gathered, so eval
-        memory does not grow with vocabulary x examples (Trainer's preprocess_logits_for_metrics).
-    """
+    def load_model(self, recipe: Recipe) -> tuple[Any, Any]:
+        """(model, processor): the checkpoint with the task head, quantized as asked, wrapped in LoRA."""
 
-    compute: Callable | None
-    main: str
-    greater_is_better: bool = True
-    reduce_logits: Callable | None = None
+    def preprocess(self, recipe: Recipe, processor, dataset):
+        """The dataset tokenized (or its images transformed), with a "length" column for batching."""
+
+    def collator(self, recipe: Recipe, processor):
+        """A function that turns a list of preprocessed examples into a batch of tensors."""
+
+    def metrics(self, recipe: Recipe, processor) -> EvalMetrics:
+        """How the eval split is scored, built on the shipped evaluate modules."""
+
+    def generate(self, recipe: Recipe, model, processor, inputs: list, **options) -> list[dict]:
+        """One prediction record per input (label and probability, tags, or generated text)."""
 
 
 def decoding_options(generation) -> dict:
@@ -57,6 +59,30 @@ def label_records(probabilities, id2label: dict) -> list[dict]:
 
 
 def family_module(name: str) -> ModuleType:
+    """The family's module; it satisfies `Family`."""
     if name not in FAMILIES:
         raise KeyError(f"unknown family {name!r}; known: {', '.join(FAMILIES)}")
     return importlib.import_module(f"hftoolkit.families.{name}")
+
+
+def load_tokenizer(recipe: Recipe, **kwargs):
+    """The checkpoint's tokenizer, with a pad token: a decoder without one (GPT-2) pads with its eos,
+    which is safe because padding is masked out of attention and loss."""
+    from transformers import AutoTokenizer
+
+    from hftoolkit import modeling
+
+    tokenizer = AutoTokenizer.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision,
+                                              **kwargs)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def sync_pad_token(model, tokenizer) -> None:
+    """Tell the model (and its generation config) which id pads: decoder classifiers find each row's last
+    real token by it, and the Trainer would otherwise realign (and warn about) the configs itself."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    base.config.pad_token_id = tokenizer.pad_token_id
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.pad_token_id = tokenizer.pad_token_id

@@ -1,7 +1,8 @@
 """Encoder-only models (BERT and kin): sequence classification, token tagging, masked-LM.
 
-The output is a label (for the text, or for each token) or a masked token, so the
-model reads the whole input with bidirectional attention (the course's decision tree).
+The output is a label (for the text, or for each token) or a masked token, so the model reads
+the whole input with bidirectional attention (the course's decision tree). Classification and
+tagging are shared with the other text families (labels.py); masked-LM is the encoder's own.
 """
 
 from __future__ import annotations
@@ -9,94 +10,79 @@ from __future__ import annotations
 import hashlib
 
 from hftoolkit.errors import UserError
-from hftoolkit.families import EvalMetrics, label_records
+from hftoolkit.families import labels, load_tokenizer
+from hftoolkit.metrics import EvalMetrics
 from hftoolkit.recipe import Recipe
 
-CLASSIFICATION_METRICS = ["accuracy", "f1", "precision", "recall", "matthews_correlation"]
-# Label id the loss ignores (torch's cross_entropy ignore_index): special tokens, padding, later subwords.
-IGNORE_INDEX = -100
+IGNORE_INDEX = labels.IGNORE_INDEX
+
+
+class MaskedLM:
+    """BERT's pretraining objective on the user's text, scored by perplexity on fixed masks.
+
+    One example per text, truncated rather than grouped into blocks, so an eval example is a whole
+    text (predictions line up with inputs) and length batching keeps padding low; the special-tokens
+    mask is stored so the collator never masks [CLS] or [SEP].
+    """
+
+    def load_model(self, recipe: Recipe):
+        import transformers as tf
+
+        from hftoolkit import modeling
+
+        # The MLM head is tied to the embeddings: nothing extra to train.
+        model = modeling.load_task_model(tf.AutoModelForMaskedLM, recipe, None, with_head=False)
+        return model, load_tokenizer(recipe)
+
+    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+        def encode(batch):
+            enc = tokenizer(batch["text"], truncation=True, max_length=recipe.data.max_length,
+                            return_special_tokens_mask=True)
+            enc["length"] = [len(ids) for ids in enc["input_ids"]]
+            return enc
+
+        return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
+
+    def collator(self, recipe: Recipe, tokenizer):
+        return _SeededMasking(tokenizer, recipe.data.mask_probability, recipe.training.seed)
+
+    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+        if recipe.eval.metrics != "auto":
+            raise UserError("eval.metrics: mlm is scored by perplexity (exp of the eval loss on fixed masks): "
+                            "set eval.metrics to auto")
+        # No compute function: the Trainer then evaluates with prediction_loss_only and never gathers the
+        # (tokens x vocabulary) logits; evaluation.py reports perplexity = exp(eval loss).
+        return EvalMetrics(compute=None, main="perplexity", greater_is_better=False)
+
+    def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
+        model.eval()
+        return _fill_masks(recipe, model, tokenizer, inputs)
+
+
+FORMULATIONS = {"classification": labels.CLASSIFICATION, "tagging": labels.TAGGING, "mlm": MaskedLM()}
 
 
 def load_model(recipe: Recipe):
-    """Tokenizer and model with the task head; LoRA with the head in modules_to_save."""
-    import transformers as tf
-
-    from hftoolkit import modeling
-
-    tokenizer = tf.AutoTokenizer.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision)
-    names = recipe.data.label_names or []
-    labels = dict(num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
-    auto, task_type = {
-        "classification": (tf.AutoModelForSequenceClassification, "SEQ_CLS"),
-        "tagging": (tf.AutoModelForTokenClassification, "TOKEN_CLS"),
-        "mlm": (tf.AutoModelForMaskedLM, None),
-    }[recipe.task]
-    if recipe.task == "mlm":  # the MLM head is tied to the embeddings: nothing extra to train
-        return modeling.load_task_model(auto, recipe, task_type, with_head=False), tokenizer
-    return modeling.load_task_model(auto, recipe, task_type, **labels), tokenizer
+    return FORMULATIONS[recipe.task].load_model(recipe)
 
 
 def preprocess(recipe: Recipe, tokenizer, dataset):
-    """Tokenize (truncated to data.max_length, unpadded: the collator pads per batch).
-
-    tagging: the words are tokenized as given (is_split_into_words) and each word's tag goes to
-    its first subword; later subwords and special tokens get -100, so the loss and the metric see
-    one prediction per word. mlm: one example per text, truncated rather than grouped into blocks,
-    so an eval example is a whole text (predictions line up with inputs) and group_by_length keeps
-    padding low; the special-tokens mask is stored so the collator never masks [CLS] or [SEP].
-    """
-    max_length = recipe.data.max_length
-    if recipe.task == "classification":
-        def encode(batch):
-            enc = tokenizer(batch["text"], truncation=True, max_length=max_length)
-            enc["length"] = [len(ids) for ids in enc["input_ids"]]
-            enc["labels"] = batch["label"]
-            return enc
-    elif recipe.task == "tagging":
-        def encode(batch):
-            _check_word_lists(recipe, batch)
-            enc = tokenizer(batch["text"], is_split_into_words=True, truncation=True, max_length=max_length)
-            enc["labels"] = [_align_labels(enc.word_ids(i), tags) for i, tags in enumerate(batch["label"])]
-            enc["length"] = [len(ids) for ids in enc["input_ids"]]
-            return enc
-    elif recipe.task == "mlm":
-        def encode(batch):
-            enc = tokenizer(batch["text"], truncation=True, max_length=max_length, return_special_tokens_mask=True)
-            enc["length"] = [len(ids) for ids in enc["input_ids"]]
-            return enc
-    else:
-        raise NotImplementedError(f"encoder task {recipe.task}")
-    return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
-
-
-def _check_word_lists(recipe: Recipe, batch) -> None:
-    for words, tags in zip(batch["text"], batch["label"]):
-        if not isinstance(words, list):
-            raise UserError(f"data.text_column: tagging needs a list of words per row, but {recipe.data.train} "
-                            f"holds text ({str(words)[:40]!r}): store each row's words as a list (e.g. JSON lines)")
-        if len(words) != len(tags):
-            raise UserError(f"data.label_column: a row of {recipe.data.train} has {len(words)} words but "
-                            f"{len(tags)} tags ({' '.join(map(str, words))[:60]!r}): give exactly one tag per word")
-
-
-def _align_labels(word_ids: list[int | None], word_labels: list[int]) -> list[int]:
-    """Per-token labels: a word's label on its first subword, -100 on the rest and on special tokens."""
-    labels, previous = [], None
-    for word in word_ids:
-        labels.append(IGNORE_INDEX if word is None or word == previous else word_labels[word])
-        previous = word
-    return labels
+    return FORMULATIONS[recipe.task].preprocess(recipe, tokenizer, dataset)
 
 
 def collator(recipe: Recipe, tokenizer):
-    """Dynamic padding; tagging pads labels with -100; mlm masks 80/10/10 (see _SeededMasking)."""
-    from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
+    return FORMULATIONS[recipe.task].collator(recipe, tokenizer)
 
-    if recipe.task == "tagging":
-        return DataCollatorForTokenClassification(tokenizer, label_pad_token_id=IGNORE_INDEX)
-    if recipe.task == "mlm":
-        return _SeededMasking(tokenizer, recipe.data.mask_probability, recipe.training.seed)
-    return DataCollatorWithPadding(tokenizer)
+
+def metrics(recipe: Recipe, tokenizer) -> EvalMetrics:
+    return FORMULATIONS[recipe.task].metrics(recipe, tokenizer)
+
+
+def generate(recipe: Recipe, model, tokenizer, inputs: list, **options) -> list[dict]:
+    return FORMULATIONS[recipe.task].generate(recipe, model, tokenizer, inputs, **options)
+
+
+# ---------------------------------------------------------------- masking
 
 
 class _SeededMasking:
@@ -105,7 +91,7 @@ class _SeededMasking:
 
     DataCollatorForLanguageModeling masks each example on its own, with a generator seeded from
     (training.seed, the example's token ids, `epoch`). The Trainer sets `epoch` as each epoch begins
-    (train.py, EpochToCollator), so an example seen again in a later epoch gets fresh masks (dynamic
+    (trainer.epoch_to_collator), so an example seen again in a later epoch gets fresh masks (dynamic
     masking), and a resumed run masks exactly as the uninterrupted run did (a count of batches met,
     used before, started again from zero on resume). Eval masks as epoch 0: each eval example gets
     the same mask in every run and in `hftoolkit eval`, so eval losses compare between runs.
@@ -141,87 +127,6 @@ def _content_seed(seed: int, rows) -> int:
     for ids in rows:
         digest.update(",".join(map(str, list(map(int, ids)))).encode() + b";")
     return int.from_bytes(digest.digest()[:8], "little") >> 1
-
-
-def metrics(recipe: Recipe, tokenizer) -> EvalMetrics:
-    """classification: accuracy, F1, precision, recall, MCC; tagging: seqeval entity F1; mlm: perplexity."""
-    from hftoolkit.metrics import label_metrics, load_metric
-
-    if recipe.task == "mlm":
-        if recipe.eval.metrics != "auto":
-            raise UserError("eval.metrics: mlm is scored by perplexity (exp of the eval loss on fixed masks): "
-                            "set eval.metrics to auto")
-        # No compute function: the Trainer then evaluates with prediction_loss_only and never gathers the
-        # (tokens x vocabulary) logits; train.py reports perplexity = exp(eval loss).
-        return EvalMetrics(compute=None, main="perplexity", greater_is_better=False)
-    if recipe.task == "tagging":
-        if recipe.eval.metrics not in ("auto", ["seqeval"]):
-            raise UserError("eval.metrics: tagging is scored by seqeval (entity precision, recall, F1 and token "
-                            "accuracy): set eval.metrics to auto or [seqeval]")
-        return _tagging_metrics(recipe, load_metric("seqeval"))
-
-    return label_metrics(CLASSIFICATION_METRICS if recipe.eval.metrics == "auto" else recipe.eval.metrics)
-
-
-def _tagging_metrics(recipe: Recipe, seqeval) -> EvalMetrics:
-    names = recipe.data.label_names
-
-    def compute(prediction):
-        predicted, gold = [], []
-        # Rows are padded with -100 across batches; the -100 labels also drop later subwords and specials.
-        for tags, labels in zip(prediction.predictions, prediction.label_ids):
-            scored = labels != IGNORE_INDEX
-            predicted.append([names[i] for i in tags[scored]])
-            gold.append([names[i] for i in labels[scored]])
-        return seqeval.compute(predictions=predicted, references=gold)
-
-    # The argmax per token, (B, T) ids, is all the metric needs: the (B, T, labels) floats are never gathered.
-    return EvalMetrics(compute, main="f1", reduce_logits=lambda logits, labels: logits.argmax(-1))
-
-
-def generate(recipe: Recipe, model, tokenizer, inputs: list) -> list[dict]:
-    """classification: label and probability per text; tagging: a tag per word; mlm: [MASK]s filled."""
-    model.eval()
-    if recipe.task == "tagging":
-        return _tag(recipe, model, tokenizer, inputs)
-    if recipe.task == "mlm":
-        return _fill_masks(recipe, model, tokenizer, inputs)
-    return _classify(recipe, model, tokenizer, inputs)
-
-
-def _classify(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
-    import torch
-
-    id2label = model.config.id2label
-    out = []
-    for start in range(0, len(inputs), recipe.eval.batch_size):
-        batch = tokenizer(inputs[start:start + recipe.eval.batch_size], truncation=True,
-                          max_length=recipe.data.max_length, padding=True, return_tensors="pt").to(model.device)
-        with torch.no_grad():
-            out += label_records(model(**batch).logits.float().softmax(-1).cpu().numpy(), id2label)
-    return out
-
-
-def _tag(recipe: Recipe, model, tokenizer, inputs: list) -> list[dict]:
-    """One tag per word (a word list, or a string split on whitespace); None for words cut by data.max_length."""
-    import torch
-
-    id2label = model.config.id2label
-    sentences = [x.split() if isinstance(x, str) else list(x) for x in inputs]
-    out = []
-    for start in range(0, len(sentences), recipe.eval.batch_size):
-        chunk = sentences[start:start + recipe.eval.batch_size]
-        batch = tokenizer([words or [""] for words in chunk], is_split_into_words=True, truncation=True,
-                          max_length=recipe.data.max_length, padding=True, return_tensors="pt")
-        with torch.no_grad():
-            best = model(**batch.to(model.device)).logits.argmax(-1).tolist()
-        for row, words in enumerate(chunk):
-            tags = [None] * len(words)
-            for position, word in enumerate(batch.word_ids(row)):
-                if word is not None and word < len(words) and tags[word] is None:
-                    tags[word] = id2label[best[row][position]]
-            out.append({"tags": tags})
-    return out
 
 
 def _fill_masks(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:

@@ -1,4 +1,5 @@
-"""Encoder-decoder models (T5, BART and kin): translation, summarization, BART's denoising objective.
+"""Encoder-decoder models (T5, BART and kin): translation, summarization, BART's denoising objective,
+and classification with BART's or T5's classification head (labels.py).
 
 The output transforms a separate input, so an encoder reads the input with bidirectional
 attention and a decoder writes the output, attending to it (the course's decision tree).
@@ -11,46 +12,100 @@ from __future__ import annotations
 import zlib
 
 from hftoolkit.errors import UserError
-from hftoolkit.families import EvalMetrics, decoding_options
+from hftoolkit.families import decoding_options, labels, load_tokenizer
+from hftoolkit.metrics import EvalMetrics
 from hftoolkit.recipe import Recipe
 
-# Shipped evaluate module -> the scores of it that go into metrics.json (the first is its main score).
-METRIC_SCORES = {"sacrebleu": ("bleu",), "chrf": ("chrf",), "rouge": ("rougeL", "rouge1", "rouge2")}
-TASK_METRICS = {"translation": ["sacrebleu", "chrf"], "summarization": ["rouge"]}
+
+class Seq2SeqGeneration:
+    """Translation and summarization: the target is written by the decoder, scored on generated text."""
+
+    def load_model(self, recipe: Recipe):
+        """Tokenizer and seq2seq LM; LoRA on the attention q and v projections (modeling.lora_targets_for)."""
+        import transformers as tf
+
+        from hftoolkit import modeling
+
+        # The LM head is the pretrained output projection (tied to the embeddings in T5 and BART): no new head.
+        model = modeling.load_task_model(tf.AutoModelForSeq2SeqLM, recipe, "SEQ_2_SEQ_LM", with_head=False)
+        return model, load_tokenizer(recipe)
+
+    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+        """Token ids of the input (source_prefix + text, data.max_length) and of the target (max_target_length)."""
+        d = recipe.data
+
+        def encode(batch):
+            enc = tokenizer([d.source_prefix + t for t in batch["text"]], truncation=True, max_length=d.max_length)
+            enc["labels"] = tokenizer(text_target=batch["target"], truncation=True,
+                                      max_length=d.max_target_length)["input_ids"]
+            enc["length"] = [len(ids) for ids in enc["input_ids"]]
+            return enc
+
+        return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
+
+    def collator(self, recipe: Recipe, tokenizer):
+        return _padding_collator(recipe, tokenizer)
+
+    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+        """BLEU and chrF (translation) or ROUGE (summarization) on generated text."""
+        from hftoolkit.metrics import text_metrics
+
+        return text_metrics(labels.metric_names(recipe))
+
+    def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
+        return _generate(recipe, model, tokenizer, inputs)
+
+
+class Denoise:
+    """BART's pretraining objective: the clean text is the label, its noised copy (noising.py) the input.
+
+    The noise is made once in preprocess, with a generator seeded by training.seed, the row index
+    and the text, so a run is reproducible and the eval split is noised the same way every time.
+    Scored by perplexity.
+    """
+
+    def load_model(self, recipe: Recipe):
+        return SEQ2SEQ.load_model(recipe)
+
+    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+        return _preprocess_denoise(recipe, tokenizer, dataset)
+
+    def collator(self, recipe: Recipe, tokenizer):
+        return _padding_collator(recipe, tokenizer)
+
+    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+        return EvalMetrics(None, main="perplexity", greater_is_better=False)
+
+    def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
+        return _generate(recipe, model, tokenizer, inputs)
+
+
+SEQ2SEQ = Seq2SeqGeneration()
+FORMULATIONS = {"translation": SEQ2SEQ, "summarization": SEQ2SEQ, "denoise": Denoise(),
+                "classification": labels.CLASSIFICATION}
 
 
 def load_model(recipe: Recipe):
-    """Tokenizer and seq2seq LM; LoRA on the attention q and v projections (modeling.LORA_TARGETS)."""
-    import transformers as tf
-
-    from hftoolkit import modeling
-
-    tokenizer = tf.AutoTokenizer.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision)
-    # The LM head is the pretrained output projection (tied to the embeddings in T5 and BART): no new head.
-    model = modeling.load_task_model(tf.AutoModelForSeq2SeqLM, recipe, "SEQ_2_SEQ_LM", with_head=False)
-    return model, tokenizer
+    return FORMULATIONS[recipe.task].load_model(recipe)
 
 
 def preprocess(recipe: Recipe, tokenizer, dataset):
-    """Token ids of the input (source_prefix + text, data.max_length) and of the labels.
+    return FORMULATIONS[recipe.task].preprocess(recipe, tokenizer, dataset)
 
-    translation, summarization: labels are the target, truncated to data.max_target_length.
-    denoise: the clean text (truncated to data.max_length) is the label; the input is its noised
-    copy (noising.py), made once here with a generator seeded by training.seed, the row index and
-    the text, so a run is reproducible and the eval split is noised the same way every time.
-    """
-    d = recipe.data
-    if recipe.task == "denoise":
-        return _preprocess_denoise(recipe, tokenizer, dataset)
 
-    def encode(batch):
-        enc = tokenizer([d.source_prefix + t for t in batch["text"]], truncation=True, max_length=d.max_length)
-        enc["labels"] = tokenizer(text_target=batch["target"], truncation=True,
-                                  max_length=d.max_target_length)["input_ids"]
-        enc["length"] = [len(ids) for ids in enc["input_ids"]]
-        return enc
+def collator(recipe: Recipe, tokenizer):
+    return FORMULATIONS[recipe.task].collator(recipe, tokenizer)
 
-    return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
+
+def metrics(recipe: Recipe, tokenizer) -> EvalMetrics:
+    return FORMULATIONS[recipe.task].metrics(recipe, tokenizer)
+
+
+def generate(recipe: Recipe, model, tokenizer, inputs: list, **options) -> list[dict]:
+    return FORMULATIONS[recipe.task].generate(recipe, model, tokenizer, inputs, **options)
+
+
+# ---------------------------------------------------------------- shared parts
 
 
 def _preprocess_denoise(recipe: Recipe, tokenizer, dataset):
@@ -81,7 +136,7 @@ def _preprocess_denoise(recipe: Recipe, tokenizer, dataset):
     return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names)
 
 
-def collator(recipe: Recipe, tokenizer):
+def _padding_collator(recipe: Recipe, tokenizer):
     """Pads inputs with the pad token and labels with -100 (ignored by the loss).
 
     With label smoothing the Trainer takes the labels away from the model to compute the loss
@@ -114,32 +169,7 @@ def _decoder_start_token_id(recipe: Recipe) -> int:
     return config.decoder_start_token_id
 
 
-def metrics(recipe: Recipe, tokenizer) -> EvalMetrics:
-    """BLEU and chrF (translation) or ROUGE (summarization) on generated text; perplexity for denoise.
-
-    Generation tasks are scored by train.py on family.generate's text over the whole eval split,
-    so the Trainer's own evaluation computes the loss only and gathers no logits.
-    """
-    if recipe.task == "denoise":
-        return EvalMetrics(None, main="perplexity", greater_is_better=False)
-    from hftoolkit.metrics import load_metric
-
-    names = TASK_METRICS[recipe.task] if recipe.eval.metrics == "auto" else recipe.eval.metrics
-    modules = {name: load_metric(name) for name in names}
-
-    def compute(predictions: list[str], references: list[str]) -> dict:
-        out = {}
-        for name, module in modules.items():
-            scores = module.compute(predictions=predictions, references=references)
-            keep = METRIC_SCORES.get(name) or [k for k, v in scores.items() if isinstance(v, (int, float))]
-            out.update({k: float(scores[k]) for k in keep})
-        return out
-
-    main = (METRIC_SCORES.get(names[0]) or (names[0],))[0]
-    return EvalMetrics(compute, main=main)
-
-
-def generate(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
+def _generate(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
     """Generated text for each input (source_prefix added), decoded as eval.generation says.
 
     Inputs go in batches of eval.batch_size sorted by length (less padding); outputs come back

@@ -12,80 +12,98 @@ from __future__ import annotations
 import io
 
 from hftoolkit.errors import UserError
-from hftoolkit.families import EvalMetrics, label_records
+from hftoolkit.families import label_records, labels
+from hftoolkit.metrics import EvalMetrics
 from hftoolkit.recipe import Recipe
 
-CLASSIFICATION_METRICS = ["accuracy", "f1"]
+
+class ImageClassification:
+    """One label per image: accuracy and macro F1; records give label and probability."""
+
+    def load_model(self, recipe: Recipe):
+        """Image processor and image classifier; LoRA on q/v with the classifier in modules_to_save."""
+        import transformers as tf
+
+        from hftoolkit import modeling
+
+        # With no backend named, transformers picks torchvision when installed and PIL otherwise, silently;
+        # naming ViTImageProcessor directly would warn about the missing torchvision instead.
+        processor = tf.AutoImageProcessor.from_pretrained(modeling.resolve_checkpoint(recipe),
+                                                          revision=recipe.model.revision)
+        # peft has no image-classification task type: the plain PeftModel passes pixel_values and labels through.
+        model = modeling.load_task_model(tf.AutoModelForImageClassification, recipe, None,
+                                         ignore_mismatched_sizes=True, **labels.label_config(recipe))
+        return model, processor
+
+    def preprocess(self, recipe: Recipe, processor, dataset):
+        """Check every image can be opened, then turn "image" into pixel_values and "label" into labels per batch."""
+        import datasets
+
+        feature = dataset.features["image"]
+        if not isinstance(feature, datasets.Image) and feature != datasets.Value("string"):
+            raise UserError(f"data.image_column: column {recipe.data.image_column!r} of {recipe.data.train} holds "
+                            f"{feature}, not images: point data.image_column at an image column or at file paths")
+        # Undecoded, each image is {"path", "bytes"}: we decode it ourselves so a bad file can be named.
+        stored = dataset.cast_column("image", datasets.Image(decode=False)).rename_column("label", "labels")
+        _check_images_open(stored)
+
+        def transform(batch):
+            images = [_decode(item) for item in batch["image"]]
+            return {"pixel_values": processor(images, return_tensors="pt")["pixel_values"], "labels": batch["labels"]}
+
+        return stored.with_transform(transform)
+
+    def collator(self, recipe: Recipe, processor):
+        """Stack pixel_values (B, C, H, W) and labels (B,): every image is already the processor's size."""
+        import torch
+
+        def collate(features):
+            return {"pixel_values": torch.stack([f["pixel_values"] for f in features]),
+                    "labels": torch.tensor([int(f["labels"]) for f in features])}
+
+        return collate
+
+    def metrics(self, recipe: Recipe, processor) -> EvalMetrics:
+        from hftoolkit.metrics import label_metrics
+
+        return label_metrics(labels.metric_names(recipe))
+
+    def generate(self, recipe: Recipe, model, processor, inputs: list) -> list[dict]:
+        """Label and probability for each image (a PIL image, a file path, or a data set's {"path", "bytes"})."""
+        import torch
+
+        model.eval()
+        id2label = model.config.id2label
+        out = []
+        for start in range(0, len(inputs), recipe.eval.batch_size):
+            images = [_decode(item) for item in inputs[start:start + recipe.eval.batch_size]]
+            pixels = processor(images, return_tensors="pt")["pixel_values"].to(model.device)
+            with torch.no_grad():
+                out += label_records(model(pixel_values=pixels).logits.float().softmax(-1).cpu().numpy(), id2label)
+        return out
+
+
+FORMULATIONS = {"image-classification": ImageClassification()}
 
 
 def load_model(recipe: Recipe):
-    """Image processor and image classifier; LoRA on q/v with the classifier in modules_to_save."""
-    import transformers as tf
-
-    from hftoolkit import modeling
-
-    # With no backend named, transformers picks torchvision when installed and PIL otherwise, silently;
-    # naming ViTImageProcessor directly would warn about the missing torchvision instead.
-    processor = tf.AutoImageProcessor.from_pretrained(modeling.resolve_checkpoint(recipe),
-                                                      revision=recipe.model.revision)
-    names = recipe.data.label_names or []
-    labels = dict(num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
-    # peft has no image-classification task type: the plain PeftModel passes pixel_values and labels through.
-    model = modeling.load_task_model(tf.AutoModelForImageClassification, recipe, None,
-                                     ignore_mismatched_sizes=True, **labels)
-    return model, processor
+    return FORMULATIONS[recipe.task].load_model(recipe)
 
 
 def preprocess(recipe: Recipe, processor, dataset):
-    """Check every image can be opened, then turn "image" into pixel_values and "label" into labels per batch."""
-    import datasets
-
-    feature = dataset.features["image"]
-    if not isinstance(feature, datasets.Image) and feature != datasets.Value("string"):
-        raise UserError(f"data.image_column: column {recipe.data.image_column!r} of {recipe.data.train} holds "
-                        f"{feature}, not images: point data.image_column at an image column or at file paths")
-    # Undecoded, each image is {"path", "bytes"}: we decode it ourselves so a bad file can be named.
-    stored = dataset.cast_column("image", datasets.Image(decode=False)).rename_column("label", "labels")
-    _check_images_open(stored)
-
-    def transform(batch):
-        images = [_decode(item) for item in batch["image"]]
-        return {"pixel_values": processor(images, return_tensors="pt")["pixel_values"], "labels": batch["labels"]}
-
-    return stored.with_transform(transform)
+    return FORMULATIONS[recipe.task].preprocess(recipe, processor, dataset)
 
 
 def collator(recipe: Recipe, processor):
-    """Stack pixel_values (B, C, H, W) and labels (B,): every image is already the processor's size."""
-    import torch
-
-    def collate(features):
-        return {"pixel_values": torch.stack([f["pixel_values"] for f in features]),
-                "labels": torch.tensor([int(f["labels"]) for f in features])}
-
-    return collate
+    return FORMULATIONS[recipe.task].collator(recipe, processor)
 
 
 def metrics(recipe: Recipe, processor) -> EvalMetrics:
-    """Accuracy and macro F1 from the shipped evaluate modules."""
-    from hftoolkit.metrics import label_metrics
-
-    return label_metrics(CLASSIFICATION_METRICS if recipe.eval.metrics == "auto" else recipe.eval.metrics)
+    return FORMULATIONS[recipe.task].metrics(recipe, processor)
 
 
-def generate(recipe: Recipe, model, processor, inputs: list) -> list[dict]:
-    """Label and probability for each image (a PIL image, a file path, or a data set's {"path", "bytes"})."""
-    import torch
-
-    model.eval()
-    id2label = model.config.id2label
-    out = []
-    for start in range(0, len(inputs), recipe.eval.batch_size):
-        images = [_decode(item) for item in inputs[start:start + recipe.eval.batch_size]]
-        pixels = processor(images, return_tensors="pt")["pixel_values"].to(model.device)
-        with torch.no_grad():
-            out += label_records(model(pixel_values=pixels).logits.float().softmax(-1).cpu().numpy(), id2label)
-    return out
+def generate(recipe: Recipe, model, processor, inputs: list, **options) -> list[dict]:
+    return FORMULATIONS[recipe.task].generate(recipe, model, processor, inputs, **options)
 
 
 # ---------------------------------------------------------------- images
