@@ -144,6 +144,23 @@ def doctor():
         typer.echo(f"{key:<22}{value}")
 
 
+@app.command("runs")
+def list_run_dirs(
+    root: Annotated[Path, typer.Argument(metavar="DIR", help="Folder to search, sweeps included.")] = Path("runs"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the list as one JSON array.")] = False,
+):
+    """List run directories newest first: status, task, checkpoint, main metric, train time, date."""
+    from hftoolkit.runs import list_runs, print_runs
+
+    found = list_runs(root)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(found, indent=2, ensure_ascii=False))
+    else:
+        print_runs(found, root)
+
+
 @app.command()
 def compare(
     run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by train.")],

@@ -13,7 +13,7 @@ HEAVY = ("torch", "transformers", "peft", "datasets", "accelerate")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["validate", str(RECIPES / "encoder-classification.yaml")],
-                                  ["recipes"], ["doctor"]], ids=lambda a: a[0])
+                                  ["recipes"], ["doctor"], ["runs", "tests"]], ids=lambda a: a[0])
 def test_light_commands_import_no_torch(argv):
     # A real process: what matters is what the command imports, which an in-process run can't show.
     code = ("import sys; from hftoolkit.cli import app\n"
@@ -44,7 +44,7 @@ def test_a_run_that_quantizes_nothing_never_imports_bitsandbytes():
 
 def test_help_lists_every_command():
     out = run_cli("--help").output
-    for command in ("train", "eval", "predict", "validate", "recipes", "init-model", "doctor"):
+    for command in ("train", "eval", "predict", "validate", "recipes", "init-model", "doctor", "runs"):
         assert command in out
 
 
