@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 from hftoolkit.errors import UserError
@@ -20,8 +21,12 @@ NOT_CACHED = {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectError",
               "TimeoutException", "ConnectionError"}  # builtin ConnectionError covers requests' and datasets' own
 
 
-def offline() -> bool:
-    """HF_HUB_OFFLINE (or TRANSFORMERS_OFFLINE) as huggingface_hub read it; no network probe."""
+def offline(kind: str = "model") -> bool:
+    """Offline mode as the library that loads `kind` reads it, no network probe: huggingface_hub's HF_HUB_OFFLINE
+    (or TRANSFORMERS_OFFLINE) for models; for data sets, datasets' own copy (HF_DATASETS_OFFLINE overrides it)."""
+    config = sys.modules.get("datasets.config") if kind == "dataset" else None
+    if config is not None:
+        return bool(config.HF_HUB_OFFLINE)
     from huggingface_hub import constants
 
     return bool(constants.HF_HUB_OFFLINE)
@@ -50,6 +55,18 @@ def datasets_cache() -> Path:
     from huggingface_hub import constants
 
     return Path(os.path.expanduser(os.getenv("HF_DATASETS_CACHE") or os.path.join(constants.HF_HOME, "datasets")))
+
+
+@contextmanager
+def explained(key: str, repo_id: str, kind: str, *, revision: str | None = None, config: str | None = None):
+    """Run a hub load; an error `explain` recognises leaves as its UserError (one line), any other unchanged."""
+    try:
+        yield
+    except Exception as err:
+        problem = explain(err, key, repo_id, kind, revision=revision, config=config)
+        if problem is None:
+            raise
+        raise problem from None
 
 
 def explain(err: BaseException, key: str, repo_id: str, kind: str, *, revision: str | None = None,
@@ -83,7 +100,7 @@ def explain(err: BaseException, key: str, repo_id: str, kind: str, *, revision: 
         return listing
     if names & NOT_CACHED or "is not cached" in text or "couldn't connect" in text.lower():
         cache = datasets_cache() if kind == "dataset" else hub_cache()
-        if offline():
+        if offline(kind):
             return UserError(f"{key}: {what} is not in the cache ({cache}) and HF_HUB_OFFLINE is set: run once "
                              f"online with the same HF_HOME to fill the cache, or point {key} at {local}")
         return UserError(f"{key}: {what} could not be fetched from {endpoint()} (no connection) and is not in the "
@@ -91,6 +108,10 @@ def explain(err: BaseException, key: str, repo_id: str, kind: str, *, revision: 
     if missing := re.search(r"does not appear to have (?:a file named|files named) (.+?)\. Checkout", text):
         return UserError(f"{key}: {what} has no {missing.group(1)}, so it is not a transformers checkpoint: "
                          "check the id, or name a repository with a config.json and weights")
+    if "Dataset scripts are no longer supported" in text:
+        return UserError(f"{key}: {what} is loaded by a Python script, which datasets no longer runs: use an id "
+                         "of the same data in parquet form (many such sets moved under an organisation, e.g. "
+                         "nyu-mll/glue), or a local file")
     if names & {"DataFilesNotFoundError", "EmptyDatasetError"}:
         return UserError(f"{key}: {what} holds no data files that datasets can read: check the id and config")
     if "HFValidationError" in names:

@@ -167,6 +167,8 @@ def test_errors_that_are_not_hub_problems_are_left_alone():
 
     assert hub.explain(RuntimeError("CUDA out of memory"), "model.checkpoint", "a/b", "model") is None
     assert hub.explain(ValueError("Unrecognized model in a/b"), "model.checkpoint", "a/b", "model") is None
+    with pytest.raises(KeyError), hub.explained("model.checkpoint", "a/b", "model"):
+        raise KeyError("classifier.weight")
 
 
 # ---------------------------------------------------------------- data sets
@@ -220,10 +222,14 @@ def test_wrong_config_or_split_lists_what_exists(hf_home, args, expected):
 
 
 def test_dataset_missing_from_the_cache_offline_is_one_line(hf_home):
-    from hftoolkit import hub
+    import datasets
 
-    err = _dataset_error("hftoolkit-test/not-cached")
-    message = hub.explain(err, "data.train", "hftoolkit-test/not-cached", "dataset").format_message()
+    from hftoolkit import hub
+    from hftoolkit.errors import UserError
+
+    with pytest.raises(UserError) as info, hub.explained("data.train", "hftoolkit-test/not-cached", "dataset"):
+        datasets.load_dataset("hftoolkit-test/not-cached", split="train")
+    message = info.value.format_message()
     assert message.startswith("data.train: hub data set hftoolkit-test/not-cached is not in the cache (")
     assert str(hf_home / "datasets") in message and "run once online" in message and "a local file" in message
 
@@ -238,6 +244,8 @@ def test_online_dataset_errors_are_one_line():
     gated = DatasetNotFoundError("Dataset 'org/gated' is a gated dataset on the Hub. You must be authenticated.")
     message = hub.explain(gated, "data.eval", "org/gated", "dataset").format_message()
     assert "is gated: accept its conditions at https://huggingface.co/datasets/org/gated" in message
+    script = RuntimeError("Dataset scripts are no longer supported, but found glue.py")
+    assert "Python script" in hub.explain(script, "data.train", "glue", "dataset").format_message()
     unknown = ValueError("BuilderConfig 'qqq' not found. Available: ['ax', 'cola', 'mnli']")
     assert hub.explain(unknown, "data.train", "nyu-mll/glue", "dataset").format_message().endswith(
         "has no config 'qqq'; its configs: ax, cola, mnli: name one of them")
