@@ -192,6 +192,28 @@ def merge(
 
 
 @app.command()
+def push(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory written by train.")],
+    repo_id: Annotated[str, typer.Option("--repo-id", help="The model repository: namespace/name.")],
+    private: Annotated[bool, typer.Option(help="Create the repository private (refused if it exists public).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the files and print the card; upload nothing.")
+                       ] = False,
+    license_: Annotated[str | None, typer.Option("--license", help="The card's license, a Hub license id "
+                                                                    "(apache-2.0, mit, ...).")] = None,
+):
+    """Publish a finished run to the Hugging Face Hub: weights, tokenizer, recipe, metrics and a model card.
+    The token comes from HF_TOKEN or `hf auth login`."""
+    from hftoolkit.publish import push as publish
+
+    files, card = publish(run_dir, repo_id, private=private, dry_run=dry_run, license=license_)
+    typer.echo(f"{'would upload' if dry_run else 'uploaded'} to {repo_id}:")
+    for name in files:
+        typer.echo(f"  {name}")
+    if dry_run:
+        typer.echo(f"\n{card}", nl=False)
+
+
+@app.command()
 def bench(
     families: Annotated[list[str] | None, typer.Option("--families", help="Families to train (default all).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for the runs and the report.")] = Path("bench"),

@@ -14,8 +14,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
-import socket
 from pathlib import Path
 
 from hftoolkit import tasks
@@ -100,10 +98,10 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
             kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
             ds = _load_builder(builder, {"data_files": str(path), **kwargs}, key, source)
         return _map_columns(ds, recipe, key, source)
-    if not hub_reachable():
-        raise UserError(f"{key}: {source!r} is not a local file and names a hub data set, but the Hugging Face Hub "
-                        "can't be reached (offline): point it at a local file or a builtin: set")
-    ds = _load_builder(source, {"split": split or recipe.data.train_split}, key, source)
+    from hftoolkit import hub
+
+    with hub.explained(key, source, "dataset"):
+        ds = datasets.load_dataset(source, split=split or recipe.data.train_split)
     return _map_columns(ds, recipe, key, source)
 
 
@@ -232,20 +230,6 @@ def _names(label, names):
 
 def _flat(column) -> list:
     return [v for item in column for v in (item if isinstance(item, list) else [item])]
-
-
-# ---------------------------------------------------------------- network
-
-
-def hub_reachable(timeout: float = 2.0) -> bool:
-    """False when HF_HUB_OFFLINE is set or huggingface.co can't be reached in `timeout` seconds."""
-    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
-        return False
-    try:
-        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
-        return True
-    except OSError:
-        return False
 
 
 def read_jsonl(path: Path) -> list[dict]:

@@ -13,8 +13,7 @@ PACKAGES = ("torch", "transformers", "peft", "accelerate", "datasets", "evaluate
 
 
 def report() -> list[tuple[str, str]]:
-    from hftoolkit import __version__
-    from hftoolkit.data import hub_reachable
+    from hftoolkit import __version__, hub
 
     rows = [("hftoolkit", __version__), ("python", f"{platform.python_version()} ({sys.executable})")]
     for name in PACKAGES:
@@ -24,8 +23,7 @@ def report() -> list[tuple[str, str]]:
             rows.append((name, "not installed"))
     rows.append(("cuda", _cuda()))
     rows.append(("bitsandbytes backend", _bnb_backend()))
-    reachable = hub_reachable(timeout=1.5)
-    rows.append(("hugging face hub", "reachable" if reachable else "offline (HF_HUB_OFFLINE or no network)"))
+    rows += hub.cache_report()
     free = shutil.disk_usage(Path.cwd()).free / 2**30
     rows.append(("free disk", f"{free:.1f} GiB in {Path.cwd()}"))
     return rows

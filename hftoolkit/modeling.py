@@ -33,9 +33,9 @@ DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
 def resolve_checkpoint(recipe: Recipe) -> str:
-    """A local path for init: and directories; a hub id when the hub is reachable; else a clear error."""
-    from hftoolkit.data import hub_reachable
-
+    """A local path for init: and directories, else the hub id itself: whether it loads (online, from the cache
+    with HF_HUB_OFFLINE=1, through an HF_ENDPOINT mirror, at model.revision) is the libraries' call, and
+    `checkpoint_errors` turns their refusal into one line."""
     ckpt = recipe.model.checkpoint
     if ckpt.startswith("init:"):
         from hftoolkit.tiny import ensure_tiny
@@ -50,12 +50,37 @@ def resolve_checkpoint(recipe: Recipe) -> str:
             raise UserError(f"model.checkpoint: {ckpt} has no config.json, so it is not a saved model; "
                             "point it at a folder written by save_pretrained")
         return str(path)
-    if ckpt.startswith((".", "/", "~")) or path.suffix:
+    if not is_hub_id(ckpt):
         raise UserError(f"model.checkpoint: checkpoint directory {ckpt} not found: check the path")
-    if not hub_reachable():
-        raise UserError(f"model.checkpoint: {ckpt!r} is a hub id but the Hugging Face Hub can't be reached "
-                        "(offline): download it elsewhere and point model.checkpoint at the local directory")
     return ckpt
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` reads as a Hub repository id (`name` or `namespace/name`; dots allowed, as in
+    `Qwen/Qwen2.5-0.5B`) rather than a path: a path starts with . / or ~, or has more than one part."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def checkpoint_errors(recipe: Recipe):
+    """Around a load of the recipe's checkpoint: a hub id that the libraries refuse (not in the cache offline,
+    not found, gated, an unknown revision) becomes one line naming it and what to do."""
+    from contextlib import nullcontext
+
+    from hftoolkit import hub
+
+    ckpt = recipe.model.checkpoint
+    if ckpt.startswith("init:") or not is_hub_id(ckpt) or Path(ckpt).expanduser().exists():
+        return nullcontext()
+    return hub.explained("model.checkpoint", ckpt, "model", revision=recipe.model.revision)
 
 
 def resolve_family(recipe: Recipe) -> str:
@@ -67,8 +92,9 @@ def resolve_family(recipe: Recipe) -> str:
     from hftoolkit.recipe import MODEL_TYPE_FAMILIES, validate_recipe
 
     try:
-        config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
-                                            trust_remote_code=recipe.model.trust_remote_code)
+        with checkpoint_errors(recipe):
+            config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
+                                                trust_remote_code=recipe.model.trust_remote_code)
     except (OSError, ValueError) as err:  # config.json unreadable, or a model type transformers does not know
         raise UserError(f"model.checkpoint: could not read the config of {recipe.model.checkpoint} "
                         f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
@@ -98,8 +124,9 @@ def task_head_of(auto_class, recipe: Recipe, **kwargs) -> list[str]:
     from accelerate import init_empty_weights
     from transformers import AutoConfig
 
-    config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
-                                        trust_remote_code=recipe.model.trust_remote_code, **kwargs)
+    with checkpoint_errors(recipe):
+        config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
+                                            trust_remote_code=recipe.model.trust_remote_code, **kwargs)
     with init_empty_weights():
         return head_modules(auto_class.from_config(config, trust_remote_code=recipe.model.trust_remote_code))
 
@@ -118,7 +145,8 @@ def load_pretrained(auto_class, recipe: Recipe, keep_full_precision: list[str] =
 
     checkpoint = resolve_checkpoint(recipe)
     try:
-        model = auto_class.from_pretrained(checkpoint, **from_kwargs)
+        with checkpoint_errors(recipe):
+            model = auto_class.from_pretrained(checkpoint, **from_kwargs)
     except (OSError, ValueError, SafetensorError) as err:
         raise UserError(f"model.checkpoint: could not load {recipe.model.checkpoint} "
                         f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None

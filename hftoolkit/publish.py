@@ -26,20 +26,18 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
+from hftoolkit import tasks
 from hftoolkit.errors import UserError
 from hftoolkit.recipe import Recipe, load_recipe
 from hftoolkit.rundir import RunDirectory
 
 # hftoolkit task -> the Hub's pipeline tag and its display name (huggingface.js packages/tasks/src/pipelines.ts).
-PIPELINE_TAGS: dict[str, tuple[str, str]] = {
-    "classification": ("text-classification", "Text Classification"),
-    "tagging": ("token-classification", "Token Classification"),
-    "mlm": ("fill-mask", "Fill-Mask"),
-    "clm": ("text-generation", "Text Generation"),
-    "translation": ("translation", "Translation"),
-    "summarization": ("summarization", "Summarization"),
-    "denoise": ("text2text-generation", "Text2Text Generation"),
-    "image-classification": ("image-classification", "Image Classification"),
+# The Hub's display names of the pipeline tags the task table uses (tasks.TaskSpec.pipeline_tag).
+PIPELINE_NAMES = {
+    "text-classification": "Text Classification", "token-classification": "Token Classification",
+    "fill-mask": "Fill-Mask", "text-generation": "Text Generation", "translation": "Translation",
+    "summarization": "Summarization", "text2text-generation": "Text2Text Generation",
+    "image-classification": "Image Classification",
 }
 # Files of adapter/ or model/ that go to the repository's root: weights (safetensors only), configs,
 # tokenizer vocabularies and chat templates; never hidden files. Not peft's template README.md (our card
@@ -125,7 +123,8 @@ def upload_plan(run: RunDirectory, recipe: Recipe) -> dict[str, Path]:
 def model_card(recipe: Recipe, metrics: dict, license: str | None = None) -> str:
     """The run's README.md: Hub front matter, then what the run was and how it scored. Deterministic:
     the same recipe and metrics give the same text."""
-    pipeline_tag, task_name = PIPELINE_TAGS[recipe.task]
+    pipeline_tag = tasks.spec(recipe.task).pipeline_tag
+    task_name = PIPELINE_NAMES[pipeline_tag]
     scores = {k: v for k, v in metrics.get("eval", {}).items()
               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
     dataset_type, dataset_name, split = _eval_dataset(recipe)
@@ -170,6 +169,7 @@ def _body(recipe: Recipe, metrics: dict) -> str:
         f"# {recipe.name}", "",
         recipe.description or f"{recipe.task} fine-tuned with hftoolkit.", "",
         f"- Base checkpoint: {base}",
+        *([f"- Note: {recipe.advice}"] if recipe.advice else []),
         f"- Method: {method}",
         f"- Data: {data}; seed {recipe.training.seed}",
     ]

@@ -1,7 +1,7 @@
 """`hftoolkit runs`: every run directory under a folder, newest first.
 
 Sweeps nest runs (DIR/<sweep>/<variant>/), so the folder is searched recursively; a run directory
-is a folder holding manifest.json or metrics.json. Each run is read with `report.load_run`, so a
+is a folder holding manifest.json or metrics.json. Each run is read with `runsummary.load_run`, so a
 half-written, failed, older or garbled run is listed with what it does say, never an error.
 Light: no torch, transformers or datasets; rich only when printing the table.
 """
@@ -13,7 +13,7 @@ from datetime import datetime
 from pathlib import Path
 
 from hftoolkit.errors import UserError
-from hftoolkit.report import DASH, _read_json, format_seconds, format_value, load_run
+from hftoolkit.runsummary import DASH, format_seconds, format_value, load_run
 
 RUN_MARKERS = ("manifest.json", "metrics.json")
 # A run's own subfolders hold weights and checkpoints, not runs: not searched inside a run.
@@ -46,17 +46,14 @@ def _started(value: object, path: Path) -> datetime:
 
 def describe_run(path: Path) -> dict:
     """One run as a JSON-ready dict: what `hftoolkit runs --json` prints for it."""
-    run = load_run(path)
-    manifest = _read_json(path / "manifest.json", []) or {}
-    error = manifest.get("error")
-    error_lines = error.strip().splitlines() if isinstance(error, str) else []
+    run = load_run(path, read_history=False)
     return {
         "name": run.name, "path": str(path), "status": run.status, "task": run.task, "checkpoint": run.checkpoint,
         "main_metric": run.main_metric, "main_value": run.main_value,
         "greater_is_better": run.greater_is_better if run.main_metric else None,
         "train_seconds": run.train_seconds,
-        "started": _started(manifest.get("started"), path).isoformat(timespec="seconds"),
-        "error": error_lines[0] if run.status == "failed" and error_lines else None,
+        "started": _started(run.started, path).isoformat(timespec="seconds"),
+        "error": run.error,
     }
 
 

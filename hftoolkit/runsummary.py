@@ -43,6 +43,8 @@ class RunSummary:
     path: Path
     name: str
     status: str | None = None
+    started: str | None = None  # manifest.json's start time (ISO 8601)
+    error: str | None = None  # the first line of a failed run's error
     family: str | None = None
     task: str | None = None
     checkpoint: str | None = None
@@ -153,8 +155,12 @@ def _current_version() -> str | None:
     return __version__
 
 
-def load_run(path: Path | str) -> RunSummary:
-    """Read one run directory into a RunSummary; raises ReportError if it is not one."""
+def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
+    """Read one run directory into a RunSummary; raises ReportError if it is not one.
+
+    read_history=False skips log_history.jsonl (the loss curve, the bulk of a long run's files) unless the
+    eval must come from it: listing many runs needs only their results.
+    """
     path = Path(path)
     if not path.is_dir() or not any((path / name).is_file() for name in RUN_FILES):
         what = "is not a directory" if not path.is_dir() else f"holds none of {', '.join(RUN_FILES)}"
@@ -163,12 +169,16 @@ def load_run(path: Path | str) -> RunSummary:
     notes: list[str] = []
     manifest = _read_json(path / "manifest.json", notes)
     metrics = _read_json(path / "metrics.json", notes)
-    history = _read_log_history(path / "log_history.jsonl", notes)
+    finished = metrics is not None and isinstance(metrics.get("eval"), dict)
+    history = _read_log_history(path / "log_history.jsonl", notes) if read_history or not finished else []
     recipe = _read_recipe(path / "recipe.yaml") if metrics is None or not metrics.get("task") else {}
     source = {**{k: v for k, v in recipe.items() if v is not None}, **(metrics or {})}
 
     run = RunSummary(path=path, name=_str(source.get("name")) or path.name)
     run.status = _str((manifest or {}).get("status"))
+    run.started = _str((manifest or {}).get("started"))
+    error = (_str((manifest or {}).get("error")) or "").strip()
+    run.error = error.splitlines()[0] if run.status == "failed" and error else None
     for attr in ("family", "task", "checkpoint", "quantization", "main_metric"):
         setattr(run, attr, _str(source.get(attr)))
     run.lora_rank = _int(source.get("lora_rank"))

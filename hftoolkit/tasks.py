@@ -25,6 +25,7 @@ class TaskSpec:
     metrics: the shipped evaluate modules used when eval.metrics is auto; main_metric comes first.
     families: every family with a transformers head or a formulation for the task.
     recommended: the family the course's decision tree picks, and why.
+    pipeline_tag: the Hugging Face Hub's name for the task (model cards).
     prompt_fraction: eval prediction records prompt with this share of each text (whole documents).
     """
 
@@ -38,27 +39,44 @@ class TaskSpec:
     families: tuple[str, ...]
     recommended: str
     why: str
+    pipeline_tag: str
     prompt_fraction: float = 1.0
 
 
 TASKS = (
-    TaskSpec("classification", ("text", "label"), "class", "logits", "accuracy", True,
-             ("accuracy", "f1", "precision", "recall", "matthews_correlation"),
-             ("encoder", "decoder", "seq2seq"), "encoder", "the output is a label for the whole input"),
-    TaskSpec("tagging", ("text", "label"), "tags", "logits", "f1", True, ("seqeval",),
-             ("encoder", "decoder"), "encoder", "the output is a label for every token"),
-    TaskSpec("mlm", ("text",), None, "loss", "perplexity", False, (),
-             ("encoder",), "encoder", "masked-token prediction needs bidirectional attention"),
-    TaskSpec("clm", ("text",), None, "loss", "perplexity", False, (),
-             ("decoder",), "decoder", "the output continues a prompt", prompt_fraction=0.25),
-    TaskSpec("translation", ("text", "target"), None, "generation", "bleu", True, ("sacrebleu", "chrf"),
-             ("seq2seq", "decoder"), "seq2seq", "the output transforms a separate input"),
-    TaskSpec("summarization", ("text", "target"), None, "generation", "rougeL", True, ("rouge",),
-             ("seq2seq", "decoder"), "seq2seq", "the output transforms a separate input"),
-    TaskSpec("denoise", ("text",), None, "loss", "perplexity", False, (),
-             ("seq2seq",), "seq2seq", "the output reconstructs a corrupted separate input"),
-    TaskSpec("image-classification", ("image", "label"), "class", "logits", "accuracy", True, ("accuracy", "f1"),
-             ("vision",), "vision", "the input is an image"),
+    TaskSpec("classification", columns=("text", "label"), labels="class", scoring="logits",
+             main_metric="accuracy", greater_is_better=True,
+             metrics=("accuracy", "f1", "precision", "recall", "matthews_correlation"),
+             families=("encoder", "decoder", "seq2seq"), recommended="encoder",
+             why="the output is a label for the whole input", pipeline_tag="text-classification"),
+    TaskSpec("tagging", columns=("text", "label"), labels="tags", scoring="logits",
+             main_metric="f1", greater_is_better=True, metrics=("seqeval",),
+             families=("encoder", "decoder"), recommended="encoder",
+             why="the output is a label for every token", pipeline_tag="token-classification"),
+    TaskSpec("mlm", columns=("text",), labels=None, scoring="loss",
+             main_metric="perplexity", greater_is_better=False, metrics=(),
+             families=("encoder",), recommended="encoder",
+             why="masked-token prediction needs bidirectional attention", pipeline_tag="fill-mask"),
+    TaskSpec("clm", columns=("text",), labels=None, scoring="loss",
+             main_metric="perplexity", greater_is_better=False, metrics=(),
+             families=("decoder",), recommended="decoder",
+             why="the output continues a prompt", pipeline_tag="text-generation", prompt_fraction=0.25),
+    TaskSpec("translation", columns=("text", "target"), labels=None, scoring="generation",
+             main_metric="bleu", greater_is_better=True, metrics=("sacrebleu", "chrf"),
+             families=("seq2seq", "decoder"), recommended="seq2seq",
+             why="the output transforms a separate input", pipeline_tag="translation"),
+    TaskSpec("summarization", columns=("text", "target"), labels=None, scoring="generation",
+             main_metric="rougeL", greater_is_better=True, metrics=("rouge",),
+             families=("seq2seq", "decoder"), recommended="seq2seq",
+             why="the output transforms a separate input", pipeline_tag="summarization"),
+    TaskSpec("denoise", columns=("text",), labels=None, scoring="loss",
+             main_metric="perplexity", greater_is_better=False, metrics=(),
+             families=("seq2seq",), recommended="seq2seq",
+             why="the output reconstructs a corrupted separate input", pipeline_tag="text2text-generation"),
+    TaskSpec("image-classification", columns=("image", "label"), labels="class", scoring="logits",
+             main_metric="accuracy", greater_is_better=True, metrics=("accuracy", "f1"),
+             families=("vision",), recommended="vision",
+             why="the input is an image", pipeline_tag="image-classification"),
 )
 
 BY_NAME: dict[str, TaskSpec] = {task.name: task for task in TASKS}

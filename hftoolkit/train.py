@@ -17,6 +17,7 @@ from hftoolkit.data import fingerprint, load_data
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation import evaluate
 from hftoolkit.families import family_module
+from hftoolkit.publish import model_card
 from hftoolkit.recipe import Recipe, recipe_to_yaml
 from hftoolkit.rundir import RunDirectory
 from hftoolkit.throughput import TokenCounter, efficiency
@@ -165,24 +166,3 @@ def save_weights(recipe: Recipe, trainer, processor, run: RunDirectory) -> None:
         trainer.model.save_pretrained(target, safe_serialization=True)
     if trainer.accelerator.is_main_process:
         processor.save_pretrained(target)
-
-
-def model_card(recipe: Recipe, metrics: dict) -> str:
-    scores = "\n".join(f"| {k} | {v:.4g} |" for k, v in metrics["eval"].items() if isinstance(v, (int, float)))
-    lora = f"LoRA r={recipe.lora.r}, alpha={recipe.lora.alpha}" if recipe.lora.enabled else "full fine-tuning"
-    advice = f"\n- Note: {recipe.advice}" if recipe.advice else ""
-    return f"""# {recipe.name}
-
-{recipe.description or f"{recipe.task} fine-tuned with hftoolkit."}
-
-- Base checkpoint: `{recipe.model.checkpoint}` ({metrics['family']}), quantization: {recipe.model.quantization}{advice}
-- Method: {lora}; trainable parameters {metrics['trainable_params']:,} of {metrics['total_params']:,}
-- Data: `{recipe.data.train}`; seed {recipe.training.seed}
-- Train time {metrics['train_seconds']:.1f} s; peak memory {metrics['peak_memory_mb']} MB
-
-| metric | value |
-|---|---|
-{scores}
-
-Reproduce: `hftoolkit train recipe.yaml` (the resolved recipe beside this card).
-"""

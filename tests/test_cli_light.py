@@ -65,11 +65,12 @@ def test_validate_reports_every_problem_of_every_file(tmp_path):
     assert "training.batch_size: input should be greater than 0" in text
 
 
-def test_doctor_reports_versions_backend_and_network():
+def test_doctor_reports_versions_backend_and_the_hub_settings():
     out = run_cli("doctor").output
-    for key in ("torch", "transformers", "bitsandbytes backend", "cuda", "hugging face hub", "free disk"):
+    for key in ("torch", "transformers", "bitsandbytes backend", "cuda", "hub cache", "hub endpoint", "hub token",
+                "free disk"):
         assert key in out
-    assert "offline" in out  # tests run with HF_HUB_OFFLINE=1
+    assert "yes (HF_HUB_OFFLINE" in out  # tests run with HF_HUB_OFFLINE=1
 
 
 def test_python_dash_m_works():

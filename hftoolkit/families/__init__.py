@@ -72,8 +72,9 @@ def load_tokenizer(recipe: Recipe, **kwargs):
 
     from hftoolkit import modeling
 
-    tokenizer = AutoTokenizer.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision,
-                                              **kwargs)
+    with modeling.checkpoint_errors(recipe):
+        tokenizer = AutoTokenizer.from_pretrained(modeling.resolve_checkpoint(recipe),
+                                                  revision=recipe.model.revision, **kwargs)
     if tokenizer.pad_token is None and tokenizer.eos_token is not None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

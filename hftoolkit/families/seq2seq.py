@@ -165,7 +165,8 @@ def _decoder_start_token_id(recipe: Recipe) -> int:
 
     from hftoolkit import modeling
 
-    config = AutoConfig.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision)
+    with modeling.checkpoint_errors(recipe):
+        config = AutoConfig.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision)
     return config.decoder_start_token_id
 
 

@@ -28,8 +28,9 @@ class ImageClassification:
 
         # With no backend named, transformers picks torchvision when installed and PIL otherwise, silently;
         # naming ViTImageProcessor directly would warn about the missing torchvision instead.
-        processor = tf.AutoImageProcessor.from_pretrained(modeling.resolve_checkpoint(recipe),
-                                                          revision=recipe.model.revision)
+        with modeling.checkpoint_errors(recipe):
+            processor = tf.AutoImageProcessor.from_pretrained(modeling.resolve_checkpoint(recipe),
+                                                              revision=recipe.model.revision)
         # peft has no image-classification task type: the plain PeftModel passes pixel_values and labels through.
         model = modeling.load_task_model(tf.AutoModelForImageClassification, recipe, None,
                                          ignore_mismatched_sizes=True, **labels.label_config(recipe))
