@@ -278,8 +278,8 @@ def _print_metrics(metrics: dict, run_dir: Path) -> None:
 
 def main() -> None:
     """The console script. Once every exit handler has run, the process ends without the interpreter's
-    teardown: freeing the modules torch, transformers and datasets import takes 1.4 s here, after
-    the results are written (the handlers that flush logs and remove temporary files still run)."""
+    teardown: freeing the modules torch, transformers and datasets import takes over a second, after the
+    results are written (README, Performance); the handlers that flush logs and remove temporary files still run."""
     status = [0]
     atexit.register(_end_now, status)  # registered first, so it runs after every library's handler
     try:

@@ -161,8 +161,8 @@ def _release_checkpoint_memory(model) -> None:
 
     Why: quantizing reads every weight through the safetensors file's memory map, and the tensors
     left unquantized (embeddings, norms, the head) still point into it, so the whole file stays
-    resident; glibc also keeps the freed fp32 scratch. For BERT-base in 8-bit that was 439 MB of file
-    pages and 270 MB of freed heap, and lifted peak RSS above full fine-tuning's (benchmarks/memory.py).
+    resident; glibc also keeps the freed fp32 scratch. Together they lifted an 8-bit run's peak memory
+    above full fine-tuning's (benchmarks/memory.py measures it).
     """
     import ctypes
     import gc
@@ -266,8 +266,8 @@ def bitsandbytes_hidden(needed: bool):
     """Inside the block peft finds no bitsandbytes (unless it is `needed`, or imported already).
 
     Why: peft imports bitsandbytes as it loads (peft/helpers.py; `from transformers import Trainer`
-    imports peft) and again as it wraps layers, and bitsandbytes imports torch's compiler: 0.8 s of
-    every run that quantizes nothing, measured here. A None entry in sys.modules makes that import
+    imports peft) and again as it wraps layers, and bitsandbytes imports torch's compiler, a cost every
+    run that quantizes nothing would pay. A None entry in sys.modules makes that import
     fail and find_spec answer None. On the way out peft's and transformers' cached answers are
     cleared, so a quantized model later in the same process finds bitsandbytes again.
     """

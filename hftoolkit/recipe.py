@@ -2,7 +2,7 @@
 
 Everything past this module sees a validated `Recipe`, never a raw dict. Unknown
 keys are errors with a "did you mean" suggestion, and every error of a file is
-reported at once as `file: a.b.c: message` (see DESIGN.md, "Recipes").
+reported at once as `file: a.b.c: message` (docs/architecture.md, "Recipes").
 Imports only pydantic and yaml: `validate` must stay light.
 """
 

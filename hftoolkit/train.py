@@ -41,9 +41,9 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
 def _startup_done() -> None:
     """The objects of the startup set aside from garbage collection while training, none collected.
 
-    Importing torch, transformers and peft and loading the model leave about 500k long-lived objects.
-    With the collector on, CPython walked them in 8 full collections, 1.1 s of a 32 s SST-2
-    fine-tune (benchmarks/classification.py); frozen, no collection walks them until the run ends.
+    Importing torch, transformers and peft and loading the model leave hundreds of thousands of
+    long-lived objects, which every full collection would walk again (benchmarks/classification.py
+    shows the cost); frozen, no collection walks them until the run ends.
     """
     gc.freeze()
     gc.enable()
