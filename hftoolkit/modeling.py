@@ -36,7 +36,12 @@ def resolve_checkpoint(recipe: Recipe) -> str:
     """A local path for init: and directories, else the hub id itself: whether it loads (online, from the cache
     with HF_HUB_OFFLINE=1, through an HF_ENDPOINT mirror, at model.revision) is the libraries' call, and
     `checkpoint_errors` turns their refusal into one line."""
+    from hftoolkit.gguf import gguf_source, plain_checkpoint
+
     ckpt = recipe.model.checkpoint
+    source = gguf_source(ckpt, recipe.model.gguf_file, recipe.model.revision)
+    if source is not None:  # converted once into a plain folder in the cache; trained on dequantized weights
+        return str(plain_checkpoint(source))
     if ckpt.startswith("init:"):
         from hftoolkit.tiny import ensure_tiny
 
@@ -78,7 +83,8 @@ def checkpoint_errors(recipe: Recipe):
     from hftoolkit import hub
 
     ckpt = recipe.model.checkpoint
-    if ckpt.startswith("init:") or not is_hub_id(ckpt) or Path(ckpt).expanduser().exists():
+    if (ckpt.startswith("init:") or not is_hub_id(ckpt) or Path(ckpt).expanduser().exists()
+            or recipe.model.gguf_file or ckpt.endswith(".gguf")):  # (gguf.py explains its own hub errors)
         return nullcontext()
     return hub.explained("model.checkpoint", ckpt, "model", revision=recipe.model.revision)
 

@@ -38,7 +38,8 @@ class Section(BaseModel):
 
 
 class ModelSection(Section):
-    checkpoint: str = Field(min_length=1, description="hub id, local directory, or init:<arch>")
+    checkpoint: str = Field(min_length=1, description="hub id, local directory, a .gguf file, or init:<arch>")
+    gguf_file: str | None = Field(None, description="a GGUF file inside the checkpoint folder or hub repository")
     family: Family | None = Field(None, description="only needed for a hub id whose type can't be read offline")
     quantization: Literal["none", "8bit", "4bit"] = "none"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
@@ -176,7 +177,7 @@ class Recipe(Section):
 
     @property
     def model_type(self) -> str | None:
-        return model_type_of(self.model.checkpoint)
+        return model_type_of(self.model.checkpoint, self.model.gguf_file)
 
     @property
     def family(self) -> str | None:
@@ -194,14 +195,24 @@ def _a(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
 
 
-def model_type_of(checkpoint: str) -> str | None:
-    """model_type from `init:<arch>` or a local config.json; None for a hub id (unknown offline)."""
+def model_type_of(checkpoint: str, gguf_file: str | None = None) -> str | None:
+    """model_type from `init:<arch>`, a local config.json or a local GGUF file's header; None for a hub id
+    (unknown offline)."""
     if checkpoint.startswith("init:"):
         return checkpoint.removeprefix("init:")
     try:
-        config = Path(checkpoint).expanduser() / "config.json"
+        path = Path(checkpoint).expanduser()
+        config = path / "config.json"
     except RuntimeError:  # ~name of an unknown user: resolve_checkpoint names the problem
         return None
+    gguf = path / gguf_file if gguf_file and path.is_dir() else path if path.suffix == ".gguf" else None
+    if gguf is not None and gguf.is_file():
+        from hftoolkit.gguf import gguf_architecture
+
+        try:
+            return gguf_architecture(gguf)
+        except Exception:  # not a GGUF file after all: resolve_checkpoint names the problem
+            return None
     if config.is_file():
         try:
             return json.loads(config.read_text()).get("model_type")
