@@ -110,10 +110,11 @@ def beans(n: int = 12) -> tuple:
 
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory):
-    """One HF_HOME for the module: the MiniLM model and the recipes' data sets under their hub ids."""
+    """One HF_HOME for the module: the MiniLM model and the recipes' data sets under their hub ids; the commit shas
+    of the planted repositories are written to home/shas.json."""
     home = tmp_path_factory.mktemp("hf-home")
     hub, data = home / "hub", home / "datasets"
-    hub_cache.plant_model(hub, hub_cache.MINILM_ID, hub_cache.minilm_folder())
+    shas = {hub_cache.MINILM_ID: hub_cache.plant_model(hub, hub_cache.MINILM_ID, hub_cache.minilm_folder())}
     for repo_id, configs in {
         "nyu-mll/glue": {"sst2": glue_sst2(), "mnli": glue_mnli_with_hidden_test(), "stsb": glue_stsb()},
         "wmt/wmt16": {"de-en": hub_cache.wmt16_de_en()},
@@ -122,7 +123,8 @@ def planted(tmp_path_factory):
         "abisee/cnn_dailymail": {"3.0.0": cnn_dailymail()},
         "AI-Lab-Makerere/beans": {"default": beans()},
     }.items():
-        hub_cache.plant_dataset(hub, data, repo_id, configs)
+        shas[repo_id] = hub_cache.plant_dataset(hub, data, repo_id, configs)
+    (home / "shas.json").write_text(json.dumps(shas))
     return home
 
 
@@ -209,6 +211,32 @@ def test_real_recipe_data_loads_offline_through_its_hub_id(hf_home, name):
         assert recipe.data.label_names  # the hub set's class names, written back into the recipe
     if name == "bert-mnli":
         assert recipe.data.label_names == ["entailment", "neutral", "contradiction"]
+
+
+@pytest.mark.parametrize("how", ["revision", "mirror"])
+def test_hub_ids_load_at_a_revision_and_through_a_mirror_offline(planted, monkeypatch, how):
+    from hftoolkit.data import load_data
+    from hftoolkit.families import load_tokenizer
+    from hftoolkit.recipe import load_recipe
+
+    shas = json.loads((planted / "shas.json").read_text())
+    hub_cache.use_hf_home(monkeypatch, planted, endpoint="https://hf-mirror.example.org" if how == "mirror" else None)
+    sets = [f"model.checkpoint={hub_cache.MINILM_ID}"]
+    if how == "revision":
+        sets += [f"model.revision={shas[hub_cache.MINILM_ID]}", f"data.revision={shas['nyu-mll/glue']}"]
+    recipe = load_recipe(RECIPES / "bert-mnli.yaml", sets)
+    assert len(load_data(recipe)["eval"]) == 6
+    assert load_tokenizer(recipe)("hello world")["input_ids"] == [101, 7592, 2088, 102]
+
+
+def test_offline_a_data_set_revision_reads_the_cached_copy_as_datasets_does(hf_home):
+    """datasets' own offline rule (CachedDatasetModuleFactory): the newest cached copy of the config, whatever the
+    revision; hftoolkit adds no check of its own (the README says so)."""
+    from hftoolkit.data import load_data
+    from hftoolkit.recipe import load_recipe
+
+    recipe = load_recipe(RECIPES / "bert-mnli.yaml", ["data.revision=v9.9"])
+    assert load_data(recipe)["eval"][0]["text"].startswith("matched premise 0")
 
 
 # ---------------------------------------------------------------- the planted MiniLM under its hub id
@@ -337,6 +365,21 @@ def test_eval_of_a_smoke_recipe_prints_untrained_metrics_and_writes_nothing(tmp_
     table = [t[t.index("encoder-classification-untrained"):t.index("eval_seconds")] for t in (first, second)]
     assert table[0] == table[1]  # the new head is seeded: the same scores every time
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, checkpoint, main", [
+    ("gpt2-wikitext2", "init:gpt2", "perplexity"), ("t5-wmt16", "init:t5", "bleu"),
+    ("bart-cnn-dailymail", "init:bart", "rougeL"), ("vit-beans", "init:vit", "accuracy")])
+def test_eval_scores_each_family_s_real_recipe_untrained(hf_home, tmp_path, name, checkpoint, main):
+    out = tmp_path / name
+    run_cli("eval", RECIPES / f"{name}.yaml", "--set", f"model.checkpoint={checkpoint}", "--set",
+            "data.max_length=64", "--set", "eval.generation.max_new_tokens=4", "--set", "eval.generation.num_beams=2",
+            "--output", out)
+    metrics = metrics_of(out)
+    assert metrics["main_metric"] == main and math.isfinite(metrics["eval"][main])
+    assert metrics["trained"] is False and metrics["split"] == "validation"
+    assert len(records(out / "predictions.jsonl")) == (6 if name != "gpt2-wikitext2" else 20)
 
 
 def test_eval_of_a_recipe_with_output_is_a_run_directory_that_compare_reads(hf_home, tmp_path):
