@@ -64,13 +64,21 @@ class LoraSection(Section):
 
 
 class DataSection(Section):
+    """Where the examples come from. Any *_column may be a dotted path into a nested field (translation.de)."""
+
     train: str = Field(min_length=1, description="file, folder, hub id or builtin:<name>")
-    eval: str | None = None
+    eval: str | None = Field(None, description="file, folder, hub id or builtin:<name>; unset: data.eval_split "
+                                                "of data.train's hub set, else data.eval_fraction of data.train")
     eval_fraction: float = Field(0.1, gt=0, lt=1)
+    config: str | None = Field(None, description="hub data sets: the config (subset), e.g. mnli of nyu-mll/glue")
+    revision: str | None = Field(None, description="hub data sets: a branch, tag or commit sha")
     train_split: str = "train"
-    eval_split: str | None = None
+    eval_split: str | None = Field(None, description="hub data sets: the split to score, e.g. validation_matched "
+                                                     "(for a hub data.eval: by default validation)")
     text_column: str = "text"
     eval_text_column: str | None = Field(None, description="data.eval's text column, where its name differs")
+    text_pair_column: str | None = Field(None, description="the second text of a sentence pair (classification "
+                                                           "and regression), e.g. hypothesis or sentence2")
     label_column: str = "label"
     target_column: str = "target"
     image_column: str = "image"

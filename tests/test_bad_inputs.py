@@ -139,7 +139,7 @@ CASES: dict[str, Case] = {
     "python object tag in YAML": Case(
         "recipe", lambda t: ["train", _write(t, "r.yaml", "name: !!python/object/apply:os.system ['true']\n")],
         "YAML syntax error"),
-    "unknown task": Case("recipe", lambda t: _train(ENCODER, "task=regression"), "task: input should be"),
+    "unknown task": Case("recipe", lambda t: _train(ENCODER, "task=question-answering"), "task: input should be"),
     "typo in a section name": Case(
         "recipe", lambda t: ["train", _recipe(t, drop="training", trainig={"epochs": 1})], "did you mean 'training'"),
     "section given as a string": Case("recipe", lambda t: _train(ENCODER, "model=init:bert"), "model:"),

@@ -59,7 +59,8 @@ class MaskedLM:
         return _fill_masks(recipe, model, tokenizer, inputs)
 
 
-FORMULATIONS = {"classification": labels.CLASSIFICATION, "tagging": labels.TAGGING, "mlm": MaskedLM()}
+FORMULATIONS = {"classification": labels.CLASSIFICATION, "regression": labels.REGRESSION, "tagging": labels.TAGGING,
+                "mlm": MaskedLM()}
 
 
 def load_model(recipe: Recipe):
