@@ -214,6 +214,37 @@ def push(
 
 
 @app.command()
+def sweep(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
+    grid: Annotated[list[str] | None, typer.Option(
+        "--grid", help="A recipe key and its values: a.b.c=v1,v2 (repeatable: the cross product is trained). "
+                       "Values are parsed as YAML, like --set; a comma inside [...] does not split.")] = None,
+    set_: SetOption = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for the sweeps: the runs go to OUT/<name>/<variant>/, "
+                                                    "the report to OUT/<name>/.")] = Path("sweeps"),
+    overwrite: Annotated[bool, typer.Option(help="Train every variant again, even complete ones.")] = False,
+    num_processes: Annotated[int | None, typer.Option(
+        "--num-processes", min=1, help="Train each variant on N processes, as train --num-processes does.")] = None,
+):
+    """Train every combination of the grid values and compare them in one report. Re-running the same command
+    skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
+    from hftoolkit import launch
+    from hftoolkit.sweep import sweep as run_sweep
+
+    main = launch.is_main_process()
+    result = run_sweep(recipe, grid or [], set_ or [], out, overwrite=overwrite, num_processes=num_processes,
+                       command=launch.command_line(), echo=typer.echo if main else (lambda line: None))
+    if main:
+        typer.echo(f"report: {result.report} and {result.report.with_suffix('.html')}")
+    launch.end_processes()
+    if result.failed:
+        if main:
+            typer.echo(f"{len(result.failed)} of {len(result.outcomes)} variants failed: run the same command "
+                       "again to retry them", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
 def bench(
     families: Annotated[list[str] | None, typer.Option("--families", help="Families to train (default all).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for the runs and the report.")] = Path("bench"),
