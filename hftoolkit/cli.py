@@ -246,18 +246,22 @@ def sweep(
 
 @app.command()
 def bench(
-    families: Annotated[list[str] | None, typer.Option("--families", help="Families to train (default all).")] = None,
+    families: Annotated[list[str] | None, typer.Option(
+        "--families", help="Only the runs of these families: encoder, decoder, seq2seq, vision (default all).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for the runs and the report.")] = Path("bench"),
     set_: SetOption = None,
 ):
-    """Train each family's smoke recipe (offline) and write the cross-architecture comparison report."""
-    from hftoolkit.bench import SMOKE_RECIPES
+    """The course's comparison, offline: sentiment classification with an encoder, a decoder and an
+    encoder-decoder, translation with T5, BART and a decoder, and image classification with ViT; one report."""
     from hftoolkit.bench import bench as run_bench
     from hftoolkit.report import load_run, summary_rows
 
-    path, runs = run_bench(families or list(SMOKE_RECIPES), out, RECIPES_DIR, set_ or [])
-    _print_rows(summary_rows([load_run(p) for p in runs]))
-    typer.echo(f"report: {path} and {path.with_suffix('.html')}")
+    result = run_bench(families, out, RECIPES_DIR, set_ or [], echo=typer.echo)
+    _print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
+    typer.echo(f"report: {result.report} and {result.report.with_suffix('.html')}")
+    if result.failed:
+        typer.echo(f"{len(result.failed)} of {len(result.outcomes)} runs failed", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()
