@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hftoolkit.runsummary import COSTS, DASH, RunSummary, best_per_task, format_seconds, lora_cell
+from hftoolkit.runsummary import COSTS, DASH, RunSummary, best_per_task, format_count, format_seconds, lora_cell
 
 LOG_SPAN = 10.0  # log y for losses spanning more than one decade
 
@@ -188,6 +188,7 @@ def plot_same_task(runs: list[RunSummary], members: list[int], pareto: dict[str,
     """One task's main metric against trainable parameters, train time and peak memory: three panels, the
     Pareto-best runs of each ringed and joined by their front; one colour per run, as in the other plots."""
     from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     first = runs[members[0]]
     greater = first.greater_is_better
@@ -212,6 +213,10 @@ def plot_same_task(runs: list[RunSummary], members: list[int], pareto: dict[str,
         costs = [getattr(runs[i], attr) for i in shown]
         if attr == "trainable_params" and min(costs) > 0 and max(costs) / min(costs) > LOG_SPAN:
             axes.set_xscale("log")
+        else:
+            axes.xaxis.set_major_locator(MaxNLocator(nbins=5))
+        if attr == "trainable_params":
+            axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: format_count(round(value))))
         axes.set_xlabel(title + (" (log scale)" if axes.get_xscale() == "log" else ""))
         axes.set_ylabel(metric)
         axes.set_title(f"{first.main_metric or 'main metric'} vs {title}", fontsize=10)

@@ -42,7 +42,7 @@ class Variant:
     name: str
     recipe_path: Path
     overrides: list[str]
-    grid: dict[str, str] = field(default_factory=dict)  # grid key -> the value's text, for the report
+    grid: dict[str, str] = field(default_factory=dict)  # grid key -> its value's text (errors name it --grid)
     recipe: Recipe | None = None
     run_dir: Path | None = None
     action: str = "train"  # train, skip (complete), resume (from a checkpoint), restart (from step 0)

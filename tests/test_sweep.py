@@ -204,3 +204,25 @@ def test_killed_sweep_completes_when_run_again_without_retraining_finished_varia
     steps = [json.loads(line).get("step") for line in (second / "log_history.jsonl").read_text().splitlines()]
     assert max(steps) == 6
     assert "## Same-task comparison: classification" in (folder / "report.md").read_text()
+
+
+@pytest.mark.slow
+def test_num_processes_launches_each_variant_like_train_does(tmp_path):
+    """--num-processes 2: each variant is `hftoolkit train` relaunched under accelerate (2 CPU processes, gloo)."""
+    args = sweep_args(tmp_path, "lora.r=4", sets=(*SHORT, "training.batch_size=8"))
+    process = subprocess.Popen([sys.executable, "-m", "hftoolkit", *map(str, args), "--num-processes", "2"],
+                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        pytest.fail(f"the sweep still ran after 300 s:\n{output[-3000:]}")
+    assert process.returncode == 0, output[-3000:]
+    assert "launching 2 processes" in output
+    assert re.search(r"1/1 r-4 accuracy=[0-9.]+ ", output), output[-2000:]
+    run = tmp_path / "encoder-classification" / "r-4"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["name"] == "r-4" and metrics["lora_rank"] == 4
+    assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
