@@ -239,19 +239,54 @@ def push(
 
 
 @app.command()
+def sweep(
+    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
+    grid: Annotated[list[str] | None, typer.Option(
+        "--grid", help="A recipe key and its values: a.b.c=v1,v2 (repeatable: the cross product is trained). "
+                       "Values are parsed as YAML, like --set; a comma inside [...] does not split.")] = None,
+    set_: SetOption = None,
+    out: Annotated[Path, typer.Option("--out", help="Folder for the sweeps: the runs go to OUT/<name>/<variant>/, "
+                                                    "the report to OUT/<name>/.")] = Path("sweeps"),
+    overwrite: Annotated[bool, typer.Option(help="Train every variant again, even complete ones.")] = False,
+    num_processes: Annotated[int | None, typer.Option(
+        "--num-processes", min=1, help="Train each variant on N processes, as train --num-processes does.")] = None,
+):
+    """Train every combination of the grid values and compare them in one report. Re-running the same command
+    skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
+    from hftoolkit import launch
+    from hftoolkit.sweep import sweep as run_sweep
+
+    main = launch.is_main_process()
+    result = run_sweep(recipe, grid or [], set_ or [], out, overwrite=overwrite, num_processes=num_processes,
+                       command=launch.command_line(), echo=typer.echo if main else (lambda line: None))
+    if main:
+        typer.echo(f"report: {result.report} and {result.report.with_suffix('.html')}")
+    launch.end_processes()
+    if result.failed:
+        if main:
+            typer.echo(f"{len(result.failed)} of {len(result.outcomes)} variants failed: run the same command "
+                       "again to retry them", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
 def bench(
-    families: Annotated[list[str] | None, typer.Option("--families", help="Families to train (default all).")] = None,
+    families: Annotated[list[str] | None, typer.Option(
+        "--families", help="Only the runs of these families: encoder, decoder, seq2seq, vision (default all).")] = None,
     out: Annotated[Path, typer.Option("--out", help="Folder for the runs and the report.")] = Path("bench"),
     set_: SetOption = None,
 ):
-    """Train each family's smoke recipe (offline) and write the cross-architecture comparison report."""
-    from hftoolkit.bench import SMOKE_RECIPES
+    """The course's comparison, offline: sentiment classification with an encoder, a decoder and an
+    encoder-decoder, translation with T5, BART and a decoder, and image classification with ViT; one report."""
     from hftoolkit.bench import bench as run_bench
     from hftoolkit.report import load_run, summary_rows
 
-    path, runs = run_bench(families or list(SMOKE_RECIPES), out, RECIPES_DIR, set_ or [])
-    _print_rows(summary_rows([load_run(p) for p in runs]))
-    typer.echo(f"report: {path} and {path.with_suffix('.html')}")
+    result = run_bench(families, out, RECIPES_DIR, set_ or [], echo=typer.echo)
+    _print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
+    typer.echo(f"report: {result.report} and {result.report.with_suffix('.html')}")
+    if result.failed:
+        typer.echo(f"{len(result.failed)} of {len(result.outcomes)} runs failed", err=True)
+        raise typer.Exit(1)
 
 
 @app.command()

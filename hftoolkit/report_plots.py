@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hftoolkit.runsummary import DASH, RunSummary, best_per_task, format_seconds, lora_cell
+from hftoolkit.runsummary import COSTS, DASH, RunSummary, best_per_task, format_count, format_seconds, lora_cell
 
 LOG_SPAN = 10.0  # log y for losses spanning more than one decade
 
@@ -181,6 +181,61 @@ def plot_resources(runs: list[RunSummary], path: Path) -> None:
     axes.legend(fontsize=7, loc="lower right")
     axes.set_title("wall time: train + eval", fontsize=10)
     axes.grid(True, axis="x", alpha=0.3)
+    _save(figure, path)
+
+
+def plot_same_task(runs: list[RunSummary], members: list[int], pareto: dict[str, set[int]], path: Path) -> None:
+    """One task's main metric against trainable parameters, train time and peak memory: three panels, the
+    Pareto-best runs of each ringed and joined by their front; one colour per run, as in the other plots."""
+    from matplotlib.lines import Line2D
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    first = runs[members[0]]
+    greater = first.greater_is_better
+    metric = f"{first.main_metric or 'main metric'} ({'higher' if greater else 'lower'} is better)"
+    ranked = [i for i in members if runs[i].eval_final and runs[i].main_value is not None]
+    colors = _colors(len(runs))
+    figure = _figure(15, 4.6)
+    for position, (attr, short, title) in enumerate(COSTS, 1):
+        axes = figure.add_subplot(1, 3, position)
+        shown = [i for i in ranked if getattr(runs[i], attr) is not None]
+        if not shown:
+            _no_data(axes, f"no run has both {first.main_metric or 'a main metric'} and {title}")
+            axes.set_title(f"{first.main_metric or 'main metric'} vs {title}", fontsize=10)
+            continue
+        for i in shown:
+            best = i in pareto[short]
+            axes.scatter(getattr(runs[i], attr), runs[i].main_value, color=colors[i], zorder=3,
+                         s=90 if best else 45, edgecolors="black" if best else "none", linewidths=1.5)
+        front = sorted((getattr(runs[i], attr), runs[i].main_value) for i in shown if i in pareto[short])
+        if len(front) > 1:
+            axes.step(*zip(*front), where="post", color="0.4", linestyle="--", linewidth=1, zorder=2)
+        costs = [getattr(runs[i], attr) for i in shown]
+        if attr == "trainable_params" and min(costs) > 0 and max(costs) / min(costs) > LOG_SPAN:
+            axes.set_xscale("log")
+        else:
+            axes.xaxis.set_major_locator(MaxNLocator(nbins=5))
+        if attr == "trainable_params":
+            axes.xaxis.set_major_formatter(FuncFormatter(lambda value, _: format_count(round(value))))
+        axes.set_xlabel(title + (" (log scale)" if axes.get_xscale() == "log" else ""))
+        axes.set_ylabel(metric)
+        axes.set_title(f"{first.main_metric or 'main metric'} vs {title}", fontsize=10)
+        axes.grid(True, alpha=0.3)
+        axes.margins(0.15)
+        missing = [runs[i].label for i in ranked if i not in shown]
+        if missing:
+            axes.text(0.01, 0.01, f"no {title}: " + ", ".join(missing), transform=axes.transAxes, fontsize=7,
+                      color="0.4")
+    handles = [Line2D([], [], marker="o", linestyle="", color=colors[i], label=runs[i].label) for i in ranked]
+    handles += [Line2D([], [], marker="o", linestyle="", markerfacecolor="white", markeredgecolor="black",
+                       markeredgewidth=1.5, markersize=9, label="Pareto-best"),
+                Line2D([], [], color="0.4", linestyle="--", label="Pareto front")]
+    figure.legend(handles=handles, loc="outside right upper", fontsize=8)
+    unranked = [runs[i].label for i in members if i not in ranked]
+    if unranked:
+        figure.text(0.01, 0.005, "not shown (no finished main metric): " + ", ".join(unranked), fontsize=7,
+                    color="0.4")
+    figure.suptitle(f"{first.task or 'unknown task'}: {metric}", fontsize=11)
     _save(figure, path)
 
 

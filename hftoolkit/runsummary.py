@@ -135,7 +135,9 @@ def _read_recipe(path: Path) -> dict:
         return {}
     model = data.get("model") if isinstance(data.get("model"), dict) else {}
     lora = data.get("lora") if isinstance(data.get("lora"), dict) else {}
-    return {"name": data.get("name"), "family": data.get("family"), "task": data.get("task"),
+    family = model.get("family") or data.get("family") or family_of_checkpoint(model.get("checkpoint") if isinstance(
+        model.get("checkpoint"), str) else None)
+    return {"name": data.get("name"), "family": family, "task": data.get("task"),
             "checkpoint": model.get("checkpoint"),
             "quantization": model.get("quantization"),
             "lora_rank": lora.get("r") if lora.get("enabled", True) else None}
@@ -250,6 +252,47 @@ def best_per_task(runs: list[RunSummary]) -> set[int]:
         target = pick(runs[i].main_value for i in indices)
         best.update(i for i in indices if runs[i].main_value == target)
     return best
+
+
+# The costs a same-task comparison weighs the main metric against: (RunSummary attribute, short name, axis title).
+COSTS = (("trainable_params", "params", "trainable parameters"), ("train_seconds", "time", "train time (s)"),
+         ("peak_memory_mb", "memory", "peak memory (MB)"))
+
+
+def same_task_groups(runs: list[RunSummary]) -> list[tuple[str | None, str | None, list[int]]]:
+    """(task, main metric, run indices) for every task with two runs or more, in order of first appearance."""
+    groups: dict[tuple, list[int]] = {}
+    for index, run in enumerate(runs):
+        groups.setdefault((run.task, run.main_metric), []).append(index)
+    return [(task, metric, members) for (task, metric), members in groups.items() if len(members) >= 2]
+
+
+def pareto_best(runs: list[RunSummary], members: list[int], cost: str) -> set[int]:
+    """The ranked runs among members that no other one beats on both the main metric and `cost`.
+
+    A run is beaten when another reaches a main metric as good or better (respecting greater_is_better)
+    at a cost as low or lower, and is strictly better on one of the two. Runs without a finished main
+    metric or without that cost take no part.
+    """
+    known = [i for i in members if runs[i].eval_final and runs[i].main_value is not None
+             and getattr(runs[i], cost) is not None]
+    sign = 1 if runs[members[0]].greater_is_better else -1
+
+    def beats(j: int, i: int) -> bool:
+        metric_j, metric_i = sign * runs[j].main_value, sign * runs[i].main_value
+        cost_j, cost_i = getattr(runs[j], cost), getattr(runs[i], cost)
+        return metric_j >= metric_i and cost_j <= cost_i and (metric_j > metric_i or cost_j < cost_i)
+
+    return {i for i in known if not any(beats(j, i) for j in known if j != i)}
+
+
+def family_of_checkpoint(checkpoint: str | None) -> str | None:
+    """The family an init: checkpoint or a local folder's config.json names (the recipe's own rule), or None."""
+    if not checkpoint:
+        return None
+    from hftoolkit.recipe import MODEL_TYPE_FAMILIES, model_type_of
+
+    return MODEL_TYPE_FAMILIES.get(model_type_of(checkpoint) or "")
 
 
 def format_value(value: float | None) -> str:

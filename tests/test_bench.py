@@ -1,4 +1,4 @@
-"""bench: every family's smoke recipe trained for real, then one comparison report across them."""
+"""bench: the course's comparison trained for real (cut to a few steps here), then one report across the runs."""
 
 from __future__ import annotations
 
@@ -7,35 +7,48 @@ import json
 import pytest
 
 from tests import browser
-from tests.conftest import run_cli
+from tests.conftest import RECIPES, run_cli
 
-FAMILIES = ["encoder", "decoder", "seq2seq", "vision"]
 SHORT = ["training.max_steps=4", "data.max_train_samples=64", "data.max_eval_samples=16", "eval.max_predictions=4",
-         "training.logging_steps=1"]
+         "training.logging_steps=1", "eval.generation.max_new_tokens=8"]
+# run -> (task, family, checkpoint)
+RUNS = {
+    "classification-bert": ("classification", "encoder", "init:bert"),
+    "classification-gpt2": ("classification", "decoder", "init:gpt2"),
+    "classification-bart": ("classification", "seq2seq", "init:bart"),
+    "translation-t5": ("translation", "seq2seq", "init:t5"),
+    "translation-bart": ("translation", "seq2seq", "init:bart"),
+    "translation-gpt2": ("translation", "decoder", "init:gpt2"),
+    "vision-vit": ("image-classification", "vision", "init:vit"),
+}
 
 
 @pytest.fixture(scope="module")
 def bench_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     args = ["bench", "--out", out]
-    for family in FAMILIES:
-        args += ["--families", family]
     for override in SHORT:
         args += ["--set", override]
-    result = run_cli(*args)
-    return out, result
+    return out, run_cli(*args)
 
 
-def test_bench_trains_every_family_and_reports_them(bench_out):
+def test_bench_trains_each_task_with_each_architecture_and_reports_them(bench_out):
     out, result = bench_out
     report = (out / "report.md").read_text()
-    for family in FAMILIES:
-        metrics = json.loads((out / "runs" / family / "metrics.json").read_text())
-        assert metrics["family"] == family
-        assert metrics["name"] in report, f"{family} run missing from the report table"
-        assert f"│ {family}" in result.stdout, "the terminal shows the table too"
-    assert report.count("★") >= len({json.loads((out / "runs" / f / "metrics.json").read_text())["task"]
-                                     for f in FAMILIES}), "the best run of each task is marked"
+    for name, (task, family, checkpoint) in RUNS.items():
+        metrics = json.loads((out / "runs" / name / "metrics.json").read_text())
+        assert (metrics["name"], metrics["task"], metrics["family"], metrics["checkpoint"]) == (
+            name, task, family, checkpoint)
+        assert f"| {name} " in report, f"{name} missing from the report"
+        assert f"/7 {name} {metrics['main_metric']}=" in result.output, "a progress line per run"
+    table = result.output[result.output.index("┃ run"):]
+    assert table.count("│ ") >= 7 and table.count("★") >= 3, "the terminal shows the table, best of each task starred"
+    for task, family in (("classification", "encoder"), ("translation", "seq2seq")):
+        section = report.split(f"## Same-task comparison: {task}\n")[1].split("\n## ")[0]
+        assert f"The course recommends the {family} family for {task}" in section
+        assert section.count("| " + task.split("-")[0]) == 3, "three architectures side by side"
+        assert (out / f"same-task-{task}-{'accuracy' if task == 'classification' else 'bleu'}.png").is_file()
+    assert "## Same-task comparison: image-classification" not in report, "one vision run: nothing to compare"
     for plot in out.glob("*.png"):
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -45,12 +58,21 @@ def test_real_report_renders_in_chromium(bench_out, tmp_path):
     out, _ = bench_out
     with browser.open_page(out / "report.html", tmp_path / "profile") as (page, record):
         widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.naturalWidth)")
+        headings = page.eval_on_selector_all("section.same-task h2", "hs => hs.map(h => h.innerText)")
         text = page.inner_text("body")
         page.screenshot(path=str(browser.Path(__file__).parent / "artifacts" / "bench-report.png"), full_page=True)
     assert not record.console_errors and not record.page_errors
     assert widths and all(w > 0 for w in widths)
-    for family in FAMILIES:
-        assert json.loads((out / "runs" / family / "metrics.json").read_text())["name"] in text
+    assert headings == ["Same-task comparison: classification", "Same-task comparison: translation"]
+    assert all(name in text for name in RUNS)
+
+
+def test_families_pick_their_runs():
+    from hftoolkit.bench import bench_variants
+
+    picked = bench_variants(["seq2seq", "vision"], RECIPES)
+    assert [v.name for v in picked] == ["classification-bart", "translation-t5", "translation-bart", "vision-vit"]
+    assert [v.name for v in bench_variants(None, RECIPES)] == list(RUNS)
 
 
 def test_unknown_family_is_refused(tmp_path):

@@ -19,6 +19,9 @@ except ImportError:  # tests/ itself on sys.path (pytest's rootdir-less prepend 
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("loss.png", "eval.png", "params.png", "resources.png")
+# Tasks with two runs or more in build_runs: each gets a same-task comparison and its figure.
+SAME_TASK = ("same-task-classification-accuracy.png", "same-task-clm-perplexity.png",
+             "same-task-image-classification-accuracy.png")
 ARTIFACTS = Path(__file__).parent / "artifacts"
 
 
@@ -163,9 +166,63 @@ def test_html_is_self_contained(report):
     assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//|url\(|@import""", page, re.I)
     assert "<script" not in page.lower()
     images = re.findall(r'<img [^>]*src="([^"]*)"', page)
-    assert len(images) == len(PLOTS)
+    assert len(images) == len(PLOTS) + len(SAME_TASK)
     assert all(src.startswith("data:image/png;base64,") for src in images)
     assert all(run.name in page for run in runs)
+
+
+def same_task_section(markdown: str, task: str) -> tuple[str, dict[str, list[str]]]:
+    """The text of one same-task section of report.md and its table rows keyed by run."""
+    section = markdown.split(f"## Same-task comparison: {task}\n")[1].split("\n## ")[0]
+    lines = [line for line in section.splitlines() if line.startswith("|")]
+    rows = {cells[0]: cells for cells in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    return section, rows
+
+
+def test_same_task_section_for_every_task_with_two_runs(report):
+    _, out = report
+    markdown = (out / "report.md").read_text(encoding="utf-8")
+    assert re.findall(r"^## Same-task comparison: (.+)$", markdown, re.M) == [
+        "classification", "clm", "image-classification"], "translation and summarization have one run each"
+    for name in SAME_TASK:
+        assert (out / name).read_bytes().startswith(PNG_MAGIC) and f"]({name})" in markdown
+
+    text, rows = same_task_section(markdown, "classification")
+    assert "The course recommends the encoder family for classification: the output is a label" in text
+    assert rows["bert-cls-lora"][1:] == ["encoder (recommended)", "init:encoder", "0.91", "12.3K", "12.3 s",
+                                         "812 MB", "yes: params, time, memory"]
+    assert rows["bert-cls-full"][-1] == "no", "worse accuracy for more parameters and the same time and memory"
+
+    # perplexity, lower is better: the 4-bit run is better, and cheaper in memory; the other has fewer
+    # trainable parameters, so it is Pareto-best against parameters only.
+    _, rows = same_task_section(markdown, "clm")
+    assert rows["gpt2-clm"][-1] == "yes: params"
+    assert rows["gpt2-clm-4bit"][-1] == "yes: params, time, memory"
+
+    _, rows = same_task_section(markdown, "image-classification")
+    assert rows["vit-running"][3] == "running" and rows["vit-running"][-1] == DASH, "unfinished runs are not ranked"
+    assert rows["vit-nometric"][-1] == DASH
+
+
+def test_pareto_front_respects_direction_and_each_cost(tmp_path):
+    from hftoolkit.runsummary import pareto_best
+
+    def run(name, accuracy, params, seconds, memory):
+        return make_run(tmp_path, name, family="encoder", task="classification", main_metric="accuracy",
+                        eval_={"accuracy": accuracy}, trainable_params=params, train_seconds=seconds,
+                        peak_memory_mb=memory)
+
+    runs = [load_run(path) for path in (run("small", 0.70, 1_000, 50.0, 900.0), run("big", 0.90, 9_000, 10.0, 900.0),
+                                        run("middle", 0.80, 5_000, 60.0, 800.0),
+                                        run("worse", 0.60, 9_000, 70.0, 950.0), run("tie", 0.90, 9_000, 10.0, 900.0))]
+    members = list(range(len(runs)))
+    assert pareto_best(runs, members, "trainable_params") == {0, 1, 2, 4}  # tied runs are both on the front
+    assert pareto_best(runs, members, "train_seconds") == {1, 4}
+    assert pareto_best(runs, members, "peak_memory_mb") == {1, 2, 4}
+    for summary in runs:  # lower is better: the front turns around, the lowest value joins it
+        summary.greater_is_better = False
+    assert pareto_best(runs, members, "trainable_params") == {0, 3}
+    assert pareto_best(runs, members, "train_seconds") == {0, 1, 3, 4}
 
 
 def test_load_run_reads_contract_and_ignores_unknown_fields(report):
@@ -246,14 +303,26 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
         images = page.evaluate("""() => Array.from(document.images).map(
             img => ({complete: img.complete, width: img.naturalWidth, src: img.src.slice(0, 22)}))""")
         row_names = page.locator("#runs tbody tr td:first-child").all_inner_texts()
+        sections = page.evaluate("""() => Array.from(document.querySelectorAll('section.same-task')).map(s => ({
+            heading: s.querySelector('h2').innerText, text: s.innerText,
+            rows: s.querySelectorAll('table tr').length,
+            table: s.querySelector('table').getBoundingClientRect().height,
+            image: s.querySelector('img').naturalWidth,
+            shown: s.querySelector('img').getBoundingClientRect().width}))""")
         best_rows = page.locator("#runs tbody tr.best td:first-child").all_inner_texts()
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "report.png"), full_page=True)
     assert record.console_errors == [] and record.page_errors == []
     assert [url for url in record.requests if not url.startswith(("file:", "data:"))] == []
-    assert len(images) == len(PLOTS)
+    assert len(images) == len(PLOTS) + len(SAME_TASK)
     assert all(img["complete"] and img["width"] > 0 and img["src"] == "data:image/png;base64," for img in images)
     assert len(row_names) == len(runs)
     assert {name.replace(BEST, "").strip() for name in row_names} == {run.name for run in runs}
     assert len(best_rows) == 5 and all(BEST in name for name in best_rows)
+    assert [s["heading"] for s in sections] == [f"Same-task comparison: {task}"
+                                                for task in ("classification", "clm", "image-classification")]
+    assert [s["rows"] for s in sections] == [3, 3, 4]  # header + the task's runs
+    assert all(s["table"] > 0 and s["image"] > 0 and s["shown"] > 0 for s in sections), "table and figure visible"
+    assert "The course recommends the encoder family for classification" in sections[0]["text"]
+    assert "yes: params, time, memory" in sections[0]["text"]
     assert (ARTIFACTS / "report.png").read_bytes().startswith(PNG_MAGIC)
