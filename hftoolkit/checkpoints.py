@@ -121,7 +121,7 @@ def resume_point(run, recipe_yaml: str) -> Path | None:
                         "pass --overwrite to train it again or choose another --output")
     saved = run / "recipe.yaml"
     if saved.is_file():
-        changed = [k for k in _changed_keys(saved.read_text(encoding="utf-8"), recipe_yaml)
+        changed = [k for k in changed_keys(saved.read_text(encoding="utf-8"), recipe_yaml)
                    if not k.startswith(RESUMABLE_CHANGES)]
         if changed:
             raise UserError(f"--resume: the recipe differs from the one {run.path} was started with "
@@ -190,7 +190,7 @@ def clear_results(run) -> None:
     remove_staging(run / "checkpoints")
 
 
-def _changed_keys(saved_yaml: str, new_yaml: str) -> list[str]:
+def changed_keys(saved_yaml: str, new_yaml: str) -> list[str]:
     import yaml
 
     def flat(node, prefix=""):

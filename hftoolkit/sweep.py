@@ -227,13 +227,13 @@ def _changed(run, recipe: Recipe) -> list[str]:
     """Recipe keys that differ between the run's recipe.yaml and this one, but for those a resume may change."""
     from operator import attrgetter
 
-    from hftoolkit.checkpoints import RESUMABLE_CHANGES, _changed_keys
+    from hftoolkit.checkpoints import RESUMABLE_CHANGES, changed_keys
 
     saved = run / "recipe.yaml"
     if not saved.is_file():
         return []
     unfilled = {key for key in FILLED_BY_RUN if attrgetter(key)(recipe) is None}
-    return [key for key in _changed_keys(saved.read_text(encoding="utf-8"), recipe_to_yaml(recipe))
+    return [key for key in changed_keys(saved.read_text(encoding="utf-8"), recipe_to_yaml(recipe))
             if not key.startswith(RESUMABLE_CHANGES) and key not in unfilled]
 
 
