@@ -101,9 +101,25 @@ def load_trained(run_dir: Path, full_precision: bool = False):
     return recipe, family, model, type(processor).from_pretrained(weights)
 
 
+def run_facts(recipe: Recipe, scorer) -> dict:
+    """What a run is, as metrics.json opens: name, family, task, checkpoint, quantization, LoRA rank, main metric."""
+    return {
+        "name": recipe.name, "family": recipe.family, "task": recipe.task, "checkpoint": recipe.model.checkpoint,
+        "quantization": recipe.model.quantization, "lora_rank": recipe.lora.r if recipe.lora.enabled else None,
+        "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better,
+    }
+
+
 def reevaluate(run_dir: Path) -> dict:
-    """Score the run's saved weights on its eval split again; metrics.json's eval part is replaced."""
+    """Score the run's saved weights on its eval split again; metrics.json's eval part is replaced.
+
+    A run whose eval pass failed after training ("trained, eval failed", or killed during it) is completed:
+    metrics.json (what training measured, kept, plus the eval), predictions.jsonl, the model card, and the
+    status "complete". A run without metrics.json gets what can be known without training again.
+    """
     from hftoolkit.data import load_data
+    from hftoolkit.modeling import count_parameters
+    from hftoolkit.publish import model_card
     from hftoolkit.throughput import TokenCounter
     from hftoolkit.trainer import build_trainer
 
@@ -116,9 +132,15 @@ def reevaluate(run_dir: Path) -> dict:
     trainer = build_trainer(recipe, run, model, processor, encoded,
                             TokenCounter(family.collator(recipe, processor)), scorer)
     results, predictions, seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
-    metrics = {**run.metrics(), "eval": results, "eval_seconds": round(seconds, 3)}
-    run.write_json("metrics.json", metrics)
+    trainable, total = count_parameters(model)
+    metrics = {**run_facts(recipe, scorer), "trainable_params": trainable, "total_params": total,
+               "hftoolkit_version": __import__("hftoolkit").__version__, **run.metrics(),
+               "eval": results, "eval_seconds": round(seconds, 3)}
     run.write_jsonl("predictions.jsonl", predictions)
+    run.write_json("metrics.json", metrics)
+    run.write_text("README.md", model_card(recipe, metrics))
+    if run.manifest().get("status") != "complete":
+        run.finish("complete")
     return metrics
 
 
