@@ -189,7 +189,8 @@ def check_head(recipe: Recipe, data, config, processor, found: Findings) -> None
         fits = [t for t, f in MODEL_TYPE_FAMILIES.items() if t in known and f in tasks.spec(recipe.task).families]
         others = ([t for t in fits if MODEL_TYPE_FAMILIES[t] == recipe.family] or fits)[:4]
         found.problems.append(
-            f"model.checkpoint: {recipe.model.checkpoint} is a {config.model_type} model, and transformers has no "
+            f"model.checkpoint: {recipe.model.checkpoint} is {'an' if config.model_type[:1] in 'aeiou' else 'a'} "
+            f"{config.model_type} model, and transformers has no "
             f"{name.removeprefix('AutoModelFor')} head for {config.model_type} (task {recipe.task!r}): use a "
             f"checkpoint of a type that has one" + (f", such as {', '.join(others)}" if others else ""))
         return
