@@ -3,8 +3,8 @@
 - Training with training.sampling=group_by_length (the default for text): `LengthBucketSampler`.
   Examples are shuffled, sorted by length (ties keep their shuffled order), cut into batches, and
   the batches shuffled, so each batch holds examples of nearly one length. transformers' own
-  sampler only sorts within "megabatches" of 50 batches; on 4,000 SST-2 phrases at batch 32 it
-  leaves 7.0% of the tokens as padding, this one 1.8% (benchmarks/classification.py).
+  sampler only sorts within "megabatches" of 50 batches, so it pads more; benchmarks/classification.py
+  measures both.
   The order is drawn from seed + epoch, not from the global torch RNG, whose state at the start of
   epoch 2 differs between an uninterrupted run and a resumed one: a resumed run sees the same batches.
 - Eval: `shortest_first` sorts the eval set by length before the Trainer reads it, in order (the

@@ -2,13 +2,18 @@
 
 `load_data(recipe)` returns a DatasetDict with "train" and "eval" splits whose
 columns carry canonical names, so families never see the user's column names:
-  text    the input text (a list of words for tagging; the source for seq2seq)
-  label   a class id (classification, image-classification) or a list of tag ids (tagging)
-  target  the output text (translation, summarization)
-  image   a PIL image (image-classification)
+  text       the input text (a list of words for tagging; the source for seq2seq)
+  text_pair  the second text of a sentence pair (classification, regression; when data.text_pair_column is set)
+  label      a class id (classification, image-classification), a list of tag ids (tagging) or a float (regression)
+  target     the output text (translation, summarization)
+  image      a PIL image (image-classification)
 Label names found in the data are written back into `recipe.data.label_names`.
 Rows whose input or target is empty are dropped (and counted) as they are read: a model
 trained on an empty text learns nothing from it, and an empty target teaches it to stop.
+
+Hub data sets load as `datasets.load_dataset(id, data.config, split=..., revision=data.revision)` does: online,
+from the cache with HF_HUB_OFFLINE=1, or through an HF_ENDPOINT mirror, as the library decides; hub.py turns its
+refusals into one line. A column name with a dot (translation.de) reads a nested field: the set is flattened first.
 """
 
 from __future__ import annotations
@@ -40,8 +45,9 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),
                                         "data.train", d.train)
     if d.eval:
-        evaluation, counts["eval"] = drop_empty(_read(d.eval, "data.eval", recipe, target=d.eval_target),
-                                                "data.eval", d.eval)
+        evaluation, counts["eval"] = drop_empty(
+            _read(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target),
+            "data.eval", d.eval)
     elif d.eval_split:
         evaluation, counts["eval"] = drop_empty(_read(d.train, "data.eval_split", recipe, split=d.eval_split),
                                                 "data.eval_split", f"{d.train} (split {d.eval_split})")
@@ -56,6 +62,8 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
         _check_not_empty(ds, key, source)
     if tasks.spec(recipe.task).labels in ("class", "tags"):
         train, evaluation = _encode_labels(recipe, train, evaluation)
+    elif tasks.spec(recipe.task).labels == "value":
+        train, evaluation = _float_labels(recipe, train, "data.train"), _float_labels(recipe, evaluation, "data.eval")
     limit = {"train": d.max_train_samples, "eval": d.max_eval_samples}
     out = {}
     for split, ds in (("train", train), ("eval", evaluation)):
@@ -68,11 +76,11 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
 
 
 def drop_empty(ds, key: str, source: str):
-    """(the rows whose text and target are filled in, how many were dropped); refuses when none is left.
+    """(the rows whose texts and target are filled in, how many were dropped); refuses when none is left.
 
     Empty means missing (an empty CSV cell), blank text, or an empty word list (tagging).
     """
-    columns = [c for c in ("text", "target") if c in ds.column_names]
+    columns = [c for c in ("text", "text_pair", "target") if c in ds.column_names]
     if not columns or len(ds) == 0:
         return ds, 0
     empty = {c: [i for i, value in enumerate(ds[c]) if not _filled(value)] for c in columns}
@@ -110,6 +118,10 @@ def fingerprint(data) -> str:
 def _read(source: str, key: str, recipe: Recipe, split: str | None = None, target: str | None = None):
     import datasets
 
+    if key == "data.eval_split" and not is_hub_source(source):
+        raise UserError(f"data.eval_split: {split!r} names a split of a hub data set, but data.train ({source}) is "
+                        "not one: point data.eval at the examples to score, or set data.eval_split to null to hold "
+                        "out data.eval_fraction of data.train")
     if source.startswith("builtin:"):
         from hftoolkit.builtin import BUILTIN
 
@@ -140,11 +152,56 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
             kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
             ds = _load_builder(builder, {"data_files": str(path), **kwargs}, key, source)
         return _map_columns(ds, recipe, key, source)
+    return _read_hub(source, key, recipe, split or recipe.data.train_split)
+
+
+def is_hub_source(source: str) -> bool:
+    """Whether `source` is read as a hub data set id: what is neither builtin:, nor a folder, nor a file (by its
+    existence, extension or leading . / ~), exactly as `_read` dispatches."""
+    if source.startswith(("builtin:", ".", "/", "~")):
+        return False
+    path = Path(source)
+    return not (path.is_dir() or path.is_file() or path.suffix.lower() in FILE_BUILDERS)
+
+
+def _read_hub(source: str, key: str, recipe: Recipe, split: str):
+    """One split of a hub data set, at data.config and data.revision (both apply to every hub set of the recipe)."""
+    import datasets
+
     from hftoolkit import hub
 
-    with hub.explained(key, source, "dataset"):
-        ds = datasets.load_dataset(source, split=split or recipe.data.train_split)
-    return _map_columns(ds, recipe, key, source)
+    d = recipe.data
+    with hub.explained(key, source, "dataset", config=d.config, revision=d.revision):
+        ds = datasets.load_dataset(source, d.config, split=split, revision=d.revision)
+    ds = _map_columns(ds, recipe, key, source)
+    _check_labelled(ds, key, source, split)
+    return ds
+
+
+def _check_labelled(ds, key: str, source: str, split: str) -> None:
+    """Benchmark test splits hide their labels (GLUE's test splits hold -1 in every row, ClassLabel's "no label"):
+    scoring them would compare predictions with a placeholder."""
+    from datasets import ClassLabel, Value
+
+    feature = ds.features.get("label")
+    hidden = (isinstance(feature, ClassLabel) and -1 in ds.unique("label")) or (
+        isinstance(feature, Value) and feature.dtype.startswith("float") and set(ds.unique("label")) == {-1.0})
+    if hidden:
+        raise UserError(f"{key}: split {split!r} of {source} has no labels (-1 marks a hidden label, as in GLUE's test "
+                        "splits): score a split with labels, such as validation")
+
+
+def use_split(recipe: Recipe, split: str, key: str = "--split") -> None:
+    """Point the recipe's eval at `split` of its hub data set: data.eval's when that is a hub id, else data.train's."""
+    d = recipe.data
+    if d.eval and is_hub_source(d.eval):
+        d.eval_split = split
+    elif is_hub_source(d.train):
+        d.eval, d.eval_target, d.eval_split = None, None, split
+    else:
+        sources = " and ".join(f"{k} ({v})" for k, v in (("data.train", d.train), ("data.eval", d.eval)) if v)
+        raise UserError(f"{key}: {split!r} names a split of a hub data set, but {sources} "
+                        f"{'are' if d.eval else 'is'} not one: score another file by pointing data.eval at it")
 
 
 def _expand(source: str, key: str) -> Path:
@@ -214,19 +271,33 @@ def _aligned(source: Path, target: Path, key: str):
 
 
 def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = False):
-    """Rename the recipe's columns to canonical names and drop the rest."""
+    """Rename the recipe's columns to canonical names and drop the rest; a dotted name reads a nested field."""
     mapping = {}
-    for name in tasks.spec(recipe.task).columns:
+    for name in _columns(recipe):
         field = tasks.COLUMN_KEYS[name]
         if name == "text" and key == "data.eval" and recipe.data.eval_text_column:
             field = "eval_text_column"
         column = name if canonical and name in ds.column_names else getattr(recipe.data, field)
+        if column not in ds.column_names and "." in column and column.split(".")[0] in ds.column_names:
+            ds = ds.flatten()  # translation: {de, en} -> columns translation.de, translation.en
         if column not in ds.column_names:
             raise UserError(f"data.{field}: column {column!r} not found in {source}; columns found: "
                             f"{', '.join(ds.column_names)}; set data.{field}")
         mapping[column] = name
     ds = ds.select_columns(list(mapping))
     return ds.rename_columns({k: v for k, v in mapping.items() if k != v})
+
+
+def _columns(recipe: Recipe) -> list[str]:
+    """The canonical columns the recipe reads: the task's, plus text_pair when data.text_pair_column is set."""
+    task = tasks.spec(recipe.task)
+    if not recipe.data.text_pair_column:
+        return list(task.columns)
+    if not task.text_pairs:
+        pairs = ", ".join(t.name for t in tasks.TASKS if t.text_pairs)
+        raise UserError(f"data.text_pair_column: task {recipe.task!r} reads one text per example: remove "
+                        f"data.text_pair_column (sentence pairs are for {pairs})")
+    return [*task.columns, "text_pair"]
 
 
 def _check_not_empty(ds, key: str, source: str) -> None:
@@ -238,19 +309,21 @@ def _check_not_empty(ds, key: str, source: str) -> None:
 
 
 def _encode_labels(recipe: Recipe, train, evaluation):
-    """Map label values to ids 0..n-1 in the order of `data.label_names` (found in the data if unset)."""
+    """Map label values to ids 0..n-1 in the order of `data.label_names` (found in the data if unset: a hub set's
+    or an image folder's own class names in their order, else the values seen, sorted)."""
     from datasets import ClassLabel
 
     feature = train.features["label"]
     inner = getattr(feature, "feature", feature)  # a Sequence (tagging) holds its item feature
+    names = recipe.data.label_names
     if isinstance(inner, ClassLabel):  # imagefolder and hub sets: ids -> their names first
+        names = names or list(inner.names)
         train, evaluation = _as_names(train), _as_names(evaluation)
     values = _flat(train["label"]) + _flat(evaluation["label"])
     kinds = {type(v).__name__ for v in values}
     if len(kinds) > 1 or not kinds <= {"int", "str"}:
         raise UserError(f"data.label_column: labels in {recipe.data.train} are of types {', '.join(sorted(kinds))}: "
                         "make every label a name or every label an integer id")
-    names = recipe.data.label_names
     if names is None:
         unique = sorted(set(values), key=lambda v: (str(type(v)), v))
         names = [str(v) for v in unique] if kinds != {"int"} else [str(i) for i in range(max(unique) + 1)]
@@ -277,6 +350,23 @@ def _id_features(ds):
     features = ds.features.copy()
     features["label"] = List(Value("int64")) if hasattr(features["label"], "feature") else Value("int64")
     return features
+
+
+def _float_labels(recipe: Recipe, ds, key: str):
+    """Regression targets as float32 (MSE needs float labels; a CSV of whole scores reads as integers)."""
+    from datasets import ClassLabel, Value
+
+    source = recipe.data.eval if key == "data.eval" and recipe.data.eval else recipe.data.train
+    if isinstance(ds.features["label"], ClassLabel):
+        raise UserError(f"data.label_column: {source} labels each example with a class "
+                        f"({', '.join(ds.features['label'].names[:5])}): use task classification, or a column of "
+                        "numbers for regression")
+    try:
+        return ds.cast_column("label", Value("float32"))
+    except (ValueError, TypeError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise UserError(f"data.label_column: regression needs one number per example, but {source} holds labels "
+                        f"that are not numbers ({str(err).splitlines()[0][:120]}): point data.label_column at "
+                        "a numeric column") from None
 
 
 def _as_names(ds):

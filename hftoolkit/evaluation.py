@@ -1,13 +1,18 @@
 """A finished run's weights at work: the eval pass, `eval` of a run again, and `predict`.
 
 `evaluate` scores a trained model on the eval split (loss, the task's metrics, prediction
-records); `train.py` calls it once training ends, `reevaluate` on a run directory later.
+records); `train.py` calls it once training ends, `reevaluate` on a run directory later,
+`reevaluate_split` on another split of its hub data set (a test split), and `evaluate_recipe`
+on a recipe's base checkpoint before any training (the untrained or zero-shot baseline).
 `load_trained` rebuilds a run's model from its recipe and saved weights.
 """
 
 from __future__ import annotations
 
 import math
+import re
+import resource
+import tempfile
 import time
 from pathlib import Path
 
@@ -26,8 +31,9 @@ def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
     """Eval loss and metrics on the eval split, plus up to eval.max_predictions prediction records.
 
     Eval batches run shortest first, so they pad little; the metrics do not depend on the order, and
-    records are mapped back to the data's order. Classification records come from that same pass's
-    probabilities; other tasks generate theirs (a text, tags or filled masks the loss pass does not give).
+    records are mapped back to the data's order. Classification and regression records come from that same
+    pass's probabilities or values; other tasks generate theirs (a text, tags or filled masks the loss pass
+    does not give).
     """
     started = time.perf_counter()
     task = tasks.spec(recipe.task)
@@ -36,12 +42,12 @@ def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
     count = len(raw) if task.scoring == "generation" else min(len(raw), recipe.eval.max_predictions)
     eval_set, order = shortest_first(encoded["eval"])
     outputs = None
-    if task.labels == "class":
+    if task.labels in ("class", "value"):
         output = trainer.predict(eval_set, metric_key_prefix="eval")
         trainer.log(output.metrics)  # as trainer.evaluate does: the eval lands in the log history
         scored = output.metrics
-        probabilities = output.predictions if order is None else output.predictions[order.argsort()]
-        outputs = label_records(probabilities[:count], trainer.model.config.id2label)
+        predicted = output.predictions if order is None else output.predictions[order.argsort()]
+        outputs = _pass_records(task, predicted[:count], trainer.model.config.id2label)
     else:
         scored = trainer.evaluate(eval_set, metric_key_prefix="eval")
     results = {k.removeprefix("eval_"): v for k, v in scored.items()
@@ -55,14 +61,27 @@ def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
     if task.scoring == "generation":
         results.update(scorer.compute([o["text"] for o in outputs], raw["target"]))
     references = _references(recipe, raw, count)
-    predictions = [{"input": _show(x), **({"reference": r} if r is not None else {}), **o}
-                   for x, r, o in zip(inputs, references, outputs)][:recipe.eval.max_predictions]
+    pairs = raw["text_pair"][:count] if "text_pair" in raw.column_names else [None] * len(inputs)
+    predictions = [{"input": _show(x), **({"input_pair": p} if p is not None else {}),
+                    **({"reference": r} if r is not None else {}), **o}
+                   for x, p, r, o in zip(inputs, pairs, references, outputs)][:recipe.eval.max_predictions]
     return results, predictions, time.perf_counter() - started
+
+
+def _pass_records(task, predicted, id2label: dict) -> list[dict]:
+    """Records from the eval pass's own outputs: label and probability (classes), or the predicted value."""
+    if task.labels == "value":
+        from hftoolkit.families.labels import value_records
+
+        return value_records(predicted)
+    return label_records(predicted, id2label)
 
 
 def _references(recipe: Recipe, raw, count: int) -> list:
     if "target" in raw.column_names:
         return raw["target"][:count]
+    if tasks.spec(recipe.task).labels == "value":
+        return [round(float(v), 4) for v in raw["label"][:count]]
     if "label" in raw.column_names and recipe.data.label_names:
         names = recipe.data.label_names
         return [[names[i] for i in v] if isinstance(v, list) else names[v] for v in raw["label"][:count]]
@@ -110,6 +129,15 @@ def run_facts(recipe: Recipe, scorer) -> dict:
     }
 
 
+def peak_memory_mb() -> float:
+    """Peak GPU memory allocated when on CUDA, else the process's peak resident set size."""
+    import torch
+
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def reevaluate(run_dir: Path) -> dict:
     """Score the run's saved weights on its eval split again; metrics.json's eval part is replaced.
 
@@ -144,6 +172,106 @@ def reevaluate(run_dir: Path) -> dict:
     return metrics
 
 
+# ---------------------------------------------------------------- other splits, untrained baselines
+
+
+def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | None = None, overwrite: bool = False,
+                    command: list[str] = ()) -> dict:
+    """The recipe's base checkpoint scored on its eval split (or `split` of its hub data set), untrained.
+
+    The zero-shot or untrained baseline a comparison report shows beside the fine-tuned runs: the model is
+    loaded as training would load it, with no adapter and unquantized (the Trainer refuses a quantized model
+    without an adapter); a new task head is initialised from training.seed, so the baseline of a classifier
+    is that of a random head. Data, preprocessing and metrics are exactly training's. Nothing is written
+    unless `output` names a run directory: it then holds recipe.yaml (as evaluated), manifest.json,
+    metrics.json ("trained": false, no train figures) and predictions.jsonl, no weights, and `hftoolkit
+    runs` and `compare` read it like any run.
+    """
+    import typer
+    from accelerate.utils import set_seed
+
+    from hftoolkit.data import use_split
+    from hftoolkit.modeling import count_parameters, resolve_family
+    from hftoolkit.preflight import prepare
+
+    if split:
+        use_split(recipe, split)
+    recipe.lora.enabled, recipe.model.quantization = False, "none"
+    run = RunDirectory(output) if output else None
+    if run is not None:
+        run.claim(overwrite=overwrite)
+    try:
+        family = family_module(resolve_family(recipe))
+        data, findings = prepare(recipe)  # the checks training runs: lengths clamped, empty rows dropped
+        for line in findings.notes:
+            typer.echo(f"preflight: {line}", err=True)
+        set_seed(recipe.training.seed)  # the new head's initialisation
+        model, processor = family.load_model(recipe)
+        scorer, results, predictions, seconds = _score(recipe, family, model, processor, data)
+    except BaseException:
+        if run is not None and not any(run.path.iterdir()):
+            run.path.rmdir()  # bad input: leave no empty run directory behind
+        raise
+    from hftoolkit.recipe import recipe_to_yaml
+
+    metrics = {
+        "name": f"{recipe.name}-untrained", "family": recipe.family, "task": recipe.task,
+        "checkpoint": recipe.model.checkpoint, "quantization": "none", "lora_rank": None, "trained": False,
+        "split": split or recipe.data.eval_split, "main_metric": scorer.main,
+        "greater_is_better": scorer.greater_is_better, "eval": results, "train_seconds": None,
+        "eval_seconds": round(seconds, 3), "samples_per_second": None, "tokens_per_second": None,
+        "peak_memory_mb": peak_memory_mb(), "trainable_params": 0, "total_params": count_parameters(model)[1],
+        "hftoolkit_version": __import__("hftoolkit").__version__,
+    }
+    if run is not None:
+        run.start(recipe_to_yaml(recipe), list(command), recipe.training.seed)
+        run.update_manifest(preflight=findings.record)
+        run.write_json("metrics.json", metrics)
+        run.write_jsonl("predictions.jsonl", predictions)
+        run.finish("complete")
+    return metrics
+
+
+def reevaluate_split(run_dir: Path, split: str) -> dict:
+    """Score the run's saved weights on `split` of its hub data set (a test split, a mismatched validation set).
+
+    metrics.json keeps its eval part and gains splits[split]; the records go to predictions-<split>.jsonl.
+    Returns metrics.json's content.
+    """
+    from hftoolkit.data import load_data, use_split
+
+    if not re.fullmatch(r"\w+(\.\w+)*", split):  # datasets' own rule for split names
+        raise UserError(f"--split: {split!r} is not a split name (letters, digits and _): name a split such as test")
+    recipe, family, model, processor = load_trained(run_dir)
+    use_split(recipe, split)
+    scorer, results, predictions, seconds = _score(recipe, family, model, processor, load_data(recipe))
+    run = RunDirectory(run_dir)
+    metrics = run.metrics()
+    metrics["splits"] = {**metrics.get("splits", {}), split: results}
+    run.write_json("metrics.json", metrics)
+    run.write_jsonl(f"predictions-{split}.jsonl", predictions)
+    return metrics
+
+
+def _score(recipe: Recipe, family, model, processor, data):
+    """(scorer, results, records, seconds) of `model` on data["eval"], through a Trainer that trains nothing.
+
+    Only the eval split is preprocessed (it also stands in for the train split the Trainer is built with),
+    and the Trainer's output folder is a temporary one: nothing is written anywhere else.
+    """
+    from hftoolkit.throughput import TokenCounter
+    from hftoolkit.trainer import build_trainer
+
+    encoded_eval = family.preprocess(recipe, processor, data["eval"])
+    encoded = {"train": encoded_eval, "eval": encoded_eval}
+    scorer = family.metrics(recipe, processor)
+    with tempfile.TemporaryDirectory(prefix="hftoolkit-eval-") as tmp:
+        trainer = build_trainer(recipe, RunDirectory(tmp), model, processor, encoded,
+                                TokenCounter(family.collator(recipe, processor)), scorer)
+        results, predictions, seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
+    return scorer, results, predictions, seconds
+
+
 def predict(run_dir: Path, given: str, generation: dict) -> list[dict]:
     """One record per input: the input and the family's prediction (label and probability, or text)."""
     recipe, family, model, processor = load_trained(run_dir)
@@ -153,14 +281,20 @@ def predict(run_dir: Path, given: str, generation: dict) -> list[dict]:
         raw = recipe.model_dump()
         raw["eval"]["generation"].update(generation)
         recipe.eval.generation = validate_recipe(raw, "predict options").eval.generation
-    inputs = read_inputs(given, recipe.task)
+    inputs = read_inputs(given, recipe.task, pairs=bool(recipe.data.text_pair_column))
     outputs = family.generate(recipe, model, processor, inputs)
-    shown = [x if isinstance(x, str) else given for x in inputs]
+    shown = [x if isinstance(x, str) else "\t".join(x) if isinstance(x, tuple) else given for x in inputs]
     return [{"input": x, **o} for x, o in zip(shown, outputs)]
 
 
-def read_inputs(given: str, task: str) -> list:
-    """A literal text, a .txt file (one input a line), or an image file."""
+def read_inputs(given: str, task: str, pairs: bool = False) -> list:
+    """A literal text, a .txt file (one input a line), or an image file.
+
+    pairs (a run trained on sentence pairs): each input is `first<TAB>second`, a TSV line, read as the pair
+    (first, second); a literal given on the command line may write the tab as the two characters \\t.
+    """
+    if pairs:
+        return [_pair(x) for x in read_inputs(given, task)]
     path = Path(given)
     if task == "image-classification":
         if not path.is_file():
@@ -185,3 +319,11 @@ def read_inputs(given: str, task: str) -> list:
     if path.suffix.lower() in IMAGE_SUFFIXES | {".txt"} and not path.exists():
         raise UserError(f"--input: file {given} not found: check the path, or pass the text itself")
     return [given.split()] if task == "tagging" else [given]
+
+
+def _pair(line: str) -> tuple[str, str]:
+    first, tab, second = line.replace("\\t", "\t").partition("\t")
+    if not tab:
+        raise UserError(f"--input: this run reads sentence pairs, but {line[:60]!r} has no tab: give each input as "
+                        "first<TAB>second (a .txt file of such lines, or a text with \\t between the two)")
+    return first, second

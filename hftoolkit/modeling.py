@@ -36,7 +36,12 @@ def resolve_checkpoint(recipe: Recipe) -> str:
     """A local path for init: and directories, else the hub id itself: whether it loads (online, from the cache
     with HF_HUB_OFFLINE=1, through an HF_ENDPOINT mirror, at model.revision) is the libraries' call, and
     `checkpoint_errors` turns their refusal into one line."""
+    from hftoolkit.gguf import gguf_source, plain_checkpoint
+
     ckpt = recipe.model.checkpoint
+    source = gguf_source(ckpt, recipe.model.gguf_file, recipe.model.revision)
+    if source is not None:  # converted once into a plain folder in the cache; trained on dequantized weights
+        return str(plain_checkpoint(source))
     if ckpt.startswith("init:"):
         from hftoolkit.tiny import ensure_tiny
 
@@ -78,7 +83,8 @@ def checkpoint_errors(recipe: Recipe):
     from hftoolkit import hub
 
     ckpt = recipe.model.checkpoint
-    if ckpt.startswith("init:") or not is_hub_id(ckpt) or Path(ckpt).expanduser().exists():
+    if (ckpt.startswith("init:") or not is_hub_id(ckpt) or Path(ckpt).expanduser().exists()
+            or recipe.model.gguf_file or ckpt.endswith(".gguf")):  # (gguf.py explains its own hub errors)
         return nullcontext()
     return hub.explained("model.checkpoint", ckpt, "model", revision=recipe.model.revision)
 
@@ -161,8 +167,8 @@ def _release_checkpoint_memory(model) -> None:
 
     Why: quantizing reads every weight through the safetensors file's memory map, and the tensors
     left unquantized (embeddings, norms, the head) still point into it, so the whole file stays
-    resident; glibc also keeps the freed fp32 scratch. For BERT-base in 8-bit that was 439 MB of file
-    pages and 270 MB of freed heap, and lifted peak RSS above full fine-tuning's (benchmarks/memory.py).
+    resident; glibc also keeps the freed fp32 scratch. Together they lifted an 8-bit run's peak memory
+    above full fine-tuning's (benchmarks/memory.py measures it).
     """
     import ctypes
     import gc
@@ -266,8 +272,8 @@ def bitsandbytes_hidden(needed: bool):
     """Inside the block peft finds no bitsandbytes (unless it is `needed`, or imported already).
 
     Why: peft imports bitsandbytes as it loads (peft/helpers.py; `from transformers import Trainer`
-    imports peft) and again as it wraps layers, and bitsandbytes imports torch's compiler: 0.8 s of
-    every run that quantizes nothing, measured here. A None entry in sys.modules makes that import
+    imports peft) and again as it wraps layers, and bitsandbytes imports torch's compiler, a cost every
+    run that quantizes nothing would pay. A None entry in sys.modules makes that import
     fail and find_spec answer None. On the way out peft's and transformers' cached answers are
     cleared, so a quantized model later in the same process finds bitsandbytes again.
     """

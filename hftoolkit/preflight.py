@@ -28,14 +28,16 @@ from hftoolkit.errors import UserError
 from hftoolkit.recipe import MODEL_TYPE_FAMILIES, Recipe, RecipeError
 
 # The transformers Auto class each task's formulation loads (families/*.py, FORMULATIONS).
-HEADS = {"classification": "AutoModelForSequenceClassification", "tagging": "AutoModelForTokenClassification",
+HEADS = {"classification": "AutoModelForSequenceClassification", "regression": "AutoModelForSequenceClassification",
+         "tagging": "AutoModelForTokenClassification",
          "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM", "translation": "AutoModelForSeq2SeqLM",
          "summarization": "AutoModelForSeq2SeqLM", "denoise": "AutoModelForSeq2SeqLM",
          "image-classification": "AutoModelForImageClassification"}
 # A decoder writes translation and summarization as one sequence, prompt + target (families/decoder.py).
 DECODER_HEADS = {"translation": "AutoModelForCausalLM", "summarization": "AutoModelForCausalLM"}
 # A head that a checkpoint fine-tuned for the task already has (its size is fixed by its label count).
-TRAINED_HEADS = {"classification": "ForSequenceClassification", "tagging": "ForTokenClassification"}
+TRAINED_HEADS = {"classification": "ForSequenceClassification", "regression": "ForSequenceClassification",
+                 "tagging": "ForTokenClassification"}
 # Position ids that start after the padding index (RoBERTa's create_position_ids_from_input_ids): the
 # table holds max_position_embeddings - pad_token_id - 1 usable positions.
 OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
@@ -195,14 +197,16 @@ def check_head(recipe: Recipe, data, config, processor, found: Findings) -> None
             f"checkpoint of a type that has one" + (f", such as {', '.join(others)}" if others else ""))
         return
     suffix = TRAINED_HEADS.get(recipe.task)
-    names = recipe.data.label_names
+    names = ["value"] if tasks.spec(recipe.task).labels == "value" else recipe.data.label_names  # regression: 1
     if suffix and names and any(a.endswith(suffix) for a in getattr(config, "architectures", None) or []):
         if config.num_labels != len(names):
             trained = ", ".join(str(v) for _, v in sorted((getattr(config, "id2label", None) or {}).items()))
+            wanted = "one output (regression)" if recipe.task == "regression" else \
+                f"{len(names)} labels ({', '.join(names)})"
             found.problems.append(
                 f"model.checkpoint: {recipe.model.checkpoint} already has a {suffix.removeprefix('For')} head for "
-                f"{config.num_labels} labels ({trained}), but the data has {len(names)} ({', '.join(names)}): "
-                "start from the base checkpoint it was fine-tuned from, or use data with its labels")
+                f"{config.num_labels} labels ({trained}), but the data needs {wanted}: start from the base "
+                "checkpoint it was fine-tuned from, or use data with its labels")
 
 
 def check_tokenizer(recipe: Recipe, data, config, processor, found: Findings) -> None:

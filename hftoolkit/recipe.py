@@ -2,7 +2,7 @@
 
 Everything past this module sees a validated `Recipe`, never a raw dict. Unknown
 keys are errors with a "did you mean" suggestion, and every error of a file is
-reported at once as `file: a.b.c: message` (see DESIGN.md, "Recipes").
+reported at once as `file: a.b.c: message` (docs/architecture.md, "Recipes").
 Imports only pydantic and yaml: `validate` must stay light.
 """
 
@@ -38,7 +38,8 @@ class Section(BaseModel):
 
 
 class ModelSection(Section):
-    checkpoint: str = Field(min_length=1, description="hub id, local directory, or init:<arch>")
+    checkpoint: str = Field(min_length=1, description="hub id, local directory, a .gguf file, or init:<arch>")
+    gguf_file: str | None = Field(None, description="a GGUF file inside the checkpoint folder or hub repository")
     family: Family | None = Field(None, description="only needed for a hub id whose type can't be read offline")
     quantization: Literal["none", "8bit", "4bit"] = "none"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
@@ -63,13 +64,21 @@ class LoraSection(Section):
 
 
 class DataSection(Section):
+    """Where the examples come from. Any *_column may be a dotted path into a nested field (translation.de)."""
+
     train: str = Field(min_length=1, description="file, folder, hub id or builtin:<name>")
-    eval: str | None = None
+    eval: str | None = Field(None, description="file, folder, hub id or builtin:<name>; unset: data.eval_split "
+                                                "of data.train's hub set, else data.eval_fraction of data.train")
     eval_fraction: float = Field(0.1, gt=0, lt=1)
+    config: str | None = Field(None, description="hub data sets: the config (subset), e.g. mnli of nyu-mll/glue")
+    revision: str | None = Field(None, description="hub data sets: a branch, tag or commit sha")
     train_split: str = "train"
-    eval_split: str | None = None
+    eval_split: str | None = Field(None, description="hub data sets: the split to score, e.g. validation_matched "
+                                                     "(for a hub data.eval: by default validation)")
     text_column: str = "text"
     eval_text_column: str | None = Field(None, description="data.eval's text column, where its name differs")
+    text_pair_column: str | None = Field(None, description="the second text of a sentence pair (classification "
+                                                           "and regression), e.g. hypothesis or sentence2")
     label_column: str = "label"
     target_column: str = "target"
     image_column: str = "image"
@@ -176,7 +185,7 @@ class Recipe(Section):
 
     @property
     def model_type(self) -> str | None:
-        return model_type_of(self.model.checkpoint)
+        return model_type_of(self.model.checkpoint, self.model.gguf_file)
 
     @property
     def family(self) -> str | None:
@@ -194,14 +203,24 @@ def _a(word: str) -> str:
     return "an" if word[:1] in "aeiou" else "a"
 
 
-def model_type_of(checkpoint: str) -> str | None:
-    """model_type from `init:<arch>` or a local config.json; None for a hub id (unknown offline)."""
+def model_type_of(checkpoint: str, gguf_file: str | None = None) -> str | None:
+    """model_type from `init:<arch>`, a local config.json or a local GGUF file's header; None for a hub id
+    (unknown offline)."""
     if checkpoint.startswith("init:"):
         return checkpoint.removeprefix("init:")
     try:
-        config = Path(checkpoint).expanduser() / "config.json"
+        path = Path(checkpoint).expanduser()
+        config = path / "config.json"
     except RuntimeError:  # ~name of an unknown user: resolve_checkpoint names the problem
         return None
+    gguf = path / gguf_file if gguf_file and path.is_dir() else path if path.suffix == ".gguf" else None
+    if gguf is not None and gguf.is_file():
+        from hftoolkit.gguf import gguf_architecture
+
+        try:
+            return gguf_architecture(gguf)
+        except Exception:  # not a GGUF file after all: resolve_checkpoint names the problem
+            return None
     if config.is_file():
         try:
             return json.loads(config.read_text()).get("model_type")

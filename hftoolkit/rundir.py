@@ -1,4 +1,4 @@
-"""The run directory: the one place a run's results live (DESIGN.md, "The run directory").
+"""The run directory: the one place a run's results live (docs/architecture.md, "The run directory").
 
     recipe.yaml  manifest.json  metrics.json  log_history.jsonl  adapter/ or model/
     checkpoints/  predictions.jsonl  README.md

@@ -27,6 +27,8 @@ class TaskSpec:
     recommended: the family the course's decision tree picks, and why.
     pipeline_tag: the Hugging Face Hub's name for the task (model cards).
     prompt_fraction: eval prediction records prompt with this share of each text (whole documents).
+    text_pairs: data.text_pair_column may give each example a second text (MNLI's hypothesis, STS-B's
+        second sentence), tokenized with the first as one pair, as transformers' run_glue.py does.
     """
 
     name: str
@@ -41,6 +43,7 @@ class TaskSpec:
     why: str
     pipeline_tag: str
     prompt_fraction: float = 1.0
+    text_pairs: bool = False
 
 
 TASKS = (
@@ -48,7 +51,13 @@ TASKS = (
              main_metric="accuracy", greater_is_better=True,
              metrics=("accuracy", "f1", "precision", "recall", "matthews_correlation"),
              families=("encoder", "decoder", "seq2seq"), recommended="encoder",
-             why="the output is a label for the whole input", pipeline_tag="text-classification"),
+             why="the output is a label for the whole input", pipeline_tag="text-classification", text_pairs=True),
+    # GLUE reports STS-B as "Pearson/Spearman corr." with Pearson first (Wang et al., 2018, Table 1), and Pearson
+    # is the official score of the STS shared tasks the set comes from (Cer et al., 2017): pearsonr is the main metric.
+    TaskSpec("regression", columns=("text", "label"), labels="value", scoring="logits",
+             main_metric="pearsonr", greater_is_better=True, metrics=("pearsonr", "spearmanr"),
+             families=("encoder", "decoder", "seq2seq"), recommended="encoder",
+             why="the output is a score for the whole input", pipeline_tag="text-classification", text_pairs=True),
     TaskSpec("tagging", columns=("text", "label"), labels="tags", scoring="logits",
              main_metric="f1", greater_is_better=True, metrics=("seqeval",),
              families=("encoder", "decoder"), recommended="encoder",
@@ -82,7 +91,8 @@ TASKS = (
 BY_NAME: dict[str, TaskSpec] = {task.name: task for task in TASKS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
 # The recipe key that names each canonical column in the user's data.
-COLUMN_KEYS = {"text": "text_column", "label": "label_column", "target": "target_column", "image": "image_column"}
+COLUMN_KEYS = {"text": "text_column", "label": "label_column", "target": "target_column", "image": "image_column",
+               "text_pair": "text_pair_column"}
 
 
 def spec(task: str) -> TaskSpec:

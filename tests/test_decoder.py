@@ -195,7 +195,9 @@ def test_clm_on_a_bert_checkpoint_is_refused_naming_the_decoder_family():
 @pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"real data not on this machine: {SHAKESPEARE}")
 def test_shakespeare_recipe_reads_the_text_file_line_by_line(tmp_path):
     run = tmp_path / "shakespeare"
-    train_recipe(RECIPES / "shakespeare-clm.yaml", run, f"data.train={SHAKESPEARE}", "training.max_steps=2",
+    # The real-job recipe (GPT-2 on WikiText-2 through its hub id), pointed at a local text file and a tiny GPT-2.
+    train_recipe(RECIPES / "gpt2-wikitext2.yaml", run, "model.checkpoint=init:gpt2", f"data.train={SHAKESPEARE}",
+                 "data.config=null", "data.eval_split=null", "data.max_length=128", "training.max_steps=2",
                  "data.max_train_samples=300", "data.max_eval_samples=100", "eval.max_predictions=2",
                  "eval.generation.max_new_tokens=8")
     metrics = json.loads((run / "metrics.json").read_text())

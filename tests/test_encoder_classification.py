@@ -194,7 +194,7 @@ BAD_INPUTS = {
                             "label 'meh' is not one of data.label_names"),
     "checkpoint dir missing": (lambda t: ["train", RECIPE, "--set", f"model.checkpoint={t}/nothing"],
                                "checkpoint directory"),
-    "hub id offline": (lambda t: ["train", RECIPE, "--set", "model.checkpoint=bert-base-uncased"], "offline"),
+    "hub id offline": (lambda t: ["train", RECIPE, "--set", "model.checkpoint=bert-base-uncased"], "is not in the cache"),
 }
 
 

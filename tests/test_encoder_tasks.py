@@ -12,12 +12,15 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, ROOT, SHARED_DATA, run_cli, train_recipe
+from conftest import RECIPES, SHARED_DATA, run_cli, train_recipe
 
 TAGGING = RECIPES / "encoder-tagging.yaml"
 MLM = RECIPES / "encoder-mlm.yaml"
-SST2 = RECIPES / "sst2-classification.yaml"
+SST2 = RECIPES / "bert-sst2.yaml"
 SST2_DATA = SHARED_DATA / "sst2"
+# The real-job recipe reads GLUE's SST-2 through its hub id; these overrides point it at a local copy instead.
+SST2_LOCAL = (f"data.train={SST2_DATA / 'train.tsv'}", f"data.eval={SST2_DATA / 'dev.tsv'}",
+              "data.eval_text_column=content", "data.label_names=[negative, positive]")
 
 
 def records(path: Path) -> list[dict]:
@@ -302,12 +305,12 @@ def minilm_folder() -> Path | None:
     return folder if (folder / "config.json").is_file() else None
 
 
-def test_sst2_recipe_points_at_the_shared_data():
+def test_sst2_recipe_finds_sst2_through_its_hub_id():
     from hftoolkit.recipe import load_recipe
 
     recipe = load_recipe(SST2)
-    assert (ROOT / recipe.data.train).resolve() == (SST2_DATA / "train.tsv").resolve()
-    assert (ROOT / recipe.data.eval).resolve() == (SST2_DATA / "dev.tsv").resolve()
+    assert (recipe.data.train, recipe.data.config, recipe.data.eval_split) == ("nyu-mll/glue", "sst2", "validation")
+    assert recipe.model.checkpoint == "google-bert/bert-base-cased"
 
 
 @pytest.mark.skipif(minilm_folder() is None,
@@ -315,9 +318,9 @@ def test_sst2_recipe_points_at_the_shared_data():
 @pytest.mark.skipif(not (SST2_DATA / "dev.tsv").is_file(), reason=f"SST-2 data not found at {SST2_DATA}")
 def test_real_minilm_fine_tunes_through_the_sst2_recipe(tmp_path):
     run = tmp_path / "sst2"
-    train_recipe(SST2, run, f"model.checkpoint={minilm_folder()}", f"data.train={SST2_DATA / 'train.tsv'}",
-                 f"data.eval={SST2_DATA / 'dev.tsv'}", "data.max_train_samples=64", "data.max_eval_samples=32",
-                 "training.max_steps=3", "training.batch_size=8", "eval.max_predictions=8")
+    train_recipe(SST2, run, f"model.checkpoint={minilm_folder()}", *SST2_LOCAL, "lora.enabled=true",
+                 "data.max_train_samples=64", "data.max_eval_samples=32", "training.max_steps=3",
+                 "training.batch_size=8", "eval.max_predictions=8")
     metrics = metrics_of(run)
     assert metrics["total_params"] > 20_000_000  # the real 22M-parameter MiniLM, not the tiny stand-in
     assert 0 < metrics["trainable_params"] < metrics["total_params"] / 100  # LoRA + classifier only
@@ -334,7 +337,6 @@ def test_a_wrong_eval_text_column_is_named_in_the_error():
     from hftoolkit.errors import UserError
     from hftoolkit.recipe import load_recipe
 
-    recipe = load_recipe(SST2, [f"data.train={SST2_DATA / 'train.tsv'}", f"data.eval={SST2_DATA / 'dev.tsv'}",
-                                "data.eval_text_column=sentence"])
+    recipe = load_recipe(SST2, [*SST2_LOCAL, "data.eval_text_column=sentence"])
     with pytest.raises(UserError, match="data.eval_text_column: column 'sentence' not found .* found: label, content"):
         load_data(recipe)

@@ -177,7 +177,7 @@ def _continue(recipe: Recipe, model, tokenizer, prompts: list[list[int]]) -> lis
 
 PROMPTED = PromptAndTarget()
 FORMULATIONS = {"clm": CausalLM(), "translation": PROMPTED, "summarization": PROMPTED,
-                "classification": labels.CLASSIFICATION, "tagging": labels.TAGGING}
+                "classification": labels.CLASSIFICATION, "regression": labels.REGRESSION, "tagging": labels.TAGGING}
 
 
 def load_model(recipe: Recipe):

@@ -59,7 +59,8 @@ class MaskedLM:
         return _fill_masks(recipe, model, tokenizer, inputs)
 
 
-FORMULATIONS = {"classification": labels.CLASSIFICATION, "tagging": labels.TAGGING, "mlm": MaskedLM()}
+FORMULATIONS = {"classification": labels.CLASSIFICATION, "regression": labels.REGRESSION, "tagging": labels.TAGGING,
+                "mlm": MaskedLM()}
 
 
 def load_model(recipe: Recipe):
@@ -92,9 +93,8 @@ class _SeededMasking:
     DataCollatorForLanguageModeling masks each example on its own, with a generator seeded from
     (training.seed, the example's token ids, `epoch`). The Trainer sets `epoch` as each epoch begins
     (trainer.epoch_to_collator), so an example seen again in a later epoch gets fresh masks (dynamic
-    masking), and a resumed run masks exactly as the uninterrupted run did (a count of batches met,
-    used before, started again from zero on resume). Eval masks as epoch 0: each eval example gets
-    the same mask in every run and in `hftoolkit eval`, so eval losses compare between runs.
+    masking), and a resumed run masks exactly as the uninterrupted run did. Eval masks as epoch 0: each
+    eval example gets the same mask in every run and in `hftoolkit eval`, so eval losses compare between runs.
     """
 
     def __init__(self, tokenizer, probability: float, seed: int):

@@ -1,10 +1,16 @@
-"""Labels read from text, shared by every text family: one class per text, or one tag per word.
+"""Labels read from text, shared by every text family: one class or one score per text, or one tag per word.
 
 transformers gives encoders, decoders and encoder-decoders the same heads for these, so one
 formulation serves all three: an encoder classifies from [CLS], a decoder from the last real
 token (which it finds through the pad token id, hence `sync_pad_token`), BART and T5 from the
 final eos of their decoder. Only the Auto class and the head's position differ, and transformers
 picks both from the checkpoint's config.
+
+Sentence pairs (data.text_pair_column: MNLI's premise and hypothesis, STS-B's two sentences) are
+tokenized as one pair, `tokenizer(text, text_pair)`, as transformers' run_glue.py does for every
+model: BERT gets [CLS] a [SEP] b [SEP] with segment ids 0 then 1, BART <s> a </s></s> b </s>, T5
+a </s> b </s>, GPT-2 the two texts back to back. Regression is the same head with one output
+(num_labels=1, problem_type "regression"), which transformers trains with the MSE loss.
 """
 
 from __future__ import annotations
@@ -43,9 +49,11 @@ class SequenceClassification:
         return model, tokenizer
 
     def preprocess(self, recipe: Recipe, tokenizer, dataset):
-        """Tokenized and truncated to data.max_length, unpadded: the collator pads per batch."""
+        """Tokenized (a pair where the data has text_pair) and truncated to data.max_length, unpadded: the
+        collator pads per batch. A pair is truncated longest first, as run_glue.py does."""
         def encode(batch):
-            enc = tokenizer(batch["text"], truncation=True, max_length=recipe.data.max_length)
+            enc = tokenizer(batch["text"], batch["text_pair"] if "text_pair" in batch else None, truncation=True,
+                            max_length=recipe.data.max_length)
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             enc["labels"] = batch["label"]
             return enc
@@ -62,18 +70,72 @@ class SequenceClassification:
 
         return label_metrics(metric_names(recipe))
 
-    def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
-        import torch
+    def generate(self, recipe: Recipe, model, tokenizer, inputs: list) -> list[dict]:
+        """A label and its probability per input: a text, or a (text, text_pair) pair."""
+        return [record for logits in _logits(recipe, model, tokenizer, inputs)
+                for record in label_records(logits.softmax(-1).numpy(), model.config.id2label)]
 
-        model.eval()
-        id2label = model.config.id2label
-        out = []
-        for start in range(0, len(inputs), recipe.eval.batch_size):
-            batch = tokenizer(inputs[start:start + recipe.eval.batch_size], truncation=True,
-                              max_length=recipe.data.max_length, padding=True, return_tensors="pt").to(model.device)
-            with torch.no_grad():
-                out += label_records(model(**batch).logits.float().softmax(-1).cpu().numpy(), id2label)
-        return out
+
+class SequenceRegression(SequenceClassification):
+    """One score per text (or pair): the classification head with one output and the MSE loss; Pearson and
+    Spearman correlations; records give the predicted value."""
+
+    def load_model(self, recipe: Recipe):
+        import transformers as tf
+
+        from hftoolkit import modeling
+
+        tokenizer = load_tokenizer(recipe)
+        model = modeling.load_task_model(tf.AutoModelForSequenceClassification, recipe, "SEQ_CLS",
+                                         num_labels=1, problem_type="regression")
+        sync_pad_token(model, tokenizer)
+        return model, tokenizer
+
+    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+        from hftoolkit.metrics import load_metric
+
+        names = metric_names(recipe)
+        allowed = tasks.spec("regression").metrics
+        if not names or any(n not in allowed for n in names):
+            raise UserError(f"eval.metrics: regression is scored by correlations: set eval.metrics to auto, or "
+                            f"to some of {', '.join(allowed)}")
+        modules = [load_metric(n) for n in names]
+
+        def compute(prediction):
+            predicted = prediction.predictions.reshape(-1)  # (B, 1) -> (B,)
+            references = prediction.label_ids.reshape(-1)
+            out = {}
+            for module in modules:
+                out.update(module.compute(predictions=predicted, references=references))
+            return out
+
+        return EvalMetrics(compute, main=names[0], reduce_logits=lambda logits, labels: first(logits))
+
+    def generate(self, recipe: Recipe, model, tokenizer, inputs: list) -> list[dict]:
+        """The predicted value per input: a text, or a (text, text_pair) pair."""
+        return [record for logits in _logits(recipe, model, tokenizer, inputs)
+                for record in value_records(logits.numpy())]
+
+
+def value_records(values) -> list[dict]:
+    """One {"value"} record per predicted score (an array, examples or examples x 1), unrounded: correlations
+    recomputed from the records must match the reported ones even when the predictions lie close together."""
+    return [{"value": float(v)} for v in values.reshape(len(values), -1)[:, 0]]
+
+
+def _logits(recipe: Recipe, model, tokenizer, inputs: list):
+    """The head's float logits (a CPU tensor per batch of eval.batch_size) for texts or (text, text_pair) pairs."""
+    import torch
+
+    model.eval()
+    for start in range(0, len(inputs), recipe.eval.batch_size):
+        chunk = inputs[start:start + recipe.eval.batch_size]
+        pairs = not isinstance(chunk[0], str)
+        texts, second = ([a for a, _ in chunk], [b for _, b in chunk]) if pairs else (list(chunk), None)
+        batch = tokenizer(texts, second, truncation=True, max_length=recipe.data.max_length, padding=True,
+                          return_tensors="pt").to(model.device)
+        with torch.no_grad():
+            yield model(**batch).logits.float().cpu()
 
 
 class TokenTagging:
@@ -176,4 +238,5 @@ def _align_labels(word_ids: list[int | None], word_labels: list[int]) -> list[in
 
 
 CLASSIFICATION = SequenceClassification()
+REGRESSION = SequenceRegression()
 TAGGING = TokenTagging()

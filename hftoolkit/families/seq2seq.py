@@ -82,7 +82,7 @@ class Denoise:
 
 SEQ2SEQ = Seq2SeqGeneration()
 FORMULATIONS = {"translation": SEQ2SEQ, "summarization": SEQ2SEQ, "denoise": Denoise(),
-                "classification": labels.CLASSIFICATION}
+                "classification": labels.CLASSIFICATION, "regression": labels.REGRESSION}
 
 
 def load_model(recipe: Recipe):

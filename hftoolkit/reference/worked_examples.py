@@ -1,6 +1,6 @@
 """The course's worked examples, recomputed with the reference layers, beside the numbers the course prints.
 
-The printed numbers come from the lecture notes (/work/shared/course/000_*.txt,
+The printed numbers come from the course's lecture notes (000_*.txt,
 sections named in `source`). Each example is recomputed exactly; it "agrees"
 when every computed value is within half a unit of the last digit the course
 prints. Where it does not, `note` says what the exact computation gives and, as

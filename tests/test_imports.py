@@ -1,0 +1,76 @@
+"""The package's import graph has no cycles: each module's imports, at module level and inside functions
+(which run too), point one way. `if TYPE_CHECKING:` imports are left out: they never run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hftoolkit"
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(path: Path, modules: set[str]) -> set[str]:
+    """The hftoolkit modules `path` imports (a `from package import submodule` counts as the submodule)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {id(node) for stmt in ast.walk(tree) if isinstance(stmt, ast.If)
+               and "TYPE_CHECKING" in ast.unparse(stmt.test) for node in ast.walk(stmt)}
+    found = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                found.add(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module)
+    return {name for name in found if name in modules}
+
+
+def import_graph() -> dict[str, set[str]]:
+    paths = [p for p in PACKAGE.rglob("*.py") if "metrics" not in p.relative_to(PACKAGE).parts[:-1]
+             or p.parent == PACKAGE / "metrics"]  # the evaluate module scripts are loaded by evaluate, not imported
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imports_of(p, modules) - {module_name(p)} for p in paths}
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state and (cycle := visit(nxt)):
+                return cycle
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (cycle := visit(node)):
+            return cycle
+    return None
+
+
+def test_the_package_has_no_import_cycle():
+    graph = import_graph()
+    assert "hftoolkit.report_plots" in graph and "hftoolkit.families.encoder" in graph  # the walk found the package
+    cycle = find_cycle(graph)
+    assert cycle is None, " -> ".join(cycle)
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b"}, "b": set()}) is None
+
+
+def test_modeling_does_not_import_data():
+    assert "hftoolkit.data" not in import_graph()["hftoolkit.modeling"]
