@@ -119,6 +119,9 @@ def predict(
 def validate(
     recipes: Annotated[list[Path], typer.Argument(help="Recipe YAML files.")],
     set_: SetOption = None,
+    data: Annotated[bool, typer.Option("--data", help="Also load each recipe's data, model config and tokenizer "
+                                                      "(no weights) and run the preflight checks training runs.")
+                    ] = False,
 ):
     """Check recipes without loading any model; lists every problem at once."""
     from hftoolkit.launch import plan_launch
@@ -130,9 +133,17 @@ def validate(
             parsed = load_recipe(path, set_ or [])
             if parsed.training.accelerate_config:  # the launcher config it names, checked against it
                 plan_launch(parsed, None, None, source=str(path))
+            notes = []
+            if data:
+                from hftoolkit.preflight import prepare
+
+                try:
+                    notes = prepare(parsed)[1].notes
+                except RecipeError as err:  # (preflight's lines name recipe keys; say which recipe)
+                    raise RecipeError([f"{path}: {line}" for line in err.problems]) from None
             typer.echo(f"ok: {path}")
-            if parsed.advice:
-                typer.echo(f"note: {parsed.advice}")
+            for line in ([parsed.advice] if parsed.advice else []) + notes:
+                typer.echo(f"note: {line}")
         except RecipeError as err:
             problems += err.problems
     if problems:

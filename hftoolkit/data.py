@@ -8,6 +8,8 @@ columns carry canonical names, so families never see the user's column names:
   target     the output text (translation, summarization)
   image      a PIL image (image-classification)
 Label names found in the data are written back into `recipe.data.label_names`.
+Rows whose input or target is empty are dropped (and counted) as they are read: a model
+trained on an empty text learns nothing from it, and an empty target teaches it to stop.
 
 Hub data sets load as `datasets.load_dataset(id, data.config, split=..., revision=data.revision)` does: online,
 from the cache with HF_HUB_OFFLINE=1, or through an HF_ENDPOINT mirror, as the library decides; hub.py turns its
@@ -29,17 +31,26 @@ FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"
                  ".txt": "text", ".gz": "text"}
 
 
-def load_data(recipe: Recipe):
-    """Train and eval splits with canonical columns, checked, labels encoded."""
+def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
+    """Train and eval splits with canonical columns, checked, labels encoded.
+
+    `dropped`, when given, receives the number of rows dropped for an empty input or target, per
+    source ("train": data.train, before an eval split is held out of it; "eval": data.eval or data.eval_split).
+    """
     import datasets
 
     datasets.disable_progress_bars()
     d = recipe.data
-    train = _read(d.train, "data.train", recipe, target=d.train_target)
+    counts = {"train": 0, "eval": 0}
+    train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),
+                                        "data.train", d.train)
     if d.eval:
-        evaluation = _read(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target)
+        evaluation, counts["eval"] = drop_empty(
+            _read(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target),
+            "data.eval", d.eval)
     elif d.eval_split:
-        evaluation = _read(d.train, "data.eval_split", recipe, split=d.eval_split)
+        evaluation, counts["eval"] = drop_empty(_read(d.train, "data.eval_split", recipe, split=d.eval_split),
+                                                "data.eval_split", f"{d.train} (split {d.eval_split})")
     else:
         _check_not_empty(train, "data.train", d.train)
         if len(train) < 2:
@@ -59,7 +70,37 @@ def load_data(recipe: Recipe):
         if limit[split] and len(ds) > limit[split]:
             ds = ds.shuffle(seed=recipe.training.seed).select(range(limit[split]))
         out[split] = ds
+    if dropped is not None:
+        dropped.update(counts)
     return datasets.DatasetDict(out)
+
+
+def drop_empty(ds, key: str, source: str):
+    """(the rows whose texts and target are filled in, how many were dropped); refuses when none is left.
+
+    Empty means missing (an empty CSV cell), blank text, or an empty word list (tagging).
+    """
+    columns = [c for c in ("text", "text_pair", "target") if c in ds.column_names]
+    if not columns or len(ds) == 0:
+        return ds, 0
+    empty = {c: [i for i, value in enumerate(ds[c]) if not _filled(value)] for c in columns}
+    gone = sorted(set().union(*empty.values()))
+    if not gone:
+        return ds, 0
+    if len(gone) == len(ds):
+        what = " or ".join(c for c in columns if empty[c])
+        raise UserError(f"{key}: every row of {source} has an empty {what}, so nothing is left to use: "
+                        f"fill in the {what} column, or point {key} at other data")
+    drop = set(gone)
+    return ds.select([i for i in range(len(ds)) if i not in drop]), len(gone)
+
+
+def _filled(value) -> bool:
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, (list, tuple)):
+        return len(value) > 0
+    return value is not None
 
 
 def fingerprint(data) -> str:
@@ -93,6 +134,8 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
     path = _expand(source, key)
     if path.is_dir():
         ds = _load_builder("imagefolder", {"data_dir": str(path)}, key, source)
+        if "label" not in ds.column_names and "label" in tasks.spec(recipe.task).columns:
+            ds = _single_class(ds, path, key, source)
         return _map_columns(ds, recipe, key, source, canonical=True)
     if path.is_file() or path.suffix.lower() in FILE_BUILDERS or source.startswith((".", "/", "~")):
         if not path.is_file():
@@ -186,11 +229,27 @@ def _load_builder(builder: str, kwargs: dict, key: str, source: str):
                         f"{str(cause).splitlines()[0][:200]}): check its format") from None
 
 
-def _lines(path: Path, key: str) -> list[str]:
+def _single_class(ds, path: Path, key: str, source: str):
+    """An image folder without a label column: the imagefolder builder labels images by their subfolder only
+    when there are two or more. An eval folder may hold one class (named by its subfolder); a train folder may not."""
+    classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(classes) == 1 and key != "data.train":
+        return ds.add_column("label", [classes[0]] * len(ds))
+    found = f"a single class subfolder ({classes[0]})" if len(classes) == 1 else "no class subfolders"
+    raise UserError(f"{key}: image folder {source} has {found}, but image classification needs at least two "
+                    "classes: put each class's images in a subfolder named after it")
+
+
+def _lines(path: Path, key: str, keep_blank: bool = False) -> list[str]:
+    """The file's lines; blank ones are skipped, or kept (aligned files: line i must stay line i) but for
+    blank lines at the very end."""
     opener = gzip.open if path.suffix == ".gz" else open
     try:
         with opener(path, "rt", encoding="utf-8") as f:
-            return [line.rstrip("\n") for line in f if line.strip()]
+            lines = [line.rstrip("\r\n") for line in f if keep_blank or line.strip()]
+            while keep_blank and lines and not lines[-1].strip():
+                lines.pop()
+            return lines
     except UnicodeDecodeError:
         raise UserError(f"{key}: {path} is not UTF-8 text: convert it to UTF-8") from None
     except (OSError, EOFError) as err:
@@ -204,7 +263,7 @@ def _aligned(source: Path, target: Path, key: str):
     if not target.is_file():
         raise UserError(f"{key.replace('train', 'train_target').replace('eval', 'eval_target')}: "
                         f"target file {target} not found: check the path")
-    src, tgt = _lines(source, key), _lines(target, key)
+    src, tgt = _lines(source, key, keep_blank=True), _lines(target, key, keep_blank=True)
     if len(src) != len(tgt):
         raise UserError(f"{key}: aligned files differ in length ({source}: {len(src)} lines, {target}: {len(tgt)}): "
                         "they must match line for line")
@@ -280,7 +339,17 @@ def _encode_labels(recipe: Recipe, train, evaluation):
     recipe.data.label_names = names
     encode = lambda batch: {"label": [[to_id(v) for v in label] if isinstance(label, list) else to_id(label)
                                       for label in batch["label"]]}
-    return train.map(encode, batched=True), evaluation.map(encode, batched=True)
+    # The id column's type is given: map keeps a column's old type when it returns the same name, and ids
+    # stored as strings ("1", from a CSV's large_string column) would reach the collator as text.
+    return tuple(ds.map(encode, batched=True, features=_id_features(ds)) for ds in (train, evaluation))
+
+
+def _id_features(ds):
+    from datasets import List, Value
+
+    features = ds.features.copy()
+    features["label"] = List(Value("int64")) if hasattr(features["label"], "feature") else Value("int64")
+    return features
 
 
 def _float_labels(recipe: Recipe, ds, key: str):

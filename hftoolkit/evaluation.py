@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -119,9 +120,34 @@ def load_trained(run_dir: Path, full_precision: bool = False):
     return recipe, family, model, type(processor).from_pretrained(weights)
 
 
+def run_facts(recipe: Recipe, scorer) -> dict:
+    """What a run is, as metrics.json opens: name, family, task, checkpoint, quantization, LoRA rank, main metric."""
+    return {
+        "name": recipe.name, "family": recipe.family, "task": recipe.task, "checkpoint": recipe.model.checkpoint,
+        "quantization": recipe.model.quantization, "lora_rank": recipe.lora.r if recipe.lora.enabled else None,
+        "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better,
+    }
+
+
+def peak_memory_mb() -> float:
+    """Peak GPU memory allocated when on CUDA, else the process's peak resident set size."""
+    import torch
+
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def reevaluate(run_dir: Path) -> dict:
-    """Score the run's saved weights on its eval split again; metrics.json's eval part is replaced."""
+    """Score the run's saved weights on its eval split again; metrics.json's eval part is replaced.
+
+    A run whose eval pass failed after training ("trained, eval failed", or killed during it) is completed:
+    metrics.json (what training measured, kept, plus the eval), predictions.jsonl, the model card, and the
+    status "complete". A run without metrics.json gets what can be known without training again.
+    """
     from hftoolkit.data import load_data
+    from hftoolkit.modeling import count_parameters
+    from hftoolkit.publish import model_card
     from hftoolkit.throughput import TokenCounter
     from hftoolkit.trainer import build_trainer
 
@@ -134,9 +160,15 @@ def reevaluate(run_dir: Path) -> dict:
     trainer = build_trainer(recipe, run, model, processor, encoded,
                             TokenCounter(family.collator(recipe, processor)), scorer)
     results, predictions, seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
-    metrics = {**run.metrics(), "eval": results, "eval_seconds": round(seconds, 3)}
-    run.write_json("metrics.json", metrics)
+    trainable, total = count_parameters(model)
+    metrics = {**run_facts(recipe, scorer), "trainable_params": trainable, "total_params": total,
+               "hftoolkit_version": __import__("hftoolkit").__version__, **run.metrics(),
+               "eval": results, "eval_seconds": round(seconds, 3)}
     run.write_jsonl("predictions.jsonl", predictions)
+    run.write_json("metrics.json", metrics)
+    run.write_text("README.md", model_card(recipe, metrics))
+    if run.manifest().get("status") != "complete":
+        run.finish("complete")
     return metrics
 
 
@@ -155,10 +187,12 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     metrics.json ("trained": false, no train figures) and predictions.jsonl, no weights, and `hftoolkit
     runs` and `compare` read it like any run.
     """
+    import typer
     from accelerate.utils import set_seed
 
-    from hftoolkit.data import load_data, use_split
+    from hftoolkit.data import use_split
     from hftoolkit.modeling import count_parameters, resolve_family
+    from hftoolkit.preflight import prepare
 
     if split:
         use_split(recipe, split)
@@ -168,7 +202,9 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
         run.claim(overwrite=overwrite)
     try:
         family = family_module(resolve_family(recipe))
-        data = load_data(recipe)
+        data, findings = prepare(recipe)  # the checks training runs: lengths clamped, empty rows dropped
+        for line in findings.notes:
+            typer.echo(f"preflight: {line}", err=True)
         set_seed(recipe.training.seed)  # the new head's initialisation
         model, processor = family.load_model(recipe)
         scorer, results, predictions, seconds = _score(recipe, family, model, processor, data)
@@ -177,7 +213,6 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
             run.path.rmdir()  # bad input: leave no empty run directory behind
         raise
     from hftoolkit.recipe import recipe_to_yaml
-    from hftoolkit.train import peak_memory_mb
 
     metrics = {
         "name": f"{recipe.name}-untrained", "family": recipe.family, "task": recipe.task,
@@ -190,6 +225,7 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     }
     if run is not None:
         run.start(recipe_to_yaml(recipe), list(command), recipe.training.seed)
+        run.update_manifest(preflight=findings.record)
         run.write_json("metrics.json", metrics)
         run.write_jsonl("predictions.jsonl", predictions)
         run.finish("complete")

@@ -5,7 +5,8 @@
 
 Every file is written atomically (temporary file, fsync, rename), so a killed run never
 leaves a file half-written; manifest.json's "status" says whether the run is running,
-complete or failed. Light: no torch import.
+complete, failed, or "trained, eval failed" (its weights are saved; `hftoolkit eval RUN_DIR`
+evaluates them and completes it). Light: no torch import.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from pathlib import Path
 from hftoolkit import __version__
 from hftoolkit.errors import UserError
 
+# The status of a run whose weights were saved and whose eval pass (or what follows it) then failed.
+TRAINED_EVAL_FAILED = "trained, eval failed"
 FILES = ("recipe.yaml", "manifest.json", "metrics.json", "log_history.jsonl", "predictions.jsonl", "README.md")
 
 

@@ -1,25 +1,29 @@
 """Train, evaluate and write the run directory: the one path every recipe takes.
 
-recipe -> data.load_data -> family.load_model / preprocess / collator -> HF Trainer
--> evaluate (loss, metrics, predictions) -> run directory. Only the main process writes.
+recipe -> preflight.prepare (data, config and processor checked together, no weights) -> family.load_model /
+preprocess / collator -> HF Trainer -> weights saved -> evaluate (loss, metrics, predictions) -> run directory.
+Only the main process writes. The weights are written as soon as training ends, before anything else can
+fail: a run whose eval pass fails keeps them, says "trained, eval failed", and `hftoolkit eval` completes it.
 """
 
 from __future__ import annotations
 
 import gc
-import resource
 import shutil
 import time
 from pathlib import Path
 
+import typer
+
 from hftoolkit import modeling
-from hftoolkit.data import fingerprint, load_data
+from hftoolkit.data import fingerprint
 from hftoolkit.errors import UserError
-from hftoolkit.evaluation import evaluate
+from hftoolkit.evaluation import evaluate, peak_memory_mb, run_facts
 from hftoolkit.families import family_module
+from hftoolkit.preflight import prepare
 from hftoolkit.publish import model_card
 from hftoolkit.recipe import Recipe, recipe_to_yaml
-from hftoolkit.rundir import RunDirectory
+from hftoolkit.rundir import TRAINED_EVAL_FAILED, RunDirectory
 from hftoolkit.throughput import TokenCounter, efficiency
 
 
@@ -27,8 +31,9 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
     """Run one recipe end to end; returns metrics.json's content.
 
     resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py).
-    Bad input found before training starts removes the run directory this call created; a run
-    that fails once training has started keeps its log and says "failed" in manifest.json.
+    Bad input found before training starts (preflight: every problem at once) removes the run directory
+    this call created; a run that fails once training has started keeps its log and says "failed" in
+    manifest.json, or "trained, eval failed" once its weights are saved.
     """
     gc.disable()  # until the model is loaded: see _startup_done
     try:
@@ -65,11 +70,14 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     state.wait_for_everyone()
     started = time.perf_counter()
     existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
-    written, trainer, resume_from = False, None, None
+    written, trainer, resume_from, trained = False, None, None, False
     try:
         family = family_module(modeling.resolve_family(recipe))
-        with state.main_process_first():  # tokenize once, on the main process; the others read its cache
-            data = load_data(recipe)
+        with state.main_process_first():  # read once, on the main process; the others read its cache
+            data, findings = prepare(recipe)  # clamps lengths in the recipe: before recipe.yaml is written
+        if state.is_main_process:
+            for line in findings.notes:
+                typer.echo(f"preflight: {line}", err=True)
         if resume:
             resume_from = checkpoints.resume_point(run, recipe_to_yaml(recipe))
         if state.is_main_process:
@@ -78,7 +86,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
             run.start(recipe_to_yaml(recipe), command, recipe.training.seed)
             written = True
             run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
-                                data_fingerprint=fingerprint(data))
+                                data_fingerprint=fingerprint(data), preflight=findings.record)
         set_seed(recipe.training.seed)
         with state.main_process_first():  # an init: checkpoint or a hub download is made once, by the main process
             model, processor = family.load_model(recipe)
@@ -92,12 +100,17 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         train_seconds = time.perf_counter() - started - setup_seconds
         train_counts = counter.snapshot()  # before eval batches pass through the same collator
-        trainer.model.eval()
-        evaluation, predictions, eval_seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
-        metrics = summarize(recipe, trainer.model, scorer, evaluation, train_counts, train_seconds, eval_seconds,
+        save_weights(recipe, trainer, processor, run)  # every process: sharded weights are gathered first
+        trained = True
+        metrics = summarize(recipe, trainer.model, scorer, None, train_counts, train_seconds, None,
                             processes=state.num_processes)
         metrics["setup_seconds"] = round(setup_seconds, 3)
-        save_weights(recipe, trainer, processor, run)  # every process: sharded weights are gathered first
+        if state.is_main_process:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
+            run.write_jsonl("log_history.jsonl", trainer.state.log_history)
+            run.write_json("metrics.json", {k: v for k, v in metrics.items() if k not in ("eval", "eval_seconds")})
+        trainer.model.eval()
+        evaluation, predictions, eval_seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
+        metrics.update(eval=evaluation, eval_seconds=round(eval_seconds, 3))
         if state.is_main_process:
             run.write_jsonl("log_history.jsonl", trainer.state.log_history)
             run.write_jsonl("predictions.jsonl", predictions)
@@ -112,7 +125,10 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
             if trainer is not None:  # a failed run keeps its log
                 run.write_jsonl("log_history.jsonl", trainer.state.log_history)
             message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
-            run.finish("failed", error=message or type(err).__name__)
+            run.finish(TRAINED_EVAL_FAILED if trained else "failed", error=message or type(err).__name__)
+            if trained:
+                typer.echo(f"The trained weights are saved in {run.weights_dir()}; once the problem below is "
+                           f"fixed, `hftoolkit eval {run.path}` evaluates them and completes the run.", err=True)
         elif state.is_main_process and run.path.is_dir() and not any(run.path.iterdir()):
             run.path.rmdir()  # nothing was written: leave no empty run directory behind
         raise
@@ -130,24 +146,14 @@ def summarize(recipe, model, scorer, evaluation, counts, train_seconds, eval_sec
     """metrics.json's content; `counts` are this process's token counts (see throughput.efficiency)."""
     trainable, total = modeling.count_parameters(model)
     return {
-        "name": recipe.name, "family": recipe.family, "task": recipe.task, "checkpoint": recipe.model.checkpoint,
-        "quantization": recipe.model.quantization, "lora_rank": recipe.lora.r if recipe.lora.enabled else None,
-        "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better, "eval": evaluation,
-        "train_seconds": round(train_seconds, 3), "eval_seconds": round(eval_seconds, 3),
+        **run_facts(recipe, scorer), "eval": evaluation,
+        "train_seconds": round(train_seconds, 3),
+        "eval_seconds": None if eval_seconds is None else round(eval_seconds, 3),
         "samples_per_second": round(processes * counts["samples"] / train_seconds, 3),
         **efficiency(model, counts, train_seconds, lora=recipe.lora.enabled, processes=processes),
         "peak_memory_mb": peak_memory_mb(), "trainable_params": trainable, "total_params": total,
         "hftoolkit_version": __import__("hftoolkit").__version__,
     }
-
-
-def peak_memory_mb() -> float:
-    """Peak GPU memory allocated when on CUDA, else the process's peak resident set size."""
-    import torch
-
-    if torch.cuda.is_available():
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 def save_weights(recipe: Recipe, trainer, processor, run: RunDirectory) -> None:

@@ -128,6 +128,151 @@ def _truncate(name: str, keep: float = 0.5):
     return damage
 
 
+# ---------------------------------------------------------------- data x model fixtures (preflight)
+
+MLM = RECIPES / "encoder-mlm.yaml"
+CLM = RECIPES / "decoder-clm.yaml"
+
+
+def _rows(tmp: Path, name: str, header: str, rows: list[str]) -> Path:
+    return _write(tmp, name, "\n".join([header, *rows]) + "\n")
+
+
+def _sentiment_csv(tmp: Path, name: str = "train.csv", labels=("pos", "neg")) -> Path:
+    return _rows(tmp, name, "text,label", [f"the film was {i} times {labels[i % len(labels)]},{labels[i % len(labels)]}"
+                                           for i in range(12)])
+
+
+def _tags(tmp: Path, name: str, tags: list[str]) -> Path:
+    return _write(tmp, name, "".join(json.dumps({"text": ["ann", "saw", "kyoto"], "label": tags}) + "\n"
+                                     for _ in range(6)))
+
+
+def _edit_json(path: Path, **changes) -> None:
+    data = json.loads(path.read_text())
+    for key, value in changes.items():
+        if value is None:
+            data.pop(key, None)
+        else:
+            data[key] = value
+    path.write_text(json.dumps(data))
+
+
+def _without_tokenizer(tmp: Path) -> Path:
+    ckpt = _tiny_checkpoint(tmp)
+    for path in ckpt.glob("tokenizer*"):
+        path.unlink()
+    return ckpt
+
+
+def _tokenizer_without(tmp: Path, arch: str, *tokens: str) -> Path:
+    ckpt = _tiny_checkpoint(tmp, arch)
+    _edit_json(ckpt / "tokenizer_config.json", **{f"{t}_token": None for t in tokens})
+    return ckpt
+
+
+def _grown_tokenizer(tmp: Path) -> Path:
+    """The checkpoint's tokenizer with more tokens added than its embedding table has rows."""
+    from transformers import AutoTokenizer
+
+    ckpt = _tiny_checkpoint(tmp)
+    tokenizer = AutoTokenizer.from_pretrained(ckpt)
+    tokenizer.add_tokens(["movie", "film", "plot", *(f"word{i}" for i in range(len(tokenizer)))])
+    tokenizer.save_pretrained(ckpt)
+    return ckpt
+
+
+def _foreign_tokenizer(tmp: Path) -> Path:
+    """A tokenizer of 40-odd tokens (another model's) saved over the checkpoint's own."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = {"unk_token": "[UNK]", "pad_token": "[PAD]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                "mask_token": "[MASK]"}
+    tok = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tok.train_from_iterator(["the movie was good", "the film was bad"],
+                            trainers.WordPieceTrainer(vocab_size=40, special_tokens=list(specials.values())))
+    ckpt = _tiny_checkpoint(tmp)
+    for path in ckpt.glob("tokenizer*"):
+        path.unlink()
+    PreTrainedTokenizerFast(tokenizer_object=tok, **specials).save_pretrained(ckpt)
+    return ckpt
+
+
+def _retyped(tmp: Path, arch: str, model_type: str) -> Path:
+    """A tiny checkpoint whose config names another model type of the same family (a type without some head)."""
+    ckpt = _tiny_checkpoint(tmp, arch)
+    _edit_json(ckpt / "config.json", model_type=model_type, architectures=None)
+    return ckpt
+
+
+def _opt_folder(tmp: Path) -> Path:
+    """An OPT config (a decoder transformers gives no token-classification head) with the tiny GPT-2 tokenizer."""
+    from transformers import OPTConfig
+
+    ckpt = _tiny_checkpoint(tmp, "gpt2")
+    (ckpt / "model.safetensors").unlink()
+    vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
+    OPTConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
+              max_position_embeddings=512, word_embed_proj_dim=64).save_pretrained(ckpt)
+    return ckpt
+
+
+def _two_label_classifier(tmp: Path) -> Path:
+    """A BERT already fine-tuned for 2 labels (its classifier saved with it)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    from hftoolkit.tiny import ensure_tiny
+
+    model = AutoModelForSequenceClassification.from_pretrained(
+        ensure_tiny("bert"), num_labels=2, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})
+    model.save_pretrained(tmp / "sst2-bert")
+    AutoTokenizer.from_pretrained(ensure_tiny("bert")).save_pretrained(tmp / "sst2-bert")
+    return tmp / "sst2-bert"
+
+
+def _images(tmp: Path, name: str = "images", classes=("cat", "dog")) -> Path:
+    from PIL import Image
+
+    for c, label in enumerate(classes):
+        for i in range(3):
+            path = tmp / name / label / f"{i}.png"
+            path.parent.mkdir(parents=True, exist_ok=True)
+            Image.new("RGB", (8, 8), (i * 40, c * 60, 0)).save(path)
+    return tmp / name
+
+
+def _flat_images(tmp: Path) -> Path:
+    """Images straight in the folder, none in a class subfolder."""
+    folder = _images(tmp)
+    for path in list(folder.rglob("*.png")):
+        path.rename(folder / f"{path.parent.name}-{path.name}")
+        if not any(path.parent.iterdir()):
+            path.parent.rmdir()
+    return folder
+
+
+def _truncated_image(tmp: Path) -> Path:
+    """A PNG cut in half: its header reads (so a header check passes), its pixels do not."""
+    from PIL import Image
+
+    folder = _images(tmp)
+    Image.effect_noise((64, 64), 50).convert("RGB").save(folder / "dog" / "cut.png")
+    data = (folder / "dog" / "cut.png").read_bytes()
+    (folder / "dog" / "cut.png").write_bytes(data[: len(data) // 2])
+    return folder
+
+
+def _vit_with(tmp: Path, size: int | None) -> Path:
+    ckpt = _tiny_checkpoint(tmp, "vit")
+    if size is None:
+        (ckpt / "preprocessor_config.json").unlink()
+    else:
+        _edit_json(ckpt / "preprocessor_config.json", size={"height": size, "width": size})
+    return ckpt
+
+
 CASES: dict[str, Case] = {
     # ------------------------------------------------------------ recipes
     "recipe is a YAML list": Case("recipe", lambda t: ["train", _write(t, "r.yaml", "- name: x\n- task: y\n")],
@@ -246,6 +391,63 @@ CASES: dict[str, Case] = {
                                       "--dtype: 'int8' is not one of"),
     "init-model of an unknown architecture": Case("cli", lambda t: ["init-model", "llama", t / "model"],
                                                   "unknown architecture"),
+    # ------------------------------------------------------------ data x model (preflight, before any weights load)
+    "eval labels the train file never had": Case(
+        "data", lambda t: _data(ENCODER, _sentiment_csv(t), f"data.eval={_sentiment_csv(t, 'e.csv', ('pos', 'meh'))}"),
+        "label 'meh' (6 eval rows) never occurs in the train split"),
+    "eval tags the train file never had": Case(
+        "data", lambda t: _data(TAGGING, _tags(t, "train.jsonl", ["B-PER", "O", "O"]),
+                                f"data.eval={_tags(t, 'eval.jsonl', ['B-PER', 'O', 'B-LOC'])}"),
+        "tag 'B-LOC' (6 eval words) never occurs in the train split"),
+    "data.label_names listing a label twice": Case(
+        "data", lambda t: _train(ENCODER, "data.label_names=[negative, positive, positive]"),
+        "data.label_names: 'positive' listed more than once"),
+    "every text empty": Case("data", lambda t: _data(ENCODER, _rows(t, "d.csv", "text,label", [",pos", ",neg"] * 3)),
+                             "data.train: every row of"),
+    "every target empty": Case(
+        "data", lambda t: _data(SEQ2SEQ, _rows(t, "d.csv", "text,target", ["the cat,", "a dog,  "] * 3)),
+        "has an empty target, so nothing is left"),
+    "image folder with a single class subfolder": Case(
+        "data", lambda t: _data(VISION, _images(t, classes=("cat",))),
+        "has a single class subfolder (cat), but image classification needs at least two"),
+    "image folder without class subfolders": Case(
+        "data", lambda t: _data(VISION, _flat_images(t)), "has no class subfolders"),
+    "an image cut short": Case("data", lambda t: _data(VISION, _truncated_image(t)),
+                               "cut.png can't be read as an image (image file is truncated"),
+    "checkpoint folder without tokenizer files": Case(
+        "checkpoint", lambda t: _train(ENCODER, f"model.checkpoint={_without_tokenizer(t)}"),
+        "no tokenizer files (expected tokenizer.json, or vocab.txt)"),
+    "tokenizer larger than the embedding table": Case(
+        "checkpoint", lambda t: _train(ENCODER, f"model.checkpoint={_grown_tokenizer(t)}"),
+        "but the model's embedding table only"),
+    "another model's tokenizer": Case(
+        "checkpoint", lambda t: _train(ENCODER, f"model.checkpoint={_foreign_tokenizer(t)}"),
+        "fewer than half the model's"),
+    "classification with a type that has no classifier": Case(
+        "checkpoint", lambda t: _train(ENCODER, f"model.checkpoint={_retyped(t, 'bart', 'marian')}"),
+        "transformers has no SequenceClassification head for marian"),
+    "tagging with a decoder that has no tagger": Case(
+        "checkpoint", lambda t: _train(TAGGING, f"model.checkpoint={_opt_folder(t)}", "lora.targets=[q_proj]"),
+        "transformers has no TokenClassification head for opt"),
+    "a classifier fine-tuned for other labels": Case(
+        "checkpoint", lambda t: _data(ENCODER, _sentiment_csv(t, labels=("pos", "neg", "meh")),
+                                      f"model.checkpoint={_two_label_classifier(t)}"),
+        "already has a SequenceClassification head for 2 labels (neg, pos), but the data needs 3 labels"),
+    "masked LM with a tokenizer without a mask token": Case(
+        "checkpoint", lambda t: _train(MLM, f"model.checkpoint={_tokenizer_without(t, 'bert', 'mask')}"),
+        "has no mask token"),
+    "decoder classifier with neither pad nor eos token": Case(
+        "checkpoint", lambda t: _train(ENCODER, "model.checkpoint=" + str(_tokenizer_without(
+            t, "gpt2", "pad", "eos", "bos", "unk")), "lora.targets=[c_attn]"), "has no pad token"),
+    "causal LM with a tokenizer without an eos token": Case(
+        "checkpoint", lambda t: _train(CLM, f"model.checkpoint={_tokenizer_without(t, 'gpt2', 'eos', 'bos', 'unk')}"),
+        "has no eos token"),
+    "image processor for another image size": Case(
+        "checkpoint", lambda t: _train(VISION, f"model.checkpoint={_vit_with(t, 64)}"),
+        "makes 64x64 images but the model's position embeddings take 32x32"),
+    "vision checkpoint without its image processor": Case(
+        "checkpoint", lambda t: _train(VISION, f"model.checkpoint={_vit_with(t, None)}"),
+        "no image processor file (preprocessor_config.json)"),
 }
 
 
