@@ -119,6 +119,9 @@ def resume_point(run, recipe_yaml: str) -> Path | None:
     if manifest.get("status") == "complete":
         raise UserError(f"--resume: run {run.path} is already complete, so there is nothing to resume; "
                         "pass --overwrite to train it again or choose another --output")
+    if manifest.get("status") == "trained, eval failed":
+        raise UserError(f"--resume: run {run.path} finished training and saved its weights; only its eval failed: "
+                        f"run `hftoolkit eval {run.path}` to complete it")
     saved = run / "recipe.yaml"
     if saved.is_file():
         changed = [k for k in changed_keys(saved.read_text(encoding="utf-8"), recipe_yaml)

@@ -193,7 +193,7 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
 
     if manifest is None and not any("manifest.json" in n for n in notes):
         notes.append("no manifest.json")
-    if run.status in ("running", "failed"):
+    if run.status in ("running", "failed", "trained, eval failed"):
         error_lines = (_str((manifest or {}).get("error")) or "").strip().splitlines()
         notes.append(f"status {run.status}" + (f": {error_lines[-1][:160]}" if error_lines else ""))
     if metrics is None:

@@ -329,7 +329,7 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
 def reset_peak_memory() -> None:
     """Start this process's peak-memory count again, so that each variant trained here reports its own peak.
 
-    train.peak_memory_mb reads the process's peak resident set (getrusage) on a CPU, which only grows:
+    evaluation.peak_memory_mb reads the process's peak resident set (getrusage) on a CPU, which only grows:
     without a reset every variant would report the largest peak of those before it. Linux resets it when
     5 is written to /proc/self/clear_refs; CUDA's peak is reset by torch. Elsewhere the peak stays cumulative.
     """

@@ -183,7 +183,7 @@ DATA = {
     "bert-stsb": (16, 8, lambda row: (row["text"], row["text_pair"], row["label"]) == (
         "a man reads the bread", "someone plays a bread slowly", 0.0)),
     "bert-conll2003": (12, 6, lambda row: row["text"][:2] == ["John", "Smith"] and row["label"][:3] == [1, 2, 0]),
-    "gpt2-wikitext2": (120, 30, lambda row: row["text"] == " = Section 0 = \n"),
+    "gpt2-wikitext2": (80, 20, lambda row: row["text"] == " = Section 0 = \n"),
     "t5-wmt16": (12, 6, lambda row: row == {"text": "This is sentence number 0.", "target": "Das ist Satz Nummer 0."}),
     "bart-cnn-dailymail": (12, 6, lambda row: row["text"].startswith("(validation) The council of town 0")
                            and row["target"] == "Town 0 will build a bridge ."),
