@@ -154,3 +154,13 @@ def test_resume_accepts_changes_around_the_steps_and_refuses_changes_to_them(tmp
             checkpoints.resume_point(run, recipe_to_yaml(load_recipe(recipe, [change])))
         assert change.split("=")[0] in str(caught.value)
     assert yaml.safe_load((tmp_path / "recipe.yaml").read_text())["training"]["on_nonfinite"] == "stop"
+
+
+def test_resume_of_a_run_whose_only_eval_failed_points_at_hftoolkit_eval(tmp_path):
+    from hftoolkit.rundir import TRAINED_EVAL_FAILED, RunDirectory
+
+    run = RunDirectory(tmp_path / "run")
+    run.path.mkdir()
+    run.write_json("manifest.json", {"status": TRAINED_EVAL_FAILED})
+    with pytest.raises(UserError, match=f"run `hftoolkit eval {run.path}` to complete it"):
+        checkpoints.resume_point(run, "name: run\n")
