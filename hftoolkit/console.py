@@ -3,9 +3,9 @@
 - `phase`, `note`, `warn`, `error`: the toolkit's lines, with rich, on stderr (stdout carries what a script
   reads: the results table, `--json`, `predict`'s rows), from the main process only; also into train.log.
 - `capture(log_path, verbosity)`: while a run lasts, what the libraries say (logging handlers, `warnings`,
-  print and tqdm on sys.stdout/sys.stderr) goes in full to the log file, to the console only when verbose;
-  afterwards streams, handlers and warning hooks are as they were. transformers' LOAD REPORT table is said
-  in one line of our own (`explain_load_report`).
+  print and tqdm on sys.stdout/sys.stderr, native code on file descriptor 2) goes in full to the log file, to
+  the console only when verbose; afterwards streams, handlers and warning hooks are as they were.
+  transformers' LOAD REPORT table is said in one line of our own (`explain_load_report`).
 - `use_progress(trainer)`: one training progress bar (loss, learning rate, ETA) instead of the Trainer's
   tqdm bars and printed log dicts, which go to train.log.
 
@@ -20,6 +20,7 @@ import enum
 import io
 import logging
 import math
+import os
 import re
 import sys
 import time
@@ -203,6 +204,13 @@ class LineStream(io.TextIOBase):
         return self.replaced.fileno()
 
 
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def _last_state(line: str) -> str:
     shown = [s for s in line.split("\r") if s.strip()]
     return shown[-1] if shown else ""
@@ -220,11 +228,40 @@ class Capture:
         self.console = outer.console if outer else Console(file=sys.stderr, highlight=False)
         self.main = _is_main_process()
         self.cleanups: list = []  # what must end with the run even if it fails (a live progress bar)
+        self.saved_fd, self.console_file = None, None
 
     def attach(self, path: Path) -> None:
         """Write the log to `path` from now on, with everything said since the capture began."""
         if self.main:
             self.sink.attach(path)
+            self.divert_descriptor(self.sink.file.fileno())
+
+    def divert_descriptor(self, target: int) -> None:
+        """C and C++ code (torch's c10 warnings, such as DDP's reducer's; NCCL) writes to file descriptor 2
+        itself, past sys.stderr. Unless verbose, until the capture ends descriptor 2 is `target` (the log file;
+        /dev/null on a non-main process, which has none) and the console writes to a copy of the old one.
+        A hard crash's last words (a segfault's, faulthandler's) are then in the log file."""
+        if self.verbosity >= Verbosity.VERBOSE or self.saved_fd is not None:
+            return
+        try:
+            self.saved_fd = os.dup(2)
+        except OSError:  # no descriptor 2 (a daemon)
+            return
+        self.console.file.flush()
+        if _fileno(self.console.file) == 2:
+            encoding = getattr(self.console.file, "encoding", None) or "utf-8"
+            self.console_file = self.console.file
+            self.console.file = open(self.saved_fd, "w", encoding=encoding, errors="replace", closefd=False)
+        os.dup2(target, 2)
+
+    def restore_descriptor(self) -> None:
+        if self.saved_fd is not None:
+            if self.console_file is not None:
+                self.console.file.close()
+                self.console.file, self.console_file = self.console_file, None
+            os.dup2(self.saved_fd, 2)
+            os.close(self.saved_fd)
+            self.saved_fd = None
 
     def library_line(self, line: str) -> None:
         self.sink.line(line)
@@ -264,6 +301,9 @@ def capture(log_path: Path | None = None, verbosity: Verbosity | None = None, *,
         undo.callback(lambda: [end() for end in reversed(run.cleanups)])
         if log_path is not None:
             run.attach(log_path)
+        if not run.main:
+            with open(os.devnull, "w") as nowhere:
+                run.divert_descriptor(nowhere.fileno())
         try:
             yield run
         except BaseException:
@@ -275,6 +315,7 @@ def _finish(run: Capture, outer: Capture | None, failed: list[bool]) -> None:
     """The capture ends; after a failure, say where the libraries' full account is (if still there)."""
     global _active
     _active = outer
+    run.restore_descriptor()
     run.sink.close()
     if failed[0] and run.sink.path is not None and run.sink.path.is_file():
         note(f"the libraries' full log: {run.sink.path}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import sys
 import warnings
 
@@ -65,6 +66,16 @@ def test_a_normal_run_shows_our_lines_and_writes_the_libraries_to_the_log(capfd,
         assert said in text
     assert "\x1b[" not in text and "\r" not in text  # no colour codes, a tqdm bar as its final state
     assert after == before and filters_restored(filters)  # streams, transformers' handler, warnings as they were
+
+
+def test_what_native_code_writes_to_the_descriptor_goes_to_the_log(capfd, tmp_path):
+    # torch's C++ warnings (DDP's reducer, NCCL) are written to file descriptor 2, past sys.stderr
+    with console.capture(tmp_path / "train.log", Verbosity.NORMAL):
+        os.write(2, b"[W reducer.cpp:1529] Warning: find_unused_parameters=True\n")
+        console.phase("still on the console")
+    os.write(2, b"after the capture\n")
+    assert capfd.readouterr().err == "still on the console\nafter the capture\n"
+    assert "[W reducer.cpp:1529] Warning" in (tmp_path / "train.log").read_text()
 
 
 def test_verbose_shows_the_libraries_too(capsys):
