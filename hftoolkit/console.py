@@ -1,0 +1,574 @@
+"""What a user sees while hftoolkit works: the toolkit's own lines on the console, the libraries' in train.log.
+
+- `phase`, `note`, `warn`, `error`: the toolkit's lines, with rich, on stderr (stdout carries what a script
+  reads: the results table, `--json`, `predict`'s rows), from the main process only; also into train.log.
+- `capture(log_path, verbosity)`: while a run lasts, what the libraries say (logging handlers, `warnings`,
+  print and tqdm on sys.stdout/sys.stderr, native code on file descriptor 2) goes in full to the log file, to
+  the console only when verbose; afterwards streams, handlers and warning hooks are as they were.
+  transformers' LOAD REPORT table is said in one line of our own (`explain_load_report`).
+- `use_progress(trainer)`: one training progress bar (loss, learning rate, ETA) instead of the Trainer's
+  tqdm bars and printed log dicts, which go to train.log.
+
+Verbosity: quiet prints errors only, normal the toolkit's lines, verbose the libraries' output as well.
+Light: no torch or transformers at module level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import io
+import logging
+import math
+import os
+import re
+import sys
+import time
+import warnings
+from collections import deque
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+# Lines said before a log file is attached are held in memory, the newest this many (a non-main process never
+# attaches one).
+HELD_LINES = 10_000
+# Without a terminal (CI, a pipe) the progress bar is a plain line each time this share of the steps is done.
+LINE_EVERY = 0.1
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+class Verbosity(enum.IntEnum):
+    QUIET = 0
+    NORMAL = 1
+    VERBOSE = 2
+
+
+_verbosity = Verbosity.NORMAL
+_active: Capture | None = None
+
+
+def set_verbosity(verbosity: Verbosity) -> None:
+    global _verbosity
+    _verbosity = Verbosity(verbosity)
+
+
+def get_verbosity() -> Verbosity:
+    return _active.verbosity if _active else _verbosity
+
+
+def verbosity_from_flags(verbose: bool, quiet: bool) -> Verbosity:
+    """The CLI's -v/--verbose and -q/--quiet as one setting."""
+    from hftoolkit.errors import UserError
+
+    if verbose and quiet:
+        raise UserError("-v/--verbose and -q/--quiet contradict each other: pass one of them")
+    return Verbosity.VERBOSE if verbose else Verbosity.QUIET if quiet else Verbosity.NORMAL
+
+
+# ---------------------------------------------------------------- the toolkit's own lines
+
+
+def phase(message: str) -> None:
+    """A step of the work: data loaded, model loaded, eval. Hidden when quiet."""
+    _say(message, "", Verbosity.NORMAL)
+
+
+def note(message: str) -> None:
+    """Something worth knowing that needs no action. Hidden when quiet."""
+    _say(message, "note", Verbosity.NORMAL, "cyan")
+
+
+def warn(message: str) -> None:
+    """Something that may need the user's attention. Hidden when quiet."""
+    _say(message, "warning", Verbosity.NORMAL, "yellow")
+
+
+def error(message: str) -> None:
+    """Shown at every verbosity."""
+    _say(message, "error", Verbosity.QUIET, "bold red")
+
+
+def data_line(rows: Mapping[str, int]) -> str:
+    """'data loaded: 240 train, 60 eval rows' from rows per split."""
+    return "data loaded: " + ", ".join(f"{n:,} {split}" for split, n in rows.items()) + " rows"
+
+
+def model_line(checkpoint: str, trainable: int, total: int, quantization: str = "none",
+               lora_rank: int | None = None) -> str:
+    """'model loaded: init:bert, 136,964 parameters, 4,226 trainable (3.09%), LoRA r=8, not quantized'."""
+    share = f"{100 * trainable / total:.3g}%" if total else "-"
+    parts = [checkpoint, f"{total:,} parameters", f"{trainable:,} trainable ({share})"]
+    if lora_rank:
+        parts.append(f"LoRA r={lora_rank}")
+    quantized = quantization not in (None, "none")
+    parts.append(f"{quantization.replace('bit', '-bit')} weights" if quantized else "not quantized")
+    return "model loaded: " + ", ".join(parts)
+
+
+def _say(message: str, label: str, least: Verbosity, style: str = "") -> None:
+    from rich.text import Text
+
+    if _active:
+        _active.sink.line(f"[hftoolkit] {label + ': ' if label else ''}{message}")
+    if get_verbosity() >= least and _is_main_process():
+        text = Text(f"{label}: ", style=style) if label else Text()
+        _console().print(text.append(message), soft_wrap=True, highlight=False)
+
+
+def _console():
+    """The rich console on the real stderr (the one a capture found, not its own stand-in)."""
+    from rich.console import Console
+
+    return _active.console if _active else Console(file=sys.stderr, highlight=False)
+
+
+def _is_main_process() -> bool:
+    from hftoolkit.launch import is_main_process
+
+    return is_main_process()
+
+
+# ---------------------------------------------------------------- capturing the libraries
+
+
+class LogSink:
+    """train.log's lines: held in memory until a file is attached, then appended to it, one flush a line
+    (a killed run keeps what was said). Colour codes are dropped; each line starts with the time."""
+
+    def __init__(self):
+        self.file = None
+        self.path: Path | None = None
+        self.held: deque[str] = deque(maxlen=HELD_LINES)
+
+    def line(self, text: str) -> None:
+        stamped = f"{time.strftime('%H:%M:%S')} {ANSI.sub('', text)}\n"
+        if self.file is None:
+            self.held.append(stamped)
+        else:
+            self.file.write(stamped)
+            self.file.flush()
+
+    def attach(self, path: Path) -> None:
+        """Append to `path` from now on (a resumed run adds to its log), starting with the held lines."""
+        self.close()
+        self.path = Path(path)
+        self.file = self.path.open("a", encoding="utf-8")
+        self.file.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} log opened\n")
+        self.file.writelines(self.held)
+        self.file.flush()
+        self.held.clear()
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file, file = None, self.file
+            file.close()
+
+
+class LineStream(io.TextIOBase):
+    """Stands in for sys.stdout or sys.stderr during a capture: whole lines go to the capture.
+
+    A line redrawn with carriage returns (a tqdm bar) counts as its last state, as a terminal shows it;
+    a bar that erases itself leaves nothing. After the capture, writes go to the stream it replaced
+    (a handler or a bar made meanwhile may still hold this object)."""
+
+    encoding = "utf-8"
+
+    def __init__(self, capture: Capture, replaced):
+        super().__init__()
+        self.capture, self.replaced, self.partial, self.done = capture, replaced, "", False
+
+    def write(self, text: str) -> int:
+        if self.done:
+            return self.replaced.write(text)
+        *lines, self.partial = (self.partial + text).split("\n")
+        for line in lines:
+            self.capture.library_line(_last_state(line))
+        if "\r" in self.partial:  # keep only the bar's latest state: a long run redraws it thousands of times
+            segments = self.partial.split("\r")
+            keep = max((i for i, s in enumerate(segments) if s.strip()), default=len(segments) - 1)
+            self.partial = "\r" + "\r".join(segments[keep:])
+        return len(text)
+
+    def finish(self) -> None:
+        if self.partial.strip():
+            self.capture.library_line(_last_state(self.partial))
+        self.partial, self.done = "", True
+
+    def writable(self) -> bool:
+        return True
+
+    def isatty(self) -> bool:  # libraries then write no colour codes and no cursor movements
+        return False
+
+    def fileno(self) -> int:  # what writes to the descriptor (faulthandler, a subprocess) is not captured
+        return self.replaced.fileno()
+
+
+def _fileno(stream) -> int | None:
+    try:
+        return stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def _last_state(line: str) -> str:
+    shown = [s for s in line.split("\r") if s.strip()]
+    return shown[-1] if shown else ""
+
+
+class Capture:
+    """One capture's state (see `capture`)."""
+
+    def __init__(self, verbosity: Verbosity, outer: Capture | None, explain_loading: bool):
+        from rich.console import Console
+
+        self.verbosity, self.explain_loading = Verbosity(verbosity), explain_loading
+        self.sink = LogSink()
+        # Nested in another capture, the console is still the real one.
+        self.console = outer.console if outer else Console(file=sys.stderr, highlight=False)
+        self.main = _is_main_process()
+        self.cleanups: list = []  # what must end with the run even if it fails (a live progress bar)
+        self.saved_fd, self.console_file = None, None
+
+    def attach(self, path: Path) -> None:
+        """Write the log to `path` from now on, with everything said since the capture began."""
+        if self.main:
+            self.sink.attach(path)
+            self.divert_descriptor(self.sink.file.fileno())
+
+    def divert_descriptor(self, target: int) -> None:
+        """C and C++ code (torch's c10 warnings, such as DDP's reducer's; NCCL) writes to file descriptor 2
+        itself, past sys.stderr. Unless verbose, until the capture ends descriptor 2 is `target` (the log file;
+        /dev/null on a non-main process, which has none) and the console writes to a copy of the old one.
+        A hard crash's last words (a segfault's, faulthandler's) are then in the log file."""
+        if self.verbosity >= Verbosity.VERBOSE or self.saved_fd is not None:
+            return
+        try:
+            self.saved_fd = os.dup(2)
+        except OSError:  # no descriptor 2 (a daemon)
+            return
+        self.console.file.flush()
+        if _fileno(self.console.file) == 2:
+            encoding = getattr(self.console.file, "encoding", None) or "utf-8"
+            self.console_file = self.console.file
+            self.console.file = open(self.saved_fd, "w", encoding=encoding, errors="replace", closefd=False)
+        os.dup2(target, 2)
+
+    def restore_descriptor(self) -> None:
+        if self.saved_fd is not None:
+            if self.console_file is not None:
+                self.console.file.close()
+                self.console.file, self.console_file = self.console_file, None
+            os.dup2(self.saved_fd, 2)
+            os.close(self.saved_fd)
+            self.saved_fd = None
+
+    def library_line(self, line: str) -> None:
+        self.sink.line(line)
+        if self.verbosity >= Verbosity.VERBOSE and self.main and line.strip():
+            from rich.text import Text
+
+            self.console.print(Text.from_ansi(line), soft_wrap=True, highlight=False)
+
+
+@contextlib.contextmanager
+def capture(log_path: Path | None = None, verbosity: Verbosity | None = None, *,
+            explain_loading: bool = True) -> Iterator[Capture]:
+    """The libraries' output into a log file for the duration of the block (see the module docstring).
+
+    log_path may be None, the file attached later (`attach`). explain_loading=False where a head missing from
+    the checkpoint comes from elsewhere (loading a trained LoRA run: the adapter holds it).
+    """
+    global _active
+    outer = _active
+    run = Capture(get_verbosity() if verbosity is None else verbosity, outer, explain_loading)
+    failed = [False]
+    with contextlib.ExitStack() as undo:  # on the way out, in the reverse order of these lines
+        undo.callback(_finish, run, outer, failed)
+        out, err = LineStream(run, sys.stdout), LineStream(run, sys.stderr)
+        _redirect_handlers(out, err, undo)
+        undo.enter_context(contextlib.redirect_stdout(out))
+        undo.enter_context(contextlib.redirect_stderr(err))
+        _active = run
+        if explain_loading:
+            _watch_load_reports(undo)
+        undo.callback(setattr, warnings, "showwarning", warnings.showwarning)
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
+            warnings.formatwarning(message, category, filename, lineno, line))
+        _record_library_deprecations(undo)
+        undo.callback(out.finish)
+        undo.callback(err.finish)
+        undo.callback(lambda: [end() for end in reversed(run.cleanups)])
+        if log_path is not None:
+            run.attach(log_path)
+        if not run.main:
+            with open(os.devnull, "w") as nowhere:
+                run.divert_descriptor(nowhere.fileno())
+        try:
+            yield run
+        except BaseException:
+            failed[0] = True
+            raise
+
+
+def _finish(run: Capture, outer: Capture | None, failed: list[bool]) -> None:
+    """The capture ends; after a failure, say where the libraries' full account is (if still there)."""
+    global _active
+    _active = outer
+    run.restore_descriptor()
+    run.sink.close()
+    if failed[0] and run.sink.path is not None and run.sink.path.is_file():
+        note(f"the libraries' full log: {run.sink.path}")
+
+
+def attach(path: Path) -> None:
+    """Attach the log file to the capture in progress (no capture: nothing to do)."""
+    if _active:
+        _active.attach(path)
+
+
+def log_line(line: str) -> None:
+    """A line for the current capture's log file only (no capture: nowhere)."""
+    if _active:
+        _active.sink.line(line)
+
+
+def _console_handlers() -> Iterator[logging.StreamHandler]:
+    """Logging handlers that hold a console stream: StreamHandlers but files and in-memory buffers (caplog's).
+    transformers' `_default_handler` is one: utils/logging.py binds it to the sys.stderr of the moment it is
+    made. A handler that looks sys.stderr up at each record (logging.lastResort) follows the redirect."""
+    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                      if isinstance(lg, logging.Logger))]
+    for logger in loggers:
+        for handler in logger.handlers:
+            if (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
+                    and not isinstance(getattr(type(handler), "stream", None), property)
+                    and not isinstance(handler.stream, io.StringIO)):
+                yield handler
+
+
+def _redirect_handlers(out: LineStream, err: LineStream, undo: contextlib.ExitStack) -> None:
+    """Point console handlers at the capture's streams; afterwards back where they were. A library that sets
+    up its logging during the capture (transformers, datasets and huggingface_hub add a handler on the
+    sys.stderr of that moment) gets its handler pointed at the stream the capture's stood in for."""
+    saved = {}
+    for handler in _console_handlers():
+        if handler not in saved:
+            saved[handler] = _set_stream(handler, out if handler.stream in (sys.stdout, sys.__stdout__) else err)
+
+    def restore():
+        for handler, stream in saved.items():
+            _set_stream(handler, stream)
+        for handler in _console_handlers():
+            if handler.stream in (out, err):
+                _set_stream(handler, handler.stream.replaced)
+
+    undo.callback(restore)
+
+
+def _set_stream(handler: logging.StreamHandler, stream):
+    """handler.setStream, also for a handler whose stream was closed meanwhile (one made while a test runner
+    had replaced sys.stderr): there is nothing to flush then."""
+    try:
+        return handler.setStream(stream)
+    except ValueError:
+        previous, handler.stream = handler.stream, stream
+        return previous
+
+
+def _record_library_deprecations(undo: contextlib.ExitStack) -> None:
+    """DeprecationWarnings raised in library code are ignored by Python's default filters; while capturing
+    they go to the log (once per place, as FutureWarning does) unless a filter already decides otherwise
+    (pytest's "always", a `-W error`). Only this filter is taken back afterwards: those that libraries
+    install as they are imported stay, as they would without a capture (so no warnings.catch_warnings)."""
+    deciding = next((action for action, message, category, module, _ in warnings.filters
+                     if issubclass(DeprecationWarning, category) and message is None and module is None), None)
+    if deciding == "ignore":
+        warnings.simplefilter("default", DeprecationWarning)
+        added = warnings.filters[0]
+        undo.callback(lambda: added in warnings.filters and warnings.filters.remove(added))
+
+
+# ---------------------------------------------------------------- transformers' load report
+
+
+def _watch_load_reports(undo: contextlib.ExitStack) -> None:
+    """Hear from_pretrained's load report as data: `PreTrainedModel._finalize_model_loading` calls
+    `log_state_dict_report(model=..., loading_info=LoadStateDictInfo, ...)` through modeling_utils' module
+    namespace (utils/loading_report.py formats the table and logs it as one warning). The wrapper says
+    our line, then lets the original log its table (into the log file). Imports transformers' modeling code
+    (and torch): a run imports it anyway to load its model."""
+    import importlib.util
+    import inspect
+
+    if importlib.util.find_spec("transformers") is None:
+        return
+    from transformers import modeling_utils
+
+    original = modeling_utils.log_state_dict_report
+    if getattr(original, "hftoolkit_hook", False):
+        return  # an outer capture listens already
+    signature = inspect.signature(original)
+
+    def log_state_dict_report(*args, **kwargs):
+        if _active and _active.explain_loading:
+            given = signature.bind(*args, **kwargs).arguments
+            for say, line in explain_load_report(given["model"], given["loading_info"]):
+                say(line)
+        return original(*args, **kwargs)
+
+    log_state_dict_report.hftoolkit_hook = True
+    modeling_utils.log_state_dict_report = log_state_dict_report
+    undo.callback(setattr, modeling_utils, "log_state_dict_report", original)
+
+
+def explain_load_report(model, info) -> list[tuple]:
+    """(note or warn, line) per kind of problem in a `LoadStateDictInfo`.
+
+    A missing key outside the base model (`model.base_model_prefix`) belongs to a task head that the
+    checkpoint never had: initialised from scratch, which is what fine-tuning for a new task means.
+    A missing key inside the base model means the checkpoint lacks part of the network it should hold.
+    """
+    prefix = getattr(model, "base_model_prefix", "") + "."
+    head = sorted(k for k in info.missing_keys if not k.startswith(prefix))
+    body = sorted(k[len(prefix):] for k in info.missing_keys if k.startswith(prefix))
+    lines = []
+    if head:
+        lines.append((note, f"{_modules(head, 1)} head initialised from scratch ({_tensors(head)}): "
+                            "expected when fine-tuning for a new task"))
+    if body:
+        lines.append((warn, f"{_tensors(body)} of the base model not in the checkpoint, initialised from scratch "
+                            f"({_modules(body, 2)}): check that model.checkpoint matches the architecture"))
+    if info.unexpected_keys:
+        keys = sorted(info.unexpected_keys)
+        lines.append((note, f"checkpoint weights unused by this task, left out ({_tensors(keys)}: "
+                            f"{_modules(keys, 2)}): expected when the checkpoint was saved with another head"))
+    if info.mismatched_keys:
+        keys = sorted(k[0] for k in info.mismatched_keys)
+        lines.append((warn, f"checkpoint weights of another shape, initialised from scratch ({_tensors(keys)}: "
+                            f"{_modules(keys, 2)})"))
+    return lines
+
+
+def _modules(keys: list[str], depth: int) -> str:
+    names = list(dict.fromkeys(".".join(k.split(".")[:-1][:depth]) or k for k in keys))
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def _tensors(keys: list[str]) -> str:
+    return f"{len(keys)} tensor{'s' if len(keys) != 1 else ''}"
+
+
+# ---------------------------------------------------------------- training progress
+
+
+def progress_callback():
+    """A TrainerCallback: one progress bar, and each of the Trainer's log dicts as a line of train.log."""
+    from transformers import TrainerCallback
+
+    class TrainingProgress(TrainerCallback):
+        def __init__(self):
+            self.bar: StepProgress | None = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.is_world_process_zero and get_verbosity() > Verbosity.QUIET:
+                self.bar = StepProgress(_console(), state.max_steps, state.global_step)
+                if _active:
+                    _active.cleanups.append(self.bar.close)
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.bar:
+                self.bar.advance_to(state.global_step)
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            logs = logs or {}
+            if state.is_world_process_zero:
+                shown = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in logs.items() if k != "total_flos"}
+                log_line(f"[trainer] step {state.global_step}/{state.max_steps}: {shown}")
+            if self.bar and "loss" in logs:
+                self.bar.show(logs["loss"], logs.get("learning_rate"))
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.bar:
+                self.bar.close()
+                self.bar = None
+
+    return TrainingProgress()
+
+
+def use_progress(trainer) -> None:
+    """Replace the Trainer's progress printers (tqdm bars and printed log dicts; in a notebook its HTML
+    bar) with `progress_callback()`."""
+    from transformers.trainer import DEFAULT_PROGRESS_CALLBACK
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+
+    for printer in {DEFAULT_PROGRESS_CALLBACK, ProgressCallback, PrinterCallback}:
+        trainer.remove_callback(printer)
+    trainer.add_callback(progress_callback())
+
+
+class StepProgress:
+    """Optimizer steps done, the last logged loss and learning rate, elapsed time and ETA: on a terminal a rich
+    bar, redrawn in place; elsewhere (CI, a pipe, a notebook) a plain line per tenth of the steps."""
+
+    def __init__(self, console, total: int, done: int = 0):
+        self.console, self.total, self.first, self.done = console, max(total, 1), done, done
+        self.loss = self.lr = self.live = None
+        self.due, self.started, self.next_line = False, time.monotonic(), self._mark_after(done)
+        if console.is_terminal and not console.is_dumb_terminal:
+            from rich import progress as rp
+
+            # redirect_*=False: rich would otherwise route sys.stdout/sys.stderr around the bar, out of the capture
+            self.live = rp.Progress(rp.TextColumn("train"), rp.BarColumn(), rp.MofNCompleteColumn(),
+                                    rp.TextColumn("loss {task.fields[loss]}"), rp.TextColumn("lr {task.fields[lr]}"),
+                                    rp.TimeElapsedColumn(), rp.TextColumn("eta"), rp.TimeRemainingColumn(),
+                                    console=console, redirect_stdout=False, redirect_stderr=False)
+            self.task = self.live.add_task("train", total=self.total, completed=done, loss="-", lr="-")
+            self.live.start()
+
+    def advance_to(self, step: int) -> None:
+        self._print_due()  # the previous step's line, which no log dict came to complete
+        self.done = step
+        if self.live:
+            self.live.update(self.task, completed=step)
+        elif step >= self.next_line:
+            self.next_line, self.due = self._mark_after(step), True
+
+    def show(self, loss: float, lr: float | None) -> None:
+        """The loss and learning rate the Trainer logged (after the step's on_step_end)."""
+        self.loss, self.lr = loss, lr
+        if self.live:
+            self.live.update(self.task, loss=_number(loss, ".4f"), lr=_number(lr, ".2e"))
+        self._print_due()
+
+    def _print_due(self) -> None:
+        if self.due:
+            self.console.print(self.line(), soft_wrap=True, highlight=False, markup=False)
+            self.due = False
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.started
+        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0
+        eta = _clock((self.total - self.done) / rate) if rate else "-"
+        return (f"train {self.done}/{self.total} ({100 * self.done // self.total}%) loss {_number(self.loss, '.4f')} "
+                f"lr {_number(self.lr, '.2e')} elapsed {_clock(elapsed)} eta {eta}")
+
+    def close(self) -> None:
+        self._print_due()
+        if self.live:
+            self.live.stop()
+            self.live = None
+
+    def _mark_after(self, step: int) -> int:
+        """The first step past `step` that completes another tenth of the run (the last step always does)."""
+        every = max(1, math.ceil(self.total * LINE_EVERY))
+        return min((step // every + 1) * every, self.total) if step < self.total else self.total + 1
+
+
+def _number(value, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
