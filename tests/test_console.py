@@ -26,7 +26,7 @@ def make_noise():
 
 
 def process_state():
-    handlers = [(h, h.stream) for h in logging.getLogger("transformers").handlers]
+    handlers = [(h, getattr(h, "stream", None)) for h in logging.getLogger("transformers").handlers]
     return sys.stdout, sys.stderr, warnings.showwarning, handlers
 
 
