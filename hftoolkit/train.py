@@ -54,7 +54,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     from accelerate import PartialState
 
     from hftoolkit import checkpoints
-    from hftoolkit.trainer import build_trainer
+    from hftoolkit.trainer import build_trainer, run_record
 
     # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
     # would otherwise each run alone as rank 0, and all write the run directory.
@@ -86,7 +86,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
             encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
         counter = TokenCounter(family.collator(recipe, processor))
         scorer = family.metrics(recipe, processor)
-        trainer = build_trainer(recipe, run, model, processor, encoded, counter, scorer)
+        trainer = build_trainer(recipe, run, model, processor, encoded, counter, scorer, data=data)
         _startup_done()
         setup_seconds = time.perf_counter() - started
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -97,6 +97,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         metrics = summarize(recipe, trainer.model, scorer, evaluation, train_counts, train_seconds, eval_seconds,
                             processes=state.num_processes)
         metrics["setup_seconds"] = round(setup_seconds, 3)
+        metrics.update(run_record(recipe, trainer))  # precision used; with eval.keep_best, the best step
         save_weights(recipe, trainer, processor, run)  # every process: sharded weights are gathered first
         if state.is_main_process:
             run.write_jsonl("log_history.jsonl", trainer.state.log_history)
