@@ -167,10 +167,10 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
         precision = resolve_precision(recipe)
         wanted = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[precision]
         if plan.mixed_precision != wanted:
-            shown = t.precision if t.precision == precision else f"{t.precision} ({precision} on this machine)"
-            problems.append(f"training.precision: {shown} disagrees with mixed_precision "
-                            f"{plan.mixed_precision!r} of {plan.source}: set mixed_precision: 'no' in the config "
-                            "(the recipe's training.precision decides)")
+            auto = "" if t.precision == precision else f" (auto picks {precision} on this machine)"
+            problems.append(f"training.precision: {precision} disagrees with mixed_precision "
+                            f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
+                            "config (the recipe's training.precision decides)")
     from hftoolkit.trainer import hardware_problems
 
     problems += hardware_problems(recipe)

@@ -127,10 +127,11 @@ def test_launcher_mixed_precision_is_compared_with_what_auto_resolves_to():
 
     recipe = recipe_with()
     assert check(recipe, LaunchPlan(mixed_precision="no")) == []
+    assert check(recipe_with("training.precision=bf16"), LaunchPlan(mixed_precision="bf16")) == []
     problems = check(recipe, LaunchPlan(mixed_precision="bf16", source="the launcher"))
-    assert problems == ["training.precision: auto (fp32 on this machine) disagrees with mixed_precision 'bf16' of "
-                        "the launcher: set mixed_precision: 'no' in the config (the recipe's training.precision "
-                        "decides)"]
+    assert problems == ["training.precision: fp32 disagrees with mixed_precision 'bf16' of the launcher (auto picks "
+                        "fp32 on this machine): set mixed_precision: 'no' in the config (the recipe's "
+                        "training.precision decides)"]
 
 
 # ---------------------------------------------------------------- optimizers and schedules
