@@ -41,7 +41,8 @@ RESULTS = ("metrics.json", "predictions.jsonl", "README.md", "adapter", "model")
 PICKLED_ARGS = "training_args.bin"
 # Recipe keys a resumed run may change: they decide what happens around the steps, not the steps.
 RESUMABLE_CHANGES = ("description", "training.on_nonfinite", "training.max_nonfinite_skips", "training.keep_last",
-                     "training.save_steps", "training.logging_steps", "training.report_to", "eval.")
+                     "training.save_steps", "training.logging_steps", "training.report_to", "training.project",
+                     "data.num_workers", "eval.")
 
 
 # ---------------------------------------------------------------- atomic commit and retention

@@ -171,9 +171,6 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
             problems.append(f"training.precision: {precision} disagrees with mixed_precision "
                             f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
                             "config (the recipe's training.precision decides)")
-    from hftoolkit.trainer import hardware_problems
-
-    problems += hardware_problems(recipe)
     if plan.distributed == "DEEPSPEED" and not plan.launched and not _installed("deepspeed"):
         problems.append(f"{plan.source} uses DeepSpeed, which is not installed: "
                         "pip install 'hftoolkit[deepspeed]', or use ddp.yaml or fsdp.yaml")

@@ -54,7 +54,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     from accelerate import PartialState
 
     from hftoolkit import checkpoints
-    from hftoolkit.trainer import build_trainer, run_record
+    from hftoolkit.trainer import build_trainer, check_hardware, run_record
 
     # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
     # would otherwise each run alone as rank 0, and all write the run directory.
@@ -67,6 +67,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
     written, trainer, resume_from = False, None, None
     try:
+        check_hardware(recipe)  # flash attention or TF32 asked of a machine without them
         family = family_module(modeling.resolve_family(recipe))
         with state.main_process_first():  # tokenize once, on the main process; the others read its cache
             data = load_data(recipe)

@@ -174,6 +174,14 @@ def hardware_problems(recipe: Recipe) -> list[str]:
     return problems
 
 
+def check_hardware(recipe: Recipe) -> None:
+    """Refuse, before anything is loaded, a recipe that asks this machine for what it lacks (`validate`
+    does not: a recipe for a GPU server validates anywhere)."""
+    problems = hardware_problems(recipe)
+    if problems:
+        raise UserError("\n".join(problems))
+
+
 def run_record(recipe: Recipe, trainer) -> dict:
     """What metrics.json says about how the run trained: the precision used and, with eval.keep_best,
     the step (and metric) of the checkpoint whose weights the run kept."""

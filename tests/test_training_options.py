@@ -80,6 +80,8 @@ def test_version_and_short_help():
 
 
 def test_gpu_only_keys_are_refused_on_this_cpu_before_anything_is_written(tmp_path):
+    gpu_only = ("--set", "model.attention=flash_attention_2", "--set", "training.tf32=true")
+    run_cli("validate", ENCODER, *gpu_only)  # a recipe for a GPU server validates anywhere
     run = tmp_path / "run"
     result = train_recipe(ENCODER, run, "model.attention=flash_attention_2", "training.tf32=true", expect=2)
     text = plain(result.output)
