@@ -162,7 +162,7 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
                         "(--num-processes N or recipes/accelerate/ddp.yaml) or DeepSpeed ZeRO-2, or set "
                         "model.quantization to none")
     if plan.mixed_precision != "no":  # (auto is resolved, importing torch, only when there is something to compare)
-        from hftoolkit.trainer import resolve_precision
+        from hftoolkit.arguments import resolve_precision
 
         precision = resolve_precision(recipe)
         wanted = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[precision]

@@ -140,7 +140,7 @@ def load_pretrained(auto_class, recipe: Recipe, keep_full_precision: list[str] =
         from_kwargs["dtype"] = getattr(torch, DTYPES[recipe.model.dtype])
     if recipe.model.attention != "auto":  # auto: transformers' choice (sdpa where the model has it)
         if recipe.model.attention == "flash_attention_2":
-            from hftoolkit.trainer import hardware_problems
+            from hftoolkit.arguments import hardware_problems
 
             problems = [p for p in hardware_problems(recipe) if p.startswith("model.attention")]
             if problems:
@@ -203,7 +203,7 @@ def quantization_config(recipe: Recipe, skip: list[str]):
         return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
     compute = recipe.model.compute_dtype
     if compute == "auto":  # the dtype training computes in
-        from hftoolkit.trainer import resolve_precision
+        from hftoolkit.arguments import resolve_precision
 
         compute = {"bf16": "bfloat16", "fp16": "float16"}.get(resolve_precision(recipe), "float32")
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",

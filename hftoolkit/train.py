@@ -54,7 +54,8 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     from accelerate import PartialState
 
     from hftoolkit import checkpoints
-    from hftoolkit.trainer import build_trainer, check_hardware, run_record
+    from hftoolkit.arguments import check_hardware, run_record
+    from hftoolkit.trainer import build_trainer
 
     # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
     # would otherwise each run alone as rank 0, and all write the run directory.

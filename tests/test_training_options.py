@@ -95,7 +95,7 @@ def test_flash_attention_without_its_package_is_refused_on_a_gpu(monkeypatch):
 
     import torch
 
-    from hftoolkit.trainer import hardware_problems
+    from hftoolkit.arguments import hardware_problems
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     real = importlib.util.find_spec
@@ -114,7 +114,7 @@ def test_flash_attention_without_its_package_is_refused_on_a_gpu(monkeypatch):
 def test_precision_auto_follows_the_machine(monkeypatch, cuda, bf16, checkpoint, expected):
     import torch
 
-    from hftoolkit.trainer import resolve_precision
+    from hftoolkit.arguments import resolve_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
@@ -358,7 +358,7 @@ def test_compile_run_name_and_project_reach_the_trainer(tmp_path, monkeypatch):
     assert trainer.args.torch_compile and trainer.args.run_name == recipe.name
     assert trainer.args.project == "course"  # trackio reads it there
 
-    from hftoolkit.trainer import _tracker_project
+    from hftoolkit.arguments import _tracker_project
 
     recipe.training.report_to = ["wandb", "mlflow"]
     _tracker_project(recipe.training)
