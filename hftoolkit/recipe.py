@@ -144,9 +144,10 @@ class TrainingSection(Section):
                               "reduce_lr_on_plateau watches the main metric, so it needs eval.every")
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
     warmup_steps: int | None = Field(None, ge=0, description="warmup as a number of steps (instead of warmup_ratio)")
-    optimizer: Literal["adamw", "adamw_fused", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"] = Field(
-        "adamw", description="adamw (torch), adamw_fused (one kernel per step), adamw_8bit and paged_adamw_8bit "
-                             "(bitsandbytes: 8-bit moments; paging acts on CUDA only), adafactor, sgd")
+    optimizer: Literal["adamw_fused", "adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"] = Field(
+        "adamw_fused", description="adamw_fused (torch's AdamW as one fused kernel per step: the Trainer's own "
+                                   "default), adamw (torch's for-each AdamW), adamw_8bit and paged_adamw_8bit "
+                                   "(bitsandbytes: 8-bit moments; paging acts on CUDA only), adafactor, sgd")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
