@@ -12,7 +12,8 @@ not do, added here:
   written into `checkpoints/.tmp-checkpoint-N/`, every file and folder fsynced, then renamed
   to `checkpoints/checkpoint-N`: a checkpoint folder is complete or absent. Retention
   (training.keep_last) goes by step number and renames a folder away before deleting it,
-  so the newest complete checkpoint is never touched.
+  so the newest complete checkpoint is never touched; under eval.keep_best the best one is kept
+  too, and its trainer state names its committed folder (not the staging one the Trainer saved into).
 
 Test hooks (never set outside tests): HFTOOLKIT_TEST_PAUSE_IN_SAVE=N sleeps inside the save
 of checkpoint N, after its files are written and before the rename; HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=N
@@ -40,7 +41,8 @@ RESULTS = ("metrics.json", "predictions.jsonl", "README.md", "adapter", "model")
 PICKLED_ARGS = "training_args.bin"
 # Recipe keys a resumed run may change: they decide what happens around the steps, not the steps.
 RESUMABLE_CHANGES = ("description", "training.on_nonfinite", "training.max_nonfinite_skips", "training.keep_last",
-                     "training.save_steps", "training.logging_steps", "training.report_to", "eval.")
+                     "training.save_steps", "training.logging_steps", "training.report_to", "training.project",
+                     "data.num_workers", "eval.")
 
 
 # ---------------------------------------------------------------- atomic commit and retention
@@ -63,14 +65,16 @@ def commit(staged: Path, final: Path) -> None:
     _fsync(final.parent)
 
 
-def rotate(checkpoints_dir: Path, keep_last: int) -> list[Path]:
-    """Delete all but the newest `keep_last` complete checkpoints (by step); returns the deleted ones.
+def rotate(checkpoints_dir: Path, keep_last: int, keep: Path | None = None) -> list[Path]:
+    """Delete all but the newest `keep_last` complete checkpoints (by step) and `keep` (the best one, under
+    eval.keep_best); returns the deleted ones.
 
     A folder is renamed away before it is deleted, so a kill mid-delete leaves a hidden
     folder, never a partial `checkpoint-N`; the newest checkpoint is always kept.
     """
     complete = complete_checkpoints(checkpoints_dir)
-    doomed = complete[:-max(keep_last, 1)]
+    kept = Path(keep).name if keep is not None else None
+    doomed = [p for p in complete[:-max(keep_last, 1)] if p.name != kept]
     for path in doomed:
         retired = path.parent / f"{STAGING_PREFIX}delete-{path.name}"
         os.rename(path, retired)

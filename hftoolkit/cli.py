@@ -14,11 +14,39 @@ import typer
 from hftoolkit.errors import UserError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Fine-tune and evaluate pretrained transformers from one YAML recipe.")
 # The shipped recipes sit beside the package in a checkout (editable install), or in the
 # working directory (the Docker image copies them to /workspace/recipes).
 RECIPES_DIR = next((p for p in (Path(__file__).resolve().parent.parent / "recipes", Path.cwd() / "recipes")
                     if p.is_dir()), Path("recipes"))
+
+# Printed by --version beside hftoolkit's own (read from the installed metadata: no import of them).
+VERSION_PACKAGES = ("torch", "transformers", "peft", "accelerate", "bitsandbytes")
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    from hftoolkit import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    typer.echo(f"hftoolkit {__version__} ({', '.join(f'{p} {installed(p)}' for p in VERSION_PACKAGES)})")
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="Print the versions of hftoolkit and its engines.")] = False):
+    """Fine-tune and evaluate pretrained transformers from one YAML recipe."""
+
 
 SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key: a.b.c=value.")]
 

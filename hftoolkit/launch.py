@@ -161,11 +161,16 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
                         f"across processes, which {how} ({plan.source}) does to every weight: use DDP "
                         "(--num-processes N or recipes/accelerate/ddp.yaml) or DeepSpeed ZeRO-2, or set "
                         "model.quantization to none")
-    wanted = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[t.precision]
-    if plan.mixed_precision not in ("no", wanted):
-        problems.append(f"training.precision: {t.precision} disagrees with mixed_precision "
-                        f"{plan.mixed_precision!r} of {plan.source}: set mixed_precision: 'no' in the config "
-                        "(the recipe's training.precision decides)")
+    if plan.mixed_precision != "no":  # (auto is resolved, importing torch, only when there is something to compare)
+        from hftoolkit.arguments import resolve_precision
+
+        precision = resolve_precision(recipe)
+        wanted = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[precision]
+        if plan.mixed_precision != wanted:
+            auto = "" if t.precision == precision else f" (auto picks {precision} on this machine)"
+            problems.append(f"training.precision: {precision} disagrees with mixed_precision "
+                            f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
+                            "config (the recipe's training.precision decides)")
     if plan.distributed == "DEEPSPEED" and not plan.launched and not _installed("deepspeed"):
         problems.append(f"{plan.source} uses DeepSpeed, which is not installed: "
                         "pip install 'hftoolkit[deepspeed]', or use ddp.yaml or fsdp.yaml")

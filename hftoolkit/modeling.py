@@ -144,6 +144,14 @@ def load_pretrained(auto_class, recipe: Recipe, keep_full_precision: list[str] =
     from_kwargs = dict(revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code, **kwargs)
     if recipe.model.dtype != "auto":
         from_kwargs["dtype"] = getattr(torch, DTYPES[recipe.model.dtype])
+    if recipe.model.attention != "auto":  # auto: transformers' choice (sdpa where the model has it)
+        if recipe.model.attention == "flash_attention_2":
+            from hftoolkit.arguments import hardware_problems
+
+            problems = [p for p in hardware_problems(recipe) if p.startswith("model.attention")]
+            if problems:
+                raise UserError(problems[0])
+        from_kwargs["attn_implementation"] = recipe.model.attention
     quant = quantization_config(recipe, keep_full_precision)
     if quant is not None:
         from_kwargs.update(quantization_config=quant, device_map={"": _device()})
@@ -154,6 +162,10 @@ def load_pretrained(auto_class, recipe: Recipe, keep_full_precision: list[str] =
         with checkpoint_errors(recipe):
             model = auto_class.from_pretrained(checkpoint, **from_kwargs)
     except (OSError, ValueError, SafetensorError) as err:
+        if recipe.model.attention != "auto" and recipe.model.attention in str(err):
+            raise UserError(f"model.attention: {recipe.model.checkpoint} can't run attention "
+                            f"{recipe.model.attention} ({str(err).splitlines()[0][:200]}): "
+                            "set model.attention to auto") from None
         raise UserError(f"model.checkpoint: could not load {recipe.model.checkpoint} "
                         f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
     if quant is not None and _device() == "cpu":
@@ -195,9 +207,14 @@ def quantization_config(recipe: Recipe, skip: list[str]):
     skip = list(skip) or None
     if recipe.model.quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
-    compute = torch.bfloat16 if recipe.training.precision == "bf16" else torch.float32
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=compute,
-                              llm_int8_skip_modules=skip)
+    compute = recipe.model.compute_dtype
+    if compute == "auto":  # the dtype training computes in
+        from hftoolkit.arguments import resolve_precision
+
+        compute = {"bf16": "bfloat16", "fp16": "float16"}.get(resolve_precision(recipe), "float32")
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_compute_dtype=getattr(torch, compute),
+                              bnb_4bit_use_double_quant=recipe.model.double_quant, llm_int8_skip_modules=skip)
 
 
 def head_modules(model) -> list[str]:
@@ -253,16 +270,23 @@ def _all_linear(model, head: list[str]) -> list[str]:
 
 
 def apply_lora(model, recipe: Recipe, task_type: str | None, modules_to_save: list[str] = ()):
-    """Wrap `model` in a peft LoRA adapter (after kbit preparation when quantized)."""
+    """Wrap `model` in a peft LoRA adapter (after kbit preparation when quantized); lora.variant picks
+    plain LoRA, DoRA (a trained magnitude vector per adapted layer) or rsLoRA (scaling alpha / sqrt(r))."""
     if not recipe.lora.enabled:
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     targets = lora_targets_for(model, recipe, list(modules_to_save))
     if recipe.model.quantization != "none":
-        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        # (With gradient checkpointing this also makes the embeddings' output require grad: needed by the
+        # reentrant variant only; the Trainer enables the non-reentrant one, as asked here.)
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=recipe.training.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    variant = recipe.lora.variant
     config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
                         target_modules=targets, modules_to_save=list(modules_to_save) or None,
+                        use_dora=variant == "dora", use_rslora=variant == "rslora",
                         fan_in_fan_out=model.config.model_type in CONV1D_MODEL_TYPES, task_type=task_type)
     return get_peft_model(model, config)
 

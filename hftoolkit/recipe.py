@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hftoolkit import tasks
 from hftoolkit.errors import UserError
@@ -32,6 +32,36 @@ MODEL_TYPE_FAMILIES: dict[str, str] = {
     **dict.fromkeys(["vit", "deit", "beit", "swin", "convnext", "dinov2"], "vision"),
 }
 
+# Names users bring from TrainingArguments, peft and the HF example scripts -> the recipe key that says the same.
+# An unknown key found here is answered with our key, wherever in the recipe it was written.
+FOREIGN_NAMES: dict[str, str] = {
+    "num_train_epochs": "training.epochs", "per_device_train_batch_size": "training.batch_size",
+    "train_batch_size": "training.batch_size", "per_device_eval_batch_size": "eval.batch_size",
+    "eval_batch_size": "eval.batch_size", "gradient_accumulation_steps": "training.gradient_accumulation",
+    "lr": "training.learning_rate", "lr_scheduler_type": "training.scheduler",
+    "warmup_steps": "training.warmup_steps", "warmup_ratio": "training.warmup_ratio",
+    "weight_decay": "training.weight_decay", "max_grad_norm": "training.max_grad_norm",
+    "label_smoothing_factor": "training.label_smoothing", "fp16": "training.precision",
+    "bf16": "training.precision", "mixed_precision": "training.precision", "tf32": "training.tf32",
+    "eval_strategy": "eval.every", "evaluation_strategy": "eval.every", "eval_steps": "eval.every",
+    "save_strategy": "training.save_steps", "save_total_limit": "training.keep_last",
+    "load_best_model_at_end": "eval.keep_best", "metric_for_best_model": "eval.keep_best",
+    "early_stopping_patience": "eval.early_stopping.patience",
+    "early_stopping_threshold": "eval.early_stopping.threshold", "optim": "training.optimizer",
+    "activation_checkpointing": "training.gradient_checkpointing",
+    "dataloader_num_workers": "data.num_workers", "torch_compile": "training.compile",
+    "run_name": "name", "output_dir": "output.dir", "max_seq_length": "data.max_length",
+    "max_source_length": "data.max_length", "max_target_length": "data.max_target_length",
+    "model_name_or_path": "model.checkpoint", "torch_dtype": "model.dtype", "attn_implementation": "model.attention",
+    "load_in_8bit": "model.quantization", "load_in_4bit": "model.quantization",
+    "bnb_4bit_use_double_quant": "model.double_quant", "bnb_4bit_compute_dtype": "model.compute_dtype",
+    "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
+    "target_modules": "lora.targets", "lora_target_modules": "lora.targets", "use_dora": "lora.variant",
+    "use_rslora": "lora.variant", "train_file": "data.train", "validation_file": "data.eval",
+    "dataset_name": "data.train", "max_train_samples": "data.max_train_samples",
+    "max_eval_samples": "data.max_eval_samples", "wandb_project": "training.project",
+}
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -45,12 +75,23 @@ class ModelSection(Section):
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     revision: str | None = None
     trust_remote_code: bool = False
+    attention: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="attention kernel (from_pretrained's attn_implementation); flash_attention_2 needs "
+                            "CUDA and the flash-attn package")
+    double_quant: bool = Field(False, description="4-bit only: quantize the quantization constants too (QLoRA)")
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="4-bit only: the dtype 4-bit layers compute in; auto follows training.precision")
 
     @model_validator(mode="after")
     def _remote_code_needs_pinned_revision(self):
         if self.trust_remote_code and not self.revision:
             raise ValueError("trust_remote_code runs code from the checkpoint: "
                              "set model.revision to a pinned commit too")
+        for key, value, default in (("double_quant", self.double_quant, False),
+                                    ("compute_dtype", self.compute_dtype, "auto")):
+            if value != default and self.quantization != "4bit":
+                raise ValueError(f"{key} applies to 4-bit weights only, and quantization is "
+                                 f"{self.quantization}: set model.quantization to 4bit or drop model.{key}")
         return self
 
 
@@ -61,6 +102,9 @@ class LoraSection(Section):
     dropout: float = Field(0.05, ge=0, lt=1)
     targets: Literal["auto", "all-linear"] | list[str] = Field(
         "auto", description="auto (the query and value projections), all-linear, or module names")
+    variant: Literal["lora", "dora", "rslora"] = Field(
+        "lora", description="lora; dora (weight-decomposed LoRA, Liu et al. 2024: a trained magnitude per output); "
+                            "rslora (scale alpha / sqrt(r) instead of alpha / r, Kalajdzievski 2023)")
 
 
 class DataSection(Section):
@@ -92,6 +136,8 @@ class DataSection(Section):
     mask_probability: float = Field(0.15, ge=0.1, le=0.3)
     max_train_samples: int | None = Field(None, gt=0)
     max_eval_samples: int | None = Field(None, gt=0)
+    num_workers: int = Field(0, ge=0, description="data loader worker processes (tokenized text needs none; "
+                                                  "images decode in them); memory is pinned on CUDA")
 
 
 class TrainingSection(Section):
@@ -101,13 +147,26 @@ class TrainingSection(Section):
                                                   "(each of N processes takes batch_size / N)")
     gradient_accumulation: int = Field(1, gt=0)
     learning_rate: float = Field(5e-4, gt=0)
-    scheduler: Literal["linear", "cosine", "constant", "constant_with_warmup"] = "linear"
+    scheduler: Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                       "inverse_sqrt", "reduce_lr_on_plateau"] = Field(
+        "linear", description="the Trainer's learning-rate schedules that need no further settings; "
+                              "reduce_lr_on_plateau watches the main metric, so it needs eval.every")
     warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    warmup_steps: int | None = Field(None, ge=0, description="warmup as a number of steps (instead of warmup_ratio)")
+    optimizer: Literal["adamw_fused", "adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"] = Field(
+        "adamw_fused", description="adamw_fused (torch's AdamW as one fused kernel per step: the Trainer's own "
+                                   "default), adamw (torch's for-each AdamW), adamw_8bit and paged_adamw_8bit "
+                                   "(bitsandbytes: 8-bit moments; paging acts on CUDA only), adafactor, sgd")
     weight_decay: float = Field(0.0, ge=0)
     max_grad_norm: float = Field(1.0, gt=0)
     label_smoothing: float = Field(0.0, ge=0, lt=1)
     seed: int = 0
-    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 on a GPU that has it, else fp16 (fp32 for T5), fp32 on a CPU")
+    tf32: bool = Field(False, description="TF32 matmuls for fp32 work (NVIDIA Ampere or newer)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: "
+                                                            "less memory, about a third more compute")
+    compile: bool = Field(False, description="torch.compile the model (GPU-first; see README for CPU figures)")
     sampling: Literal["group_by_length", "random", "sequential"] = Field(
         "group_by_length", description="training batch order: similar lengths together (least padding), shuffled, "
                                        "or the data's own order (the same global batches on any number of processes)")
@@ -117,6 +176,8 @@ class TrainingSection(Section):
     save_steps: int | None = Field(None, gt=0)
     keep_last: int = Field(2, gt=0)
     report_to: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "trackio"]] = []
+    project: str | None = Field(None, min_length=1, description="the trackers' project (W&B project, MLflow "
+                                                                "experiment, trackio project); the run is the name")
     on_nonfinite: Literal["stop", "skip"] = "stop"
     max_nonfinite_skips: int = Field(3, gt=0)
 
@@ -131,11 +192,37 @@ class GenerationSection(Section):
     top_p: float | None = Field(None, gt=0, le=1)
 
 
+class EarlyStoppingSection(Section):
+    patience: int = Field(3, gt=0, description="evals in a row without improvement before training stops")
+    threshold: float = Field(0.0, ge=0, description="the least change of the main metric that counts as one")
+
+
 class EvalSection(Section):
     batch_size: int = Field(64, gt=0)
     metrics: Literal["auto"] | list[str] = "auto"
     max_predictions: int = Field(100, ge=0)
     generation: GenerationSection = GenerationSection()
+    every: Literal["none", "epoch"] | int = Field(
+        "none", description="eval during training: none, epoch, or every N optimizer steps")
+    early_stopping: EarlyStoppingSection | None = Field(None, description="stop when the main metric stalls")
+    keep_best: bool = Field(False, description="keep the best checkpoint; the run's weights are the best ones")
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _every_is_a_strategy_or_steps(cls, value):
+        if (isinstance(value, bool) or (isinstance(value, int) and value <= 0) or not isinstance(value, (int, str))
+                or (isinstance(value, str) and value not in ("none", "epoch") and not value.strip().isdigit())):
+            raise ValueError(f"expected none, epoch or a number of steps above 0 (got {json.dumps(value)})")
+        return value
+
+    @model_validator(mode="after")
+    def _eval_during_training(self):
+        if self.every == "none":
+            for key, on in (("early_stopping", self.early_stopping is not None), ("keep_best", self.keep_best)):
+                if on:
+                    raise ValueError(f"{key} judges the evals made during training, and every is none: "
+                                     "set eval.every to epoch or a number of steps")
+        return self
 
 
 class OutputSection(Section):
@@ -169,6 +256,9 @@ class Recipe(Section):
         if self.model.quantization != "none" and not self.lora.enabled:
             raise ValueError(f"{self.model.quantization} weights can't be trained directly: "
                              "set lora.enabled to true, or model.quantization to none for full fine-tuning")
+        problems = _training_rules(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         if task.main_metric == "perplexity" and self.training.label_smoothing:
             raise ValueError(f"task {self.task!r} reports perplexity, which a label-smoothed loss would distort: "
                              "set training.label_smoothing to 0")
@@ -197,6 +287,20 @@ class Recipe(Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.output.dir) / self.name
+
+
+def _training_rules(recipe: Recipe) -> list[str]:
+    """Training and eval keys that contradict each other (the hardware-dependent ones: trainer.check_hardware)."""
+    t, e, problems = recipe.training, recipe.eval, []
+    if t.warmup_steps is not None and t.warmup_ratio:
+        problems.append("training.warmup_steps and training.warmup_ratio both say how long to warm up: set one")
+    if t.scheduler == "reduce_lr_on_plateau" and e.every == "none":
+        problems.append("training.scheduler reduce_lr_on_plateau lowers the rate when the eval metric stalls, and "
+                        "eval.every is none: set eval.every to epoch or a number of steps")
+    if e.keep_best and t.save_steps is not None and t.save_steps != e.every:
+        problems.append(f"eval.keep_best saves a checkpoint at every eval (eval.every {e.every}), and "
+                        f"training.save_steps {t.save_steps} asks for others: leave training.save_steps unset")
+    return problems
 
 
 def _a(word: str) -> str:
@@ -315,6 +419,9 @@ def validate_recipe(raw: dict, source: str = "recipe", overridden: dict[tuple, s
 def _describe(error: dict, loc: tuple[str, ...]) -> str:
     kind, msg = error["type"], error["msg"]
     if kind == "extra_forbidden":
+        ours = FOREIGN_NAMES.get(loc[-1]) or FOREIGN_NAMES.get(str(loc[-1]).lower().replace("-", "_"))
+        if ours is not None and ours != ".".join(loc):
+            return f"unknown key: the recipe's name for {loc[-1]!r} is {ours!r}"
         known = _fields_at(loc[:-1])
         close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"

@@ -59,6 +59,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     from accelerate import PartialState
 
     from hftoolkit import checkpoints
+    from hftoolkit.arguments import check_hardware, run_record
     from hftoolkit.trainer import build_trainer
 
     # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
@@ -72,6 +73,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
     written, trainer, resume_from, trained = False, None, None, False
     try:
+        check_hardware(recipe)  # flash attention or TF32 asked of a machine without them
         family = family_module(modeling.resolve_family(recipe))
         with state.main_process_first():  # read once, on the main process; the others read its cache
             data, findings = prepare(recipe)  # clamps lengths in the recipe: before recipe.yaml is written
@@ -94,7 +96,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
             encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
         counter = TokenCounter(family.collator(recipe, processor))
         scorer = family.metrics(recipe, processor)
-        trainer = build_trainer(recipe, run, model, processor, encoded, counter, scorer)
+        trainer = build_trainer(recipe, run, model, processor, encoded, counter, scorer, data=data)
         _startup_done()
         setup_seconds = time.perf_counter() - started
         trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
@@ -105,6 +107,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         metrics = summarize(recipe, trainer.model, scorer, None, train_counts, train_seconds, None,
                             processes=state.num_processes)
         metrics["setup_seconds"] = round(setup_seconds, 3)
+        metrics.update(run_record(recipe, trainer))  # precision used; with eval.keep_best, the best step
         if state.is_main_process:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
             run.write_jsonl("log_history.jsonl", trainer.state.log_history)
             run.write_json("metrics.json", {k: v for k, v in metrics.items() if k not in ("eval", "eval_seconds")})

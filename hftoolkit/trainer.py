@@ -1,12 +1,14 @@
-"""The Trainer hftoolkit trains with: transformers' Trainer (or Seq2SeqTrainer) plus four mixins.
+"""The Trainer hftoolkit trains with: transformers' Trainer (or Seq2SeqTrainer) plus five mixins.
 
 - `ItemNormalizedLoss`: the loss of a step is the mean over its labelled items on any number of
   processes and accumulated micro-batches.
 - `NonFiniteGuard`: a NaN or infinite loss or gradient norm never reaches the weights (below).
 - `AtomicCheckpoints`: a checkpoint folder is complete or absent (checkpoints.py has the file work).
 - `LengthBatching`: training batches of nearly one length (batching.py), eval sets read in order.
+- `EvalDuringTraining`: evals during training (eval.every) report the task's own metrics.
 
-`build_trainer` turns a recipe into TrainingArguments and the Trainer; `toolkit_trainer` adds the mixins.
+`build_trainer` turns a recipe into the Trainer (its TrainingArguments come from arguments.py) with the
+callbacks it asks for (early stopping, the best checkpoint); `toolkit_trainer` adds the mixins.
 
 The non-finite guard, in detail:
 
@@ -33,52 +35,68 @@ from __future__ import annotations
 
 import math
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 from hftoolkit import tasks
-from hftoolkit.batching import LengthBucketSampler
+from hftoolkit.batching import LengthBucketSampler, shortest_first
 from hftoolkit.checkpoints import PICKLED_ARGS, STAGING_PREFIX, commit, latest_checkpoint, rotate, test_pause
 from hftoolkit.errors import UserError
 from hftoolkit.recipe import Recipe
 from hftoolkit.rundir import RunDirectory
 
 
-def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, counter, scorer):
-    import torch
-    from accelerate import PartialState
-    from transformers import Trainer, TrainingArguments
+def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, counter, scorer, data=None):
+    """The Trainer for `recipe`. `data` (the raw splits) lets eval during training score generated text."""
+    from transformers import Trainer
 
-    from hftoolkit.launch import per_process_batch
+    from hftoolkit.arguments import training_arguments
 
     t = recipe.training
-    args = TrainingArguments(
-        output_dir=str(run / "checkpoints"),
-        num_train_epochs=t.epochs, max_steps=t.max_steps or -1,
-        # training.batch_size is the step's batch over all processes; eval.batch_size is per process.
-        per_device_train_batch_size=per_process_batch(t.batch_size, PartialState().num_processes),
-        per_device_eval_batch_size=recipe.eval.batch_size,
-        gradient_accumulation_steps=t.gradient_accumulation, learning_rate=t.learning_rate,
-        lr_scheduler_type=t.scheduler, warmup_steps=t.warmup_ratio, weight_decay=t.weight_decay,
-        max_grad_norm=t.max_grad_norm, label_smoothing_factor=t.label_smoothing, seed=t.seed,
-        bf16=t.precision == "bf16", fp16=t.precision == "fp16", use_cpu=not torch.cuda.is_available(),
-        logging_steps=t.logging_steps, logging_first_step=True, report_to=list(t.report_to) or "none",
-        save_strategy="steps" if t.save_steps else "no", save_steps=t.save_steps or 500,
-        save_total_limit=t.keep_last, save_only_model=False, eval_strategy="no",
-        # Without a "length" column (images: all one size) the sampler would decode every example to measure it.
-        train_sampling_strategy="random" if t.sampling == "group_by_length"
-        and "length" not in encoded["train"].column_names else t.sampling,
-        remove_unused_columns=False,  # our collator drops "length"; the sampler needs it first
-        dataloader_num_workers=0, disable_tqdm=False, logging_nan_inf_filter=False,
-    )
     trainer = toolkit_trainer(Trainer)(
-        model=model, args=args, train_dataset=encoded["train"], eval_dataset=encoded["eval"],
+        model=model, args=training_arguments(recipe, run, model, encoded, scorer), train_dataset=encoded["train"],
+        eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
         data_collator=counter, processing_class=processor,
         compute_metrics=scorer.compute if tasks.spec(recipe.task).scoring == "logits" else None,
         preprocess_logits_for_metrics=scorer.reduce_logits)
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
+    trainer.keep_last, trainer.keep_best = t.keep_last, recipe.eval.keep_best
+    trainer.eval_context = EvalContext(recipe, processor, scorer, counter, data["eval"] if data else None)
+    trainer.counts_on_main = recipe.data.num_workers > 0  # (the collator then runs in the worker processes)
     if hasattr(counter.collate, "epoch"):  # a collator whose randomness depends on the epoch (MLM masking)
         trainer.add_callback(epoch_to_collator(counter.collate))
+    if recipe.eval.early_stopping is not None:
+        from transformers import EarlyStoppingCallback
+
+        stop = recipe.eval.early_stopping
+        trainer.add_callback(EarlyStoppingCallback(stop.patience, stop.threshold))
+    if recipe.eval.keep_best:
+        trainer.add_callback(best_checkpoint_found())
+    _tensorboard_into(trainer, run / "tensorboard")
     return trainer
+
+
+def _tensorboard_into(trainer, folder: Path) -> None:
+    """TensorBoard's event files go to the run directory's tensorboard/ (the Trainer's default is inside
+    checkpoints/, which holds complete checkpoints only)."""
+    for callback in trainer.callback_handler.callbacks:
+        if type(callback).__name__ == "TensorBoardCallback":
+            callback.logging_dir = str(folder)
+
+
+def best_checkpoint_found():
+    """A callback that, as training begins, points the state's best checkpoint at the committed folder of
+    its step: a resumed run's state names it as the interrupted run saw it (maybe from another working
+    directory), and the Trainer forgets a path it cannot find."""
+    from transformers import TrainerCallback
+
+    class BestCheckpointFound(TrainerCallback):
+        def on_train_begin(self, args, state, control, **kwargs):
+            if state.best_global_step:
+                path = Path(args.output_dir) / f"checkpoint-{state.best_global_step}"
+                state.best_model_checkpoint = str(path) if path.is_dir() else None
+
+    return BestCheckpointFound()
 
 
 def epoch_to_collator(collate):
@@ -100,7 +118,7 @@ def epoch_to_collator(collate):
 def toolkit_trainer(base):
     """`base` (Trainer or Seq2SeqTrainer) with the non-finite guard, atomic checkpoints, length-bucketed
     batches and a loss scale that holds on any number of processes."""
-    mixins = (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, LengthBatching)
+    mixins = (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, LengthBatching, EvalDuringTraining)
     return type(f"Toolkit{base.__name__}", (*mixins, base), {})
 
 
@@ -264,14 +282,23 @@ def _any_process(accelerator, problem: str | None) -> str | None:
 
 
 class AtomicCheckpoints:
-    """Trainer mixin: `_save_checkpoint` stages into a hidden folder, fsyncs, renames, then rotates."""
+    """Trainer mixin: `_save_checkpoint` stages into a hidden folder, fsyncs, renames, then rotates.
+
+    Set `keep_last` (None: keep all) and `keep_best` after construction. With keep_best the checkpoint of
+    the best eval so far (state.best_global_step) is never rotated away, and the trainer state records
+    its committed folder, not the staging folder the save wrote into: a resumed run finds it there.
+    """
 
     _staging_root: str | None = None
+    keep_last: int | None = None
+    keep_best = False
 
     def _get_output_dir(self, trial):
         return self._staging_root or super()._get_output_dir(trial)
 
     def _save_checkpoint(self, model, trial):
+        from transformers.trainer import TRAINER_STATE_NAME
+
         final_dir = Path(super()._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
         staging_root = final_dir.parent / f"{STAGING_PREFIX}{final_dir.name}"
         if self.args.should_save and staging_root.exists():
@@ -282,17 +309,30 @@ class AtomicCheckpoints:
             super()._save_checkpoint(model, trial)  # writes staging_root/checkpoint-N (every rank its RNG file)
         finally:
             self._staging_root = None
+        best = self._best_checkpoint(final_dir)
         self.accelerator.wait_for_everyone()
         if self.args.should_save:
             staged = staging_root / final_dir.name
+            if self.state.best_model_checkpoint != (None if best is None else str(best)):
+                self.state.best_model_checkpoint = None if best is None else str(best)
+                self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
             (staged / PICKLED_ARGS).unlink(missing_ok=True)
             test_pause("HFTOOLKIT_TEST_PAUSE_IN_SAVE", self.state.global_step)
             commit(staged, final_dir)
             staging_root.rmdir()
-            if self.args.save_total_limit:  # (None: keep them all)
-                rotate(final_dir.parent, keep_last=self.args.save_total_limit)
+            if self.keep_last:
+                rotate(final_dir.parent, keep_last=self.keep_last, keep=best if self.keep_best else None)
             test_pause("HFTOOLKIT_TEST_PAUSE_AFTER_SAVE", self.state.global_step)
+        self.state.best_model_checkpoint = None if best is None else str(best)
         self.accelerator.wait_for_everyone()
+
+    def _best_checkpoint(self, saving: Path) -> Path | None:
+        """The committed folder of the best checkpoint so far (`saving` is the one being saved), or None."""
+        step = self.state.best_global_step
+        if not step:
+            return None
+        path = saving.parent / f"checkpoint-{step}"
+        return path if path == saving or path.is_dir() else None
 
 
 class LengthBatching:
@@ -313,3 +353,93 @@ class LengthBatching:
         return SequentialSampler(eval_dataset)
 
 
+
+
+# ---------------------------------------------------------------- eval during training
+
+
+@dataclass
+class EvalContext:
+    """What eval during training needs beyond the Trainer's own pass: `raw_eval` is the eval split before
+    preprocessing (its texts and targets, for generation-scored tasks)."""
+
+    recipe: Recipe
+    processor: object
+    scorer: object
+    counter: object
+    raw_eval: object = None
+
+
+class EvalDuringTraining:
+    """Trainer mixin: evals run during training (eval.every) report the task's own metrics.
+
+    - generation-scored tasks (translation, summarization): the eval split is generated and scored, as the
+      final eval does, so that early stopping and keep_best see BLEU or ROUGE;
+    - perplexity tasks: perplexity beside the eval loss;
+    - eval batches are left out of the training token counts, and an epoch-dependent collator (MLM masks)
+      masks as in epoch 0, so every eval scores the same masked tokens as the final one.
+
+    With data.num_workers > 0 the collator runs in the loader's worker processes, so the training tokens
+    are counted here, on the main process, as each batch arrives (`counts_on_main`).
+    """
+
+    eval_context: EvalContext | None = None
+    counts_on_main = False
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if self.counts_on_main and self.eval_context is not None:
+            _tally(self.eval_context.counter, inputs)
+        return super().training_step(model, inputs, num_items_in_batch)
+
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        context = self.eval_context
+        if not self.is_in_train or context is None:
+            return super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                           metric_key_prefix)
+        counter = context.counter
+        counts = (counter.real, counter.total, counter.samples, counter.attention_flops)
+        epoch = getattr(counter.collate, "epoch", None)
+        if epoch is not None:
+            counter.collate.epoch = 0
+        try:
+            output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                             metric_key_prefix)
+            output.metrics.update(self._task_metrics(context, output.metrics, metric_key_prefix))
+        finally:
+            counter.real, counter.total, counter.samples, counter.attention_flops = counts
+            if epoch is not None:
+                counter.collate.epoch = epoch
+        return output
+
+    def _task_metrics(self, context: EvalContext, metrics: dict, prefix: str) -> dict:
+        task = tasks.spec(context.recipe.task)
+        if task.main_metric == "perplexity" and f"{prefix}_loss" in metrics:
+            return {f"{prefix}_perplexity": math.exp(min(metrics[f"{prefix}_loss"], 50))}
+        if task.scoring != "generation" or context.raw_eval is None:
+            return {}
+        from hftoolkit.families import family_module
+        from hftoolkit.launch import generate_everywhere
+
+        raw, model = context.raw_eval, self.model
+        was_training = model.training
+        model.eval()
+        try:
+            outputs = generate_everywhere(family_module(context.recipe.family), context.recipe, model,
+                                          context.processor, raw[task.columns[0]])
+        finally:
+            model.train(was_training)
+        scores = context.scorer.compute([o["text"] for o in outputs], raw["target"])
+        return {f"{prefix}_{name}": value for name, value in scores.items()}
+
+
+def _tally(counter, batch) -> None:
+    """Count a training batch into `counter` as throughput.TokenCounter does when it collates it."""
+    mask = batch.get("attention_mask")
+    if mask is not None:
+        real = int(mask.sum())
+        counter.real += real
+        counter.total += mask.numel()
+        counter.attention_flops += real * mask.shape[-1]
+    first = next((v for v in batch.values() if hasattr(v, "shape") and v.dim()), None)
+    counter.samples += len(first) if first is not None else 0
