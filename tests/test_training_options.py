@@ -293,13 +293,14 @@ for checkpointing in ("true", "false"):
 
 def test_gradient_checkpointing_lowers_peak_memory(tmp_path):
     # A mid-size BERT (hidden 256, 8 layers, sequences of 384 tokens): activations dominate its memory.
-    from transformers import BertConfig, BertForSequenceClassification
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
     from hftoolkit.tiny import ensure_tiny
 
     folder = tmp_path / "bert-mid"
     tokenizer = ensure_tiny("bert")
-    config = BertConfig(vocab_size=1024, hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
+    vocab = len(AutoTokenizer.from_pretrained(tokenizer))  # preflight refuses a tokenizer that does not fit
+    config = BertConfig(vocab_size=vocab, hidden_size=256, num_hidden_layers=8, num_attention_heads=4,
                         intermediate_size=1024, max_position_embeddings=512)
     BertForSequenceClassification(config).save_pretrained(folder)
     for file in tokenizer.iterdir():
