@@ -28,13 +28,17 @@ def gguf_folder(smollm2_checkpoint) -> str:
     return str(installed_smollm2().parent)
 
 
+def clm_sets(gguf_folder: str) -> list[str]:
+    """The causal-LM recipe cut to 6 LoRA steps on 600 lines of tiny Shakespeare (builtin:text where it is absent)."""
+    data = str(SHAKESPEARE) if SHAKESPEARE.is_file() else "builtin:text"
+    return [f"model.checkpoint={gguf_folder}", f"data.train={data}", "data.max_train_samples=600",
+            "data.max_eval_samples=60", "training.max_steps=6", "training.learning_rate=0.002", *SMALL]
+
+
 @pytest.fixture(scope="module")
 def clm_run(gguf_folder, tmp_path_factory):
-    """6 LoRA steps of causal LM on 600 lines of tiny Shakespeare (builtin:text where the file is absent)."""
-    data = str(SHAKESPEARE) if SHAKESPEARE.is_file() else "builtin:text"
     run = tmp_path_factory.mktemp("smollm2") / "clm"
-    train_recipe(CLM, run, f"model.checkpoint={gguf_folder}", f"data.train={data}", "data.max_train_samples=600",
-                 "data.max_eval_samples=100", "training.max_steps=6", "training.learning_rate=0.002", *SMALL)
+    train_recipe(CLM, run, *clm_sets(gguf_folder))
     return run
 
 
@@ -43,6 +47,14 @@ def merged(clm_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2-merged") / "model"
     run_cli("merge", clm_run, "--out", out)
     return out
+
+
+@pytest.fixture(scope="module")
+def plain_model(merged):
+    """The merged checkpoint as plain transformers loads it: (model, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(merged), AutoTokenizer.from_pretrained(merged)
 
 
 def test_recipes_name_the_gguf_file_the_package_ships(gguf_folder):
@@ -56,37 +68,29 @@ def test_recipes_name_the_gguf_file_the_package_ships(gguf_folder):
         assert load_recipe(path, [f"model.checkpoint={gguf_folder}"]).family == "decoder"
 
 
-def test_lora_steps_on_shakespeare_lower_the_eval_perplexity(clm_run):
-    """The run's eval perplexity against the same eval blocks scored by the base model (the adapter switched off)."""
-    import torch
-
-    from hftoolkit.data import load_data
-    from hftoolkit.evaluation import load_trained
-
+def test_lora_steps_on_shakespeare_lower_the_eval_perplexity(clm_run, gguf_folder, tmp_path):
+    """The run against `hftoolkit eval RECIPE`: the same eval blocks scored by the base model, untrained."""
     metrics = json.loads((clm_run / "metrics.json").read_text())
     manifest = json.loads((clm_run / "manifest.json").read_text())
     assert manifest["status"] == "complete" and metrics["family"] == "decoder" and metrics["task"] == "clm"
     assert (clm_run / "adapter" / "adapter_model.safetensors").is_file()
     assert 0 < metrics["trainable_params"] < 1e6 and metrics["total_params"] > 134e6
 
-    recipe, family, model, tokenizer = load_trained(clm_run)
-    blocks = family.preprocess(recipe, tokenizer, load_data(recipe)["eval"])
-    batch = family.collator(recipe, tokenizer)([{k: v for k, v in row.items() if k != "length"} for row in blocks])
-    with torch.no_grad(), model.disable_adapter():
-        base = math.exp(model(**batch).loss.item())  # equal-length blocks, no padding: the token mean
-    assert metrics["eval"]["perplexity"] < 0.9 * base, (metrics["eval"]["perplexity"], base)
+    base = tmp_path / "base"
+    run_cli("eval", CLM, *[arg for s in clm_sets(gguf_folder) for arg in ("--set", s)], "--output", base)
+    untrained = json.loads((base / "metrics.json").read_text())["eval"]["perplexity"]
+    assert metrics["eval"]["perplexity"] < 0.9 * untrained, (metrics["eval"]["perplexity"], untrained)
 
 
-def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, merged):
+def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, merged, plain_model):
     import torch
-    from transformers import AutoModelForCausalLM
 
     from hftoolkit.evaluation import load_trained
 
     config = json.loads((merged / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
     assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
-    model = AutoModelForCausalLM.from_pretrained(merged)
+    model = plain_model[0]
     assert not any("lora" in name for name, _ in model.named_parameters())
     _, _, adapter_model, tokenizer = load_trained(clm_run)
     batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
@@ -100,18 +104,17 @@ def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, mer
     (["--strategy", "sample", "--temperature", "0.8", "--top-k", "40"],
      dict(do_sample=True, num_beams=1, temperature=0.8, top_k=40, top_p=1.0)),
 ], ids=["greedy", "beam", "sample"])
-def test_predict_decodes_as_plain_transformers_does_with_the_merged_checkpoint(clm_run, merged, options, generate,
+def test_predict_decodes_as_plain_transformers_does_with_the_merged_checkpoint(clm_run, plain_model, options, generate,
                                                                                tmp_path):
     """What `predict` prints for two prompts (one batch, left-padded) is what a user gets from the merged folder
     with transformers alone; sampling is seeded with the run's training.seed."""
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
     printed = run_cli("predict", clm_run, "--input", prompts, "--max-new-tokens", "8", *options).stdout
 
-    model, tokenizer = AutoModelForCausalLM.from_pretrained(merged), AutoTokenizer.from_pretrained(merged)
+    model, tokenizer = plain_model
     batch = tokenizer(PROMPTS, padding=True, padding_side="left", return_tensors="pt")
     torch.manual_seed(0)
     with torch.no_grad():
@@ -129,7 +132,8 @@ def test_quantized_lora_loads_and_takes_a_step(gguf_folder, bits, layer, tmp_pat
 
     run = tmp_path / bits
     train_recipe(CLM, run, f"model.checkpoint={gguf_folder}", f"model.quantization={bits}", "data.train=builtin:text",
-                 "data.max_train_samples=40", "data.max_eval_samples=10", "training.max_steps=1", *SMALL)
+                 "data.max_train_samples=40", "data.max_eval_samples=10", "training.max_steps=1", *SMALL,
+                 "eval.max_predictions=0")
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["quantization"] == bits and math.isfinite(metrics["eval"]["perplexity"])
     steps = [row for row in map(json.loads, (run / "log_history.jsonl").read_text().splitlines()) if "loss" in row]
