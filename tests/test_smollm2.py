@@ -90,9 +90,11 @@ def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, mer
     config = json.loads((merged / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
     assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
-    model = plain_model[0]
+    model, tokenizer = plain_model
     assert not any("lora" in name for name, _ in model.named_parameters())
-    _, _, adapter_model, tokenizer = load_trained(clm_run)
+    assert "<|im_start|>assistant" in tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                                                    add_generation_prompt=True), "the template came too"
+    _, _, adapter_model, _ = load_trained(clm_run)
     batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
     with torch.no_grad():
         assert torch.allclose(model(**batch).logits, adapter_model(**batch).logits, atol=1e-4)
@@ -190,6 +192,23 @@ def test_instruction_prompt_is_the_chat_template_and_the_loss_falls_on_the_answe
                                                tokenize=False).split(text)
     assert cut.startswith(head + "many words") and cut.endswith(tail), "the text is cut, the template kept whole"
     assert len(long["input_ids"]) - len(target) == recipe.data.max_length
+
+
+def test_a_template_that_ends_the_turn_with_its_own_token_trains_and_stops_on_it(gguf_folder):
+    """As Llama 3's <|eot_id|>: the answer ends with that token rather than eos, and generation stops at either."""
+    from hftoolkit.families import decoder, load_tokenizer
+    from hftoolkit.recipe import load_recipe
+
+    recipe = load_recipe(INSTRUCT, [f"model.checkpoint={gguf_folder}"])
+    tokenizer = load_tokenizer(recipe)
+    tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>"
+                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert end != tokenizer.eos_token_id
+    formulation = decoder.FORMULATIONS["instruction"]
+    assert formulation.targets(recipe, tokenizer, ["5"]) == [tokenizer("5", add_special_tokens=False)["input_ids"]
+                                                              + [end]]
+    assert formulation.stops(tokenizer) == [tokenizer.eos_token_id, end]
 
 
 def test_instruction_recipe_trains_and_answers(gguf_folder, tmp_path):

@@ -149,10 +149,15 @@ class PromptAndTarget:
 
         return text_metrics(labels.metric_names(recipe))
 
+    def stops(self, tokenizer) -> list[int]:
+        """Token ids at which generation stops."""
+        return [tokenizer.eos_token_id]
+
     def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
         room = _room(recipe, model)
         prompts = [prompt[-room:] for prompt in self.prompts(recipe, tokenizer, inputs)]
-        return [{"text": text.strip()} for text in _continue(recipe, model, tokenizer, prompts)]
+        texts = _continue(recipe, model, tokenizer, prompts, self.stops(tokenizer))
+        return [{"text": text.strip()} for text in texts]
 
 
 class ChatPromptAndTarget(PromptAndTarget):
@@ -180,14 +185,17 @@ class ChatPromptAndTarget(PromptAndTarget):
     def targets(self, recipe: Recipe, tokenizer, targets: list[str]) -> list[list[int]]:
         if not getattr(tokenizer, "chat_template", None):
             return super().targets(recipe, tokenizer, targets)
-        messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": MARKER}]
-        close = _ids(tokenizer, _chat_parts(tokenizer, messages)[1])
-        if tokenizer.eos_token_id in close:  # the turn ends at eos, where generation stops ("\n" after it: no loss)
-            close = close[:close.index(tokenizer.eos_token_id) + 1]
-        close = close or [tokenizer.eos_token_id]
+        close = _turn_end(tokenizer)
         ids = tokenizer(targets, add_special_tokens=False, truncation=True,
                         max_length=max(recipe.data.max_target_length - len(close), 1))["input_ids"]
         return [target + close for target in ids]
+
+    def stops(self, tokenizer) -> list[int]:
+        """eos, and the token that ends the assistant's turn where the template has its own (Llama 3's
+        <|eot_id|>)."""
+        if not getattr(tokenizer, "chat_template", None):
+            return super().stops(tokenizer)
+        return list(dict.fromkeys([tokenizer.eos_token_id, _turn_end(tokenizer)[0]]))
 
 
 # Stands in for a message while a chat template is rendered, to find where the message goes.
@@ -205,6 +213,16 @@ def _chat_parts(tokenizer, messages: list[dict], **options) -> tuple[str, str]:
     return head, tail
 
 
+def _turn_end(tokenizer) -> list[int]:
+    """Token ids the chat template ends an assistant's turn with, up to eos where it has one (a line break after
+    eos is left out: generation stops at eos, so it would never be written)."""
+    messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": MARKER}]
+    close = _ids(tokenizer, _chat_parts(tokenizer, messages)[1])
+    if tokenizer.eos_token_id in close:
+        close = close[:close.index(tokenizer.eos_token_id) + 1]
+    return close or [tokenizer.eos_token_id]
+
+
 def _ids(tokenizer, text: str) -> list[int]:
     """Token ids of template text as written (its special tokens are in the text already)."""
     return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -216,15 +234,15 @@ def _room(recipe: Recipe, model) -> int:
     return max(1, min(recipe.data.max_length, context - recipe.eval.generation.max_new_tokens))
 
 
-def _continue(recipe: Recipe, model, tokenizer, prompts: list[list[int]]) -> list[str]:
-    """The text each prompt (token ids) continues with, decoded as recipe.eval.generation says; the prompt
-    is not repeated. Batches are left-padded so every prompt ends at the last position, where generation
-    starts."""
+def _continue(recipe: Recipe, model, tokenizer, prompts: list[list[int]], stops: list[int] | None = None) -> list[str]:
+    """The text each prompt (token ids) continues with, decoded as recipe.eval.generation says, up to eos (or
+    any of the `stops` ids); the prompt is not repeated. Batches are left-padded so every prompt ends at the
+    last position, where generation starts."""
     import torch
 
     model.eval()
     kwargs = dict(decoding_options(recipe.eval.generation), pad_token_id=tokenizer.pad_token_id,
-                  eos_token_id=tokenizer.eos_token_id)
+                  eos_token_id=stops or tokenizer.eos_token_id)
     out = []
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(recipe.training.seed)  # sampled predictions are reproducible, as seq2seq's are
