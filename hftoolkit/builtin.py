@@ -101,6 +101,38 @@ def text(n: int = 1500, seed: int = 0) -> list[dict]:
     return rows
 
 
+def instructions(n: int = 1000, seed: int = 0) -> list[dict]:
+    """Synthetic instruction/answer pairs (five kinds: toy translation, capitals, sums, reversal, sentiment)."""
+    rng = random.Random(seed)
+
+    def translate():
+        words = _sentence(rng)
+        return f"Translate into the toy language: {' '.join(words)}", " ".join(LEXICON[w] for w in words)
+
+    def capitals():
+        words = _sentence(rng)
+        return f"Write in capital letters: {' '.join(words)}", " ".join(words).upper()
+
+    def arithmetic():
+        a, b = rng.randint(0, 50), rng.randint(0, 50)
+        return f"What is {a} plus {b}?", f"{a} plus {b} is {a + b}."
+
+    def reverse():
+        words = _sentence(rng)
+        return f"Reverse the order of the words: {' '.join(words)}", " ".join(reversed(words))
+
+    def review():
+        row = sentiment(1, seed=rng.randrange(1 << 30))[0]
+        return f"Is this review positive or negative? {row['text']}", f"The review is {row['label']}."
+
+    kinds = [translate, capitals, arithmetic, reverse, review]
+    rows = []
+    for _ in range(n):
+        prompt, answer = rng.choice(kinds)()
+        rows.append({"text": prompt, "target": answer})
+    return rows
+
+
 def digits(n: int | None = None, seed: int = 0, size: int = 32) -> list[dict]:
     """scikit-learn's real 8x8 handwritten digits, upscaled to size x size RGB images, labels '0'-'9'."""
     from PIL import Image
@@ -118,7 +150,7 @@ def digits(n: int | None = None, seed: int = 0, size: int = 32) -> list[dict]:
 
 BUILTIN: dict[str, Callable[..., list[dict]]] = {
     "sentiment": sentiment, "tagging": tagging, "translation": translation,
-    "summarization": summarization, "text": text, "digits": digits,
+    "summarization": summarization, "text": text, "instructions": instructions, "digits": digits,
 }
 
 

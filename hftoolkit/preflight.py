@@ -31,10 +31,12 @@ from hftoolkit.recipe import MODEL_TYPE_FAMILIES, Recipe, RecipeError
 HEADS = {"classification": "AutoModelForSequenceClassification", "regression": "AutoModelForSequenceClassification",
          "tagging": "AutoModelForTokenClassification",
          "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM", "translation": "AutoModelForSeq2SeqLM",
-         "summarization": "AutoModelForSeq2SeqLM", "denoise": "AutoModelForSeq2SeqLM",
+         "summarization": "AutoModelForSeq2SeqLM", "instruction": "AutoModelForSeq2SeqLM",
+         "denoise": "AutoModelForSeq2SeqLM",
          "image-classification": "AutoModelForImageClassification"}
-# A decoder writes translation and summarization as one sequence, prompt + target (families/decoder.py).
-DECODER_HEADS = {"translation": "AutoModelForCausalLM", "summarization": "AutoModelForCausalLM"}
+# A decoder writes translation, summarization and instructions as one sequence, prompt + target (families/decoder.py).
+PROMPTED = ("translation", "summarization", "instruction")
+DECODER_HEADS = dict.fromkeys(PROMPTED, "AutoModelForCausalLM")
 # A head that a checkpoint fine-tuned for the task already has (its size is fixed by its label count).
 TRAINED_HEADS = {"classification": "ForSequenceClassification", "regression": "ForSequenceClassification",
                  "tagging": "ForTokenClassification"}
@@ -229,7 +231,7 @@ def check_tokenizer(recipe: Recipe, data, config, processor, found: Findings) ->
     needs = []
     if processor.pad_token is None:
         needs.append(("pad", "batches of different lengths are padded with it (or with eos, which it lacks too)"))
-    if recipe.family == "decoder" and recipe.task in ("clm", "translation", "summarization") \
+    if recipe.family == "decoder" and recipe.task in ("clm", *PROMPTED) \
             and processor.eos_token is None:
         needs.append(("eos", f"task {recipe.task!r} on a decoder ends each text with it"))
     if recipe.task in ("mlm", "denoise") and processor.mask_token is None:
@@ -249,7 +251,7 @@ def check_lengths(recipe: Recipe, data, config, processor, found: Findings) -> N
         return
     d, ckpt = recipe.data, recipe.model.checkpoint
     where = f"more than {ckpt} takes ({limit} positions)"
-    if recipe.family == "decoder" and recipe.task in ("translation", "summarization"):
+    if recipe.family == "decoder" and recipe.task in PROMPTED:
         if d.max_length + d.max_target_length > limit:  # prompt and target are one sequence
             target = min(d.max_target_length, max(limit - d.max_length, limit // 2))
             source = min(d.max_length, limit - target)
@@ -261,7 +263,7 @@ def check_lengths(recipe: Recipe, data, config, processor, found: Findings) -> N
                     setattr(d, attr, used)
     else:
         _clamp(found, d, "max_length", "data.max_length", limit, where)
-        if recipe.family == "seq2seq" and recipe.task in ("translation", "summarization"):
+        if recipe.family == "seq2seq" and recipe.task in PROMPTED:
             _clamp(found, d, "max_target_length", "data.max_target_length", limit, where)
     if recipe.family in ("decoder", "seq2seq") and tasks.spec(recipe.task).labels is None:
         # Text generated for the eval's prediction records: a decoder's prompt and new tokens share its positions.

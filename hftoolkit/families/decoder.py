@@ -1,6 +1,7 @@
 """Decoder-only models (GPT-2, Llama and kin): causal language modelling, and the other text tasks
-written as one sequence: translation and summarization as prompt + target, classification and
-tagging with transformers' decoder heads (labels.py).
+written as one sequence: translation and summarization as prompt + target, instruction tuning as
+prompt + target in the tokenizer's chat template, classification and tagging with transformers'
+decoder heads (labels.py).
 
 The output continues a prompt, so each token attends only to the tokens before it (the course's
 decision tree). Causal LM trains on the text itself (`labels` are the input ids; the model shifts
@@ -115,18 +116,26 @@ class PromptAndTarget:
     def load_model(self, recipe: Recipe):
         return _load_causal_lm(recipe)
 
-    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+    def prompts(self, recipe: Recipe, tokenizer, texts: list[str]) -> list[list[int]]:
+        """Token ids of each prompt, the source cut to fit data.max_length; generation starts after them."""
         d = recipe.data
         end = tokenizer(PROMPT_END, add_special_tokens=False)["input_ids"]
+        sources = tokenizer([d.source_prefix + t for t in texts], truncation=True,
+                            max_length=max(d.max_length - len(end), 1))["input_ids"]
+        return [source + end for source in sources]
 
+    def targets(self, recipe: Recipe, tokenizer, targets: list[str]) -> list[list[int]]:
+        """Token ids of each target and the eos that ends it, at most data.max_target_length."""
+        ids = tokenizer(targets, add_special_tokens=False, truncation=True,
+                        max_length=max(recipe.data.max_target_length - 1, 1))["input_ids"]
+        return [target + [tokenizer.eos_token_id] for target in ids]
+
+    def preprocess(self, recipe: Recipe, tokenizer, dataset):
         def encode(batch):
-            sources = tokenizer([d.source_prefix + t for t in batch["text"]], truncation=True,
-                                max_length=max(d.max_length - len(end), 1))["input_ids"]
-            targets = tokenizer(batch["target"], add_special_tokens=False, truncation=True,
-                                max_length=max(d.max_target_length - 1, 1))["input_ids"]
-            ids = [source + end + target + [tokenizer.eos_token_id] for source, target in zip(sources, targets)]
-            masked = [[IGNORE_INDEX] * (len(source) + len(end)) + target + [tokenizer.eos_token_id]
-                      for source, target in zip(sources, targets)]
+            prompts = self.prompts(recipe, tokenizer, batch["text"])
+            targets = self.targets(recipe, tokenizer, batch["target"])
+            ids = [prompt + target for prompt, target in zip(prompts, targets)]
+            masked = [[IGNORE_INDEX] * len(prompt) + target for prompt, target in zip(prompts, targets)]
             return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "labels": masked,
                     "length": [len(x) for x in ids]}
 
@@ -140,13 +149,83 @@ class PromptAndTarget:
 
         return text_metrics(labels.metric_names(recipe))
 
+    def stops(self, tokenizer) -> list[int]:
+        """Token ids at which generation stops."""
+        return [tokenizer.eos_token_id]
+
     def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
-        d = recipe.data
-        end = tokenizer(PROMPT_END, add_special_tokens=False)["input_ids"]
-        sources = tokenizer([d.source_prefix + t for t in inputs], truncation=True,
-                            max_length=max(d.max_length - len(end), 1))["input_ids"]
-        prompts = [(source + end)[-_room(recipe, model):] for source in sources]
-        return [{"text": text.strip()} for text in _continue(recipe, model, tokenizer, prompts)]
+        room = _room(recipe, model)
+        prompts = [prompt[-room:] for prompt in self.prompts(recipe, tokenizer, inputs)]
+        texts = _continue(recipe, model, tokenizer, prompts, self.stops(tokenizer))
+        return [{"text": text.strip()} for text in texts]
+
+
+class ChatPromptAndTarget(PromptAndTarget):
+    """Instruction tuning: the prompt is data.source_prefix + text as the user's turn of the tokenizer's chat
+    template, followed by the template's opening of the assistant's turn (add_generation_prompt); the target
+    is the answer and the template's end of that turn. As for PromptAndTarget the loss falls on the target
+    only, and predictions generate from the same prompt, so a merged model answers
+    `tokenizer.apply_chat_template(messages, add_generation_prompt=True)` as it was trained to.
+    A tokenizer without a chat template (GPT-2's) gets PromptAndTarget's plain prompt and eos instead.
+
+    The template is rendered once with a marker as the message, and split around it: the user's text is
+    tokenized on its own, so data.max_length cuts the text and never the template around it.
+    """
+
+    def prompts(self, recipe: Recipe, tokenizer, texts: list[str]) -> list[list[int]]:
+        if not getattr(tokenizer, "chat_template", None):
+            return super().prompts(recipe, tokenizer, texts)
+        head, tail = _chat_parts(tokenizer, [{"role": "user", "content": MARKER}], add_generation_prompt=True)
+        head, tail = _ids(tokenizer, head), _ids(tokenizer, tail)
+        room = max(recipe.data.max_length - len(head) - len(tail), 1)
+        contents = tokenizer([recipe.data.source_prefix + t for t in texts], add_special_tokens=False,
+                             truncation=True, max_length=room)["input_ids"]
+        return [head + content + tail for content in contents]
+
+    def targets(self, recipe: Recipe, tokenizer, targets: list[str]) -> list[list[int]]:
+        if not getattr(tokenizer, "chat_template", None):
+            return super().targets(recipe, tokenizer, targets)
+        close = _turn_end(tokenizer)
+        ids = tokenizer(targets, add_special_tokens=False, truncation=True,
+                        max_length=max(recipe.data.max_target_length - len(close), 1))["input_ids"]
+        return [target + close for target in ids]
+
+    def stops(self, tokenizer) -> list[int]:
+        """eos, and the token that ends the assistant's turn where the template has its own (Llama 3's
+        <|eot_id|>)."""
+        if not getattr(tokenizer, "chat_template", None):
+            return super().stops(tokenizer)
+        return list(dict.fromkeys([tokenizer.eos_token_id, _turn_end(tokenizer)[0]]))
+
+
+# Stands in for a message while a chat template is rendered, to find where the message goes.
+MARKER = "\u2063hftoolkit-message\u2063"
+
+
+def _chat_parts(tokenizer, messages: list[dict], **options) -> tuple[str, str]:
+    """The chat template rendered around MARKER: (text before it, text after it)."""
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, **options)
+    if rendered.count(MARKER) != 1:
+        raise UserError(f"model.checkpoint: the tokenizer's chat template rewrites the message text, so the prompt "
+                        f"can't be split from the answer ({rendered[:80]!r}): use task summarization, which "
+                        "prompts with data.source_prefix + text and a line break")
+    head, tail = rendered.split(MARKER)
+    return head, tail
+
+
+def _turn_end(tokenizer) -> list[int]:
+    """Token ids the chat template ends an assistant's turn with, up to eos where it has one (a line break after
+    eos is left out: generation stops at eos, so it would never be written)."""
+    messages = [{"role": "user", "content": "?"}, {"role": "assistant", "content": MARKER}]
+    close = _ids(tokenizer, _chat_parts(tokenizer, messages)[1])
+    if tokenizer.eos_token_id in close:
+        close = close[:close.index(tokenizer.eos_token_id) + 1]
+    return close or [tokenizer.eos_token_id]
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    """Token ids of template text as written (its special tokens are in the text already)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
 def _room(recipe: Recipe, model) -> int:
@@ -155,29 +234,30 @@ def _room(recipe: Recipe, model) -> int:
     return max(1, min(recipe.data.max_length, context - recipe.eval.generation.max_new_tokens))
 
 
-def _continue(recipe: Recipe, model, tokenizer, prompts: list[list[int]]) -> list[str]:
-    """The text each prompt (token ids) continues with, decoded as recipe.eval.generation says; the prompt
-    is not repeated. Batches are left-padded so every prompt ends at the last position, where generation
-    starts."""
+def _continue(recipe: Recipe, model, tokenizer, prompts: list[list[int]], stops: list[int] | None = None) -> list[str]:
+    """The text each prompt (token ids) continues with, decoded as recipe.eval.generation says, up to eos (or
+    any of the `stops` ids); the prompt is not repeated. Batches are left-padded so every prompt ends at the
+    last position, where generation starts."""
     import torch
 
     model.eval()
     kwargs = dict(decoding_options(recipe.eval.generation), pad_token_id=tokenizer.pad_token_id,
-                  eos_token_id=tokenizer.eos_token_id)
+                  eos_token_id=stops or tokenizer.eos_token_id)
     out = []
-    for start in range(0, len(prompts), recipe.eval.batch_size):
-        chunk = prompts[start:start + recipe.eval.batch_size]
-        batch = tokenizer.pad({"input_ids": chunk}, padding=True, padding_side="left", return_tensors="pt")
-        batch = batch.to(model.device)
-        with torch.no_grad():
-            generated = model.generate(**batch, **kwargs)
-        out += tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    with torch.random.fork_rng(devices=[]), torch.no_grad():
+        torch.manual_seed(recipe.training.seed)  # sampled predictions are reproducible, as seq2seq's are
+        for start in range(0, len(prompts), recipe.eval.batch_size):
+            chunk = prompts[start:start + recipe.eval.batch_size]
+            batch = tokenizer.pad({"input_ids": chunk}, padding=True, padding_side="left", return_tensors="pt")
+            generated = model.generate(**batch.to(model.device), **kwargs)
+            out += tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     return out
 
 
 PROMPTED = PromptAndTarget()
 FORMULATIONS = {"clm": CausalLM(), "translation": PROMPTED, "summarization": PROMPTED,
-                "classification": labels.CLASSIFICATION, "regression": labels.REGRESSION, "tagging": labels.TAGGING}
+                "instruction": ChatPromptAndTarget(), "classification": labels.CLASSIFICATION,
+                "regression": labels.REGRESSION, "tagging": labels.TAGGING}
 
 
 def load_model(recipe: Recipe):

@@ -1,5 +1,6 @@
-"""Encoder-decoder models (T5, BART and kin): translation, summarization, BART's denoising objective,
-and classification with BART's or T5's classification head (labels.py).
+"""Encoder-decoder models (T5, BART and kin): translation, summarization, instructions (as FLAN-T5 was
+tuned: the instruction is the input, the answer the target), BART's denoising objective, and classification
+with BART's or T5's classification head (labels.py).
 
 The output transforms a separate input, so an encoder reads the input with bidirectional
 attention and a decoder writes the output, attending to it (the course's decision tree).
@@ -18,7 +19,8 @@ from hftoolkit.recipe import Recipe
 
 
 class Seq2SeqGeneration:
-    """Translation and summarization: the target is written by the decoder, scored on generated text."""
+    """Translation, summarization and instructions: the target is written by the decoder, scored on generated
+    text."""
 
     def load_model(self, recipe: Recipe):
         """Tokenizer and seq2seq LM; LoRA on the attention q and v projections (modeling.lora_targets_for)."""
@@ -81,7 +83,7 @@ class Denoise:
 
 
 SEQ2SEQ = Seq2SeqGeneration()
-FORMULATIONS = {"translation": SEQ2SEQ, "summarization": SEQ2SEQ, "denoise": Denoise(),
+FORMULATIONS = {"translation": SEQ2SEQ, "summarization": SEQ2SEQ, "instruction": SEQ2SEQ, "denoise": Denoise(),
                 "classification": labels.CLASSIFICATION, "regression": labels.REGRESSION}
 
 

