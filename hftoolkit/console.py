@@ -89,11 +89,13 @@ def data_line(rows: Mapping[str, int]) -> str:
     return "data loaded: " + ", ".join(f"{n:,} {split}" for split, n in rows.items()) + " rows"
 
 
-def model_line(checkpoint: str, trainable: int, total: int, quantization: str = "none",
+def model_line(checkpoint: str, trainable: int | None, total: int, quantization: str = "none",
                lora_rank: int | None = None) -> str:
-    """'model loaded: init:bert, 136,964 parameters, 4,226 trainable (3.09%), LoRA r=8, not quantized'."""
-    share = f"{100 * trainable / total:.3g}%" if total else "-"
-    parts = [checkpoint, f"{total:,} parameters", f"{trainable:,} trainable ({share})"]
+    """'model loaded: init:bert, 136,964 parameters, 4,226 trainable (3.09%), LoRA r=8, not quantized'
+    (trainable None: a model that is not trained here, said without that part)."""
+    parts = [checkpoint, f"{total:,} parameters"]
+    if trainable is not None:
+        parts.append(f"{trainable:,} trainable ({100 * trainable / max(total, 1):.3g}%)")
     if lora_rank:
         parts.append(f"LoRA r={lora_rank}")
     quantized = quantization not in (None, "none")
