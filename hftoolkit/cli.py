@@ -342,9 +342,8 @@ def sweep(
     from hftoolkit.sweep import sweep as run_sweep
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
-    with console.capture(verbosity=verbosity):  # each variant's training keeps its own train.log
-        result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
-                           command=launch.command_line(), echo=console.phase, verbosity=verbosity)
+    result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
+                       command=launch.command_line(), echo=console.phase, verbosity=verbosity)
     if launch.is_main_process():
         _say_report(result.report, verbosity)
     launch.end_processes()
@@ -372,8 +371,7 @@ def bench(
     from hftoolkit.report import load_run, summary_rows
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
-    with console.capture(verbosity=verbosity):  # each run's training keeps its own train.log
-        result = run_bench(families, output, RECIPES_DIR, set_ or [], echo=console.phase, verbosity=verbosity)
+    result = run_bench(families, output, RECIPES_DIR, set_ or [], echo=console.phase, verbosity=verbosity)
     if verbosity > console.Verbosity.QUIET:
         _print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
     _say_report(result.report, verbosity)
