@@ -39,6 +39,7 @@ from hftoolkit import tasks
 from hftoolkit.batching import LengthBucketSampler
 from hftoolkit.checkpoints import PICKLED_ARGS, STAGING_PREFIX, commit, latest_checkpoint, rotate, test_pause
 from hftoolkit.errors import UserError
+from hftoolkit.progress import use_progress
 from hftoolkit.recipe import Recipe
 from hftoolkit.rundir import RunDirectory
 
@@ -75,6 +76,7 @@ def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, 
         data_collator=counter, processing_class=processor,
         compute_metrics=scorer.compute if tasks.spec(recipe.task).scoring == "logits" else None,
         preprocess_logits_for_metrics=scorer.reduce_logits)
+    use_progress(trainer)  # one progress bar instead of the Trainer's tqdm bars and printed log dicts
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
     if hasattr(counter.collate, "epoch"):  # a collator whose randomness depends on the epoch (MLM masking)
         trainer.add_callback(epoch_to_collator(counter.collate))
