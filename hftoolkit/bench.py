@@ -51,7 +51,7 @@ def bench_variants(families: list[str] | None, recipes_dir: Path, overrides: lis
 
 
 def bench(families: list[str] | None, out: Path, recipes_dir: Path, overrides: list[str] = (),
-          echo: Callable[[str], None] = print):
+          echo: Callable[[str], None] = print, verbosity=None):
     """Train the bench's runs into OUT/runs/ and write OUT/report.md; returns the sweep's result."""
     from hftoolkit.report import write_report
     from hftoolkit.sweep import SweepResult, prepare, run_variants
@@ -60,7 +60,7 @@ def bench(families: list[str] | None, out: Path, recipes_dir: Path, overrides: l
     folder = prepare(variants, Path(out) / "runs", overwrite=True)
     echo(f"bench: {len(variants)} runs -> {folder}")
     with one_thread():
-        outcomes = run_variants(variants, list(sys.argv), echo=echo)
+        outcomes = run_variants(variants, list(sys.argv), echo=echo, verbosity=verbosity)
     report = write_report([v.run_dir for v in variants], Path(out))
     return SweepResult(folder, report, outcomes)
 

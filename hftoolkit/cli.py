@@ -7,7 +7,7 @@ import atexit
 import os
 import sys
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import typer
 
@@ -53,21 +53,30 @@ SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a r
 
 @app.command()
 def train(
-    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file (or, with --resume, a run directory).")],
+    recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file (or, with --resume, a run "
+                                                                  "directory).")],
     set_: SetOption = None,
-    output: Annotated[Path | None, typer.Option("--output", help="Run directory (default output.dir/name).")] = None,
-    overwrite: Annotated[bool, typer.Option(help="Replace a non-empty run directory.")] = False,
-    resume: Annotated[bool, typer.Option(help="Continue the run from its newest complete checkpoint.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Run directory (default output.dir/name)."))] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty run directory.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run from its newest complete checkpoint.")
+                      ] = False,
     num_processes: Annotated[int | None, typer.Option(
-        "--num-processes", min=1, help="Train on N processes (one per GPU; gloo on a CPU), started through "
-                                       "accelerate launch. training.batch_size is split over them.")] = None,
+        "--num-processes", min=1, metavar="N", help="Train on N processes (one per GPU; gloo on a CPU), started "
+                                                    "through accelerate launch. training.batch_size is split over "
+                                                    "them.")] = None,
     accelerate_config: Annotated[Path | None, typer.Option(
-        "--accelerate-config", help="An accelerate launch config (see recipes/accelerate/); "
-                                    "overrides the recipe's training.accelerate_config.")] = None,
+        "--accelerate-config", metavar="FILE", help="An accelerate launch config (see recipes/accelerate/); "
+                                                    "overrides the recipe's training.accelerate_config.")] = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
 ):
     """Fine-tune a model as the recipe says and write a run directory."""
+    from hftoolkit import console
     from hftoolkit.recipe import load_recipe
 
+    verbosity = console.verbosity_from_flags(verbose, quiet)
     if resume and overwrite:
         raise UserError("--resume and --overwrite contradict each other: pass one of them")
     if resume and recipe.is_dir():  # `train --resume RUN_DIR`: the run's own resolved recipe
@@ -84,9 +93,10 @@ def train(
         raise typer.Exit(launch.relaunch(plan, sys.argv[1:]))
     from hftoolkit.train import train as run_training
 
-    metrics = run_training(parsed, run_dir, command=launch.command_line(), overwrite=overwrite, resume=resume)
+    metrics = run_training(parsed, run_dir, command=launch.command_line(), overwrite=overwrite, resume=resume,
+                           verbosity=verbosity)
     if launch.is_main_process():
-        _print_metrics(metrics, run_dir)
+        _show_result(metrics, run_dir, as_json, verbosity)
     launch.end_processes()
 
 
@@ -94,64 +104,113 @@ def train(
 def eval_(
     target: Annotated[Path, typer.Argument(metavar="RUN_DIR|RECIPE", help="A run directory written by train, or a "
                                            "recipe file: its base checkpoint, untrained (the baseline).")],
-    split: Annotated[str | None, typer.Option("--split", help="Score this split of the hub data set instead of "
-                                              "the eval split, e.g. test.")] = None,
+    split: Annotated[str | None, typer.Option("--split", metavar="NAME", help="Score this split of the hub data "
+                                              "set instead of the eval split, e.g. test.")] = None,
     set_: SetOption = None,
-    output: Annotated[Path | None, typer.Option("--output", help="With a recipe: keep the scores as a run "
-                                                "directory (no weights) that runs and compare read.")] = None,
-    overwrite: Annotated[bool, typer.Option(help="With --output: replace a non-empty directory.")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "With a recipe: keep the scores as a run directory (no weights) that runs and compare read."))] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="With --output: replace a non-empty directory.")
+                         ] = False,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
 ):
     """Score a trained run again (metrics.json updated), or a recipe's base checkpoint with no training and no
     adapter; --split scores another split (a run directory keeps it under metrics.json's "splits")."""
-    from hftoolkit import evaluation
+    from hftoolkit import console, evaluation
 
+    verbosity = console.verbosity_from_flags(verbose, quiet)
     if target.is_dir():
         if set_ or output:
             raise UserError(f"{'--set' if set_ else '--output'}: applies to a recipe, and {target} is a run "
                             "directory: its recipe is the one it trained with")
-        if split is None:
-            _print_metrics(evaluation.reevaluate(target), target)
-            return
-        metrics = evaluation.reevaluate_split(target, split)
-        _print_metrics({**metrics, "name": f"{metrics['name']} on {split}", "eval": metrics["splits"][split]}, target)
+        log = target / "train.log" if (target / "recipe.yaml").is_file() else None  # (a run's log goes on)
+        with console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
+            metrics = evaluation.reevaluate(target) if split is None else evaluation.reevaluate_split(target, split)
+        shown = metrics if split is None else {**metrics, "name": f"{metrics['name']} on {split}",
+                                               "eval": metrics["splits"][split]}
+        _show_result(metrics, target, as_json, verbosity, shown)
         return
     from hftoolkit.launch import command_line
     from hftoolkit.recipe import load_recipe
 
-    metrics = evaluation.evaluate_recipe(load_recipe(target, set_ or []), split, output, overwrite, command_line())
-    shown = metrics["name"] + (f" on {metrics['split']}" if metrics["split"] else "")
-    _print_metrics({**metrics, "name": shown}, output or "none written (--output DIR keeps these scores)")
+    parsed = load_recipe(target, set_ or [])
+    with console.capture(verbosity=verbosity):  # (evaluate_recipe attaches --output's train.log)
+        metrics = evaluation.evaluate_recipe(parsed, split, output, overwrite, command_line())
+    shown = {**metrics, "name": metrics["name"] + (f" on {metrics['split']}" if metrics["split"] else "")}
+    _show_result(metrics, output, as_json, verbosity, shown)
 
 
 @app.command()
 def predict(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory written by train.")],
-    input_: Annotated[str, typer.Option("--input", help="A text, or a file: .txt (one input a line) or an image.")],
-    strategy: Annotated[str | None, typer.Option(help="Decoding: greedy, sample or beam.")] = None,
-    num_beams: Annotated[int | None, typer.Option(help="Beams for beam search.")] = None,
-    max_new_tokens: Annotated[int | None, typer.Option(help="Tokens to generate.")] = None,
-    temperature: Annotated[float | None, typer.Option(help="Sampling temperature.")] = None,
-    top_k: Annotated[int | None, typer.Option(help="Sample from the k most likely tokens.")] = None,
-    top_p: Annotated[float | None, typer.Option(help="Sample from the nucleus of mass p.")] = None,
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory written by train.")],
+    input_: Annotated[str, typer.Option("--input", "-i", metavar="TEXT|FILE|-", help=(
+        "A text; a .txt file, one input a line; an image file; or - to read standard input, one input "
+        "(or image path) a line. A run trained on sentence pairs takes each input as two texts with a tab "
+        "between them."))],
+    format_: Annotated[Literal["tsv", "jsonl"], typer.Option("--format", metavar="FORMAT", help=(
+        "tsv: the input and the prediction's fields, tab-separated, one row an input; jsonl: one JSON "
+        "object a line."))] = "tsv",
+    output: Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help=(
+        "Write the rows to FILE (atomically) instead of standard output."))] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, metavar="N", help=(
+        "Inputs per forward pass (default: the run's eval.batch_size)."))] = None,
+    strategy: Annotated[str | None, typer.Option(metavar="NAME", help="Decoding: greedy, sample or beam.")] = None,
+    num_beams: Annotated[int | None, typer.Option(metavar="N", help="Beams for beam search.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(metavar="N", help="Tokens to generate.")] = None,
+    temperature: Annotated[float | None, typer.Option(metavar="T", help="Sampling temperature.")] = None,
+    top_k: Annotated[int | None, typer.Option(metavar="K", help="Sample from the k most likely tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option(metavar="P", help="Sample from the nucleus of mass p.")] = None,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
 ):
     """Predict with a trained run: label and probability, or generated text, per input."""
+    from hftoolkit import console
     from hftoolkit.evaluation import predict as run_predict
 
+    verbosity = console.verbosity_from_flags(verbose, quiet)
     overrides = dict(strategy=strategy, num_beams=num_beams, max_new_tokens=max_new_tokens,
                      temperature=temperature, top_k=top_k, top_p=top_p)
-    for row in run_predict(run_dir, input_, {k: v for k, v in overrides.items() if v is not None}):
-        typer.echo("\t".join(str(v) for v in row.values()))
+    with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its weights
+        records = run_predict(run_dir, input_, {k: v for k, v in overrides.items() if v is not None}, batch_size)
+    text = "".join(PREDICT_FORMATS[format_](record) + "\n" for record in records)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    from hftoolkit.rundir import write_atomic
+
+    write_atomic(output, text.encode("utf-8"))
+    if verbosity == console.Verbosity.QUIET:
+        typer.echo(str(output))
+    else:
+        console.phase(f"{len(records):,} predictions written to {output}")
+
+
+def _tsv_row(record: dict) -> str:
+    """A record's values, tab-separated; a line break inside a value (generated text) written as \\n."""
+    return "\t".join(str(v).replace("\r", "\\r").replace("\n", "\\n") for v in record.values())
+
+
+def _jsonl_row(record: dict) -> str:
+    import json
+
+    return json.dumps(record, ensure_ascii=False)
+
+
+PREDICT_FORMATS = {"tsv": _tsv_row, "jsonl": _jsonl_row}
 
 
 @app.command()
 def validate(
-    recipes: Annotated[list[Path], typer.Argument(help="Recipe YAML files.")],
+    recipes: Annotated[list[Path], typer.Argument(metavar="RECIPE", help="Recipe YAML files.")],
     set_: SetOption = None,
     data: Annotated[bool, typer.Option("--data", help="Also load each recipe's data, model config and tokenizer "
                                                       "(no weights) and run the preflight checks training runs.")
                     ] = False,
+    verbose: VerboseOption = False,
 ):
     """Check recipes without loading any model; lists every problem at once."""
+    from hftoolkit import console
     from hftoolkit.launch import plan_launch
     from hftoolkit.recipe import RecipeError, load_recipe
 
@@ -166,7 +225,8 @@ def validate(
                 from hftoolkit.preflight import prepare
 
                 try:
-                    notes = prepare(parsed)[1].notes
+                    with console.capture(verbosity=console.verbosity_from_flags(verbose, False)):
+                        notes = prepare(parsed)[1].notes
                 except RecipeError as err:  # (preflight's lines name recipe keys; say which recipe)
                     raise RecipeError([f"{path}: {line}" for line in err.problems]) from None
             typer.echo(f"ok: {path}")
@@ -190,8 +250,8 @@ def list_recipes():
 
 @app.command("init-model")
 def init_model(
-    arch: Annotated[str, typer.Argument(help="bert, gpt2, t5, bart or vit.")],
-    out: Annotated[Path, typer.Argument(help="Folder to create.")],
+    arch: Annotated[str, typer.Argument(metavar="ARCH", help="bert, gpt2, t5, bart or vit.")],
+    out: Annotated[Path, typer.Argument(metavar="DIR", help="Folder to create.")],
 ):
     """Write a tiny random checkpoint with a locally trained tokenizer (for offline smoke runs)."""
     from hftoolkit.tiny import init_model as build
@@ -227,15 +287,15 @@ def list_run_dirs(
 
 @app.command()
 def compare(
-    run_dirs: Annotated[list[Path], typer.Argument(help="Run directories written by train.")],
-    out: Annotated[Path, typer.Option("--out", help="Folder for report.md, report.html and the plots.")] = Path(
-        "report"),
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR", help="Run directories written by train.")],
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for report.md, report.html and the plots."))] = Path("report"),
 ):
     """Compare runs across architectures: report.md, a self-contained report.html and PNG plots."""
     from hftoolkit.report import ReportError, load_run, summary_rows, write_report
 
     try:
-        path = write_report(run_dirs, out)
+        path = write_report(run_dirs, output)
         rows = summary_rows([load_run(p) for p in run_dirs])
     except ReportError as err:
         raise UserError(str(err)) from None
@@ -245,24 +305,33 @@ def compare(
 
 @app.command()
 def merge(
-    run_dir: Annotated[Path, typer.Argument(help="A LoRA run directory written by train.")],
-    out: Annotated[Path, typer.Option("--out", help="Folder for the merged checkpoint.")],
-    dtype: Annotated[str, typer.Option(help="Saved dtype: float32, bfloat16 or float16.")] = "float32",
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A LoRA run directory written by train.")],
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for the merged checkpoint."))],
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="Saved dtype: float32, bfloat16 or float16.")
+                     ] = "float32",
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
 ):
     """Fold the LoRA adapter into the base weights; the result loads with the Auto classes, no peft."""
+    from hftoolkit import console
     from hftoolkit.export import merge_run
 
-    typer.echo(f"merged checkpoint: {merge_run(run_dir, out, dtype)}")
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its adapter
+        merged = merge_run(run_dir, output, dtype)
+    typer.echo(str(merged) if verbosity == console.Verbosity.QUIET else f"merged checkpoint: {merged}")
 
 
 @app.command()
 def push(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory written by train.")],
-    repo_id: Annotated[str, typer.Option("--repo-id", help="The model repository: namespace/name.")],
-    private: Annotated[bool, typer.Option(help="Create the repository private (refused if it exists public).")] = False,
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory written by train.")],
+    repo_id: Annotated[str, typer.Option("--repo-id", metavar="NAMESPACE/NAME", help="The model repository.")],
+    private: Annotated[bool, typer.Option("--private", help="Create the repository private (refused if it exists "
+                                                            "public).")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="List the files and print the card; upload nothing.")
                        ] = False,
-    license_: Annotated[str | None, typer.Option("--license", help="The card's license, a Hub license id "
+    license_: Annotated[str | None, typer.Option("--license", metavar="ID", help="The card's license, a Hub license id "
                                                                     "(apache-2.0, mit, ...).")] = None,
 ):
     """Publish a finished run to the Hugging Face Hub: weights, tokenizer, recipe, metrics and a model card.
@@ -279,64 +348,136 @@ def push(
 
 @app.command()
 def sweep(
-    recipe: Annotated[Path, typer.Argument(help="Recipe YAML file.")],
+    recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file.")],
     grid: Annotated[list[str] | None, typer.Option(
-        "--grid", help="A recipe key and its values: a.b.c=v1,v2 (repeatable: the cross product is trained). "
-                       "Values are parsed as YAML, like --set; a comma inside [...] does not split.")] = None,
+        "--grid", metavar="KEY=V1,V2", help="A recipe key and its values (repeatable: the cross product is "
+                                            "trained). Values are parsed as YAML, like --set; a comma inside "
+                                            "[...] does not split.")] = None,
     set_: SetOption = None,
-    out: Annotated[Path, typer.Option("--out", help="Folder for the sweeps: the runs go to OUT/<name>/<variant>/, "
-                                                    "the report to OUT/<name>/.")] = Path("sweeps"),
-    overwrite: Annotated[bool, typer.Option(help="Train every variant again, even complete ones.")] = False,
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for the sweeps: the runs go to DIR/NAME/VARIANT/, the report to DIR/NAME/."))] = Path("sweeps"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Train every variant again, even complete ones.")
+                         ] = False,
     num_processes: Annotated[int | None, typer.Option(
-        "--num-processes", min=1, help="Train each variant on N processes, as train --num-processes does.")] = None,
+        "--num-processes", min=1, metavar="N", help="Train each variant on N processes, as train --num-processes "
+                                                    "does.")] = None,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
 ):
     """Train every combination of the grid values and compare them in one report. Re-running the same command
     skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
-    from hftoolkit import launch
+    from hftoolkit import console, launch
     from hftoolkit.sweep import sweep as run_sweep
 
-    main = launch.is_main_process()
-    result = run_sweep(recipe, grid or [], set_ or [], out, overwrite=overwrite, num_processes=num_processes,
-                       command=launch.command_line(), echo=typer.echo if main else (lambda line: None))
-    if main:
-        typer.echo(f"report: {result.report} and {result.report.with_suffix('.html')}")
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
+                       command=launch.command_line(), echo=console.phase, verbosity=verbosity)
+    if launch.is_main_process():
+        _say_report(result.report, verbosity)
     launch.end_processes()
     if result.failed:
-        if main:
-            typer.echo(f"{len(result.failed)} of {len(result.outcomes)} variants failed: run the same command "
-                       "again to retry them", err=True)
+        console.error(f"{len(result.failed)} of {len(result.outcomes)} variants failed: run the same command again "
+                      "to retry them")
         raise typer.Exit(1)
 
 
 @app.command()
 def bench(
     families: Annotated[list[str] | None, typer.Option(
-        "--families", help="Only the runs of these families: encoder, decoder, seq2seq, vision (default all).")] = None,
-    out: Annotated[Path, typer.Option("--out", help="Folder for the runs and the report.")] = Path("bench"),
+        "--families", metavar="FAMILY", help="Only the runs of this family (repeatable): encoder, decoder, "
+                                             "seq2seq, vision (default all).")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for the runs and the report."))] = Path("bench"),
     set_: SetOption = None,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
 ):
     """The course's comparison, offline: sentiment classification with an encoder, a decoder and an
     encoder-decoder, translation with T5, BART and a decoder, and image classification with ViT; one report."""
+    from hftoolkit import console
     from hftoolkit.bench import bench as run_bench
     from hftoolkit.report import load_run, summary_rows
 
-    result = run_bench(families, out, RECIPES_DIR, set_ or [], echo=typer.echo)
-    _print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
-    typer.echo(f"report: {result.report} and {result.report.with_suffix('.html')}")
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    result = run_bench(families, output, RECIPES_DIR, set_ or [], echo=console.phase, verbosity=verbosity)
+    if verbosity > console.Verbosity.QUIET:
+        _print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
+    _say_report(result.report, verbosity)
     if result.failed:
-        typer.echo(f"{len(result.failed)} of {len(result.outcomes)} runs failed", err=True)
+        console.error(f"{len(result.failed)} of {len(result.outcomes)} runs failed")
         raise typer.Exit(1)
+
+
+def _say_report(report: Path, verbosity) -> None:
+    from hftoolkit.console import Verbosity
+
+    typer.echo(str(report) if verbosity == Verbosity.QUIET else f"report: {report} and {report.with_suffix('.html')}")
 
 
 @app.command()
 def parity(
-    only: Annotated[str | None, typer.Option(help="Run only the rows of this component.")] = None,
-    worked_examples: Annotated[bool, typer.Option(help="Also recompute the course's worked examples.")] = False,
+    only: Annotated[str | None, typer.Option(metavar="COMPONENT", help="Run only the rows of this component.")
+                    ] = None,
+    worked_examples: Annotated[bool, typer.Option("--worked-examples", help="Also recompute the course's worked "
+                                                                            "examples.")] = False,
 ):
     """Prove the from-scratch reference layers equal transformers, peft and torch (tiny random configs)."""
     from hftoolkit.reference.parity import main as run_parity
 
     raise typer.Exit(run_parity(only=only, worked_examples=worked_examples))
+
+
+# ---------------------------------------------------------------- help as people know it from other tools
+
+
+class Command(typer.core.TyperCommand):
+    """A command whose help reads as conventional tools' do: the usage line names its arguments by their
+    metavars (`RECIPE`, `[DIR]`, `RUN_DIR...`; Typer writes `{recipe}`), the Arguments list shows no Python
+    types (`<path>`), and the names in HIDDEN_ALIASES still parse but are left out of the Options list."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if isinstance(param, typer.core.TyperArgument):
+                name = (param.metavar or param.name.upper()) + ("..." if param.nargs != 1 else "")
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_options(self, ctx, formatter) -> None:
+        arguments, options = [], []
+        for param in self.get_params(ctx):
+            if isinstance(param, typer.core.TyperArgument) and not param.hidden:
+                name = (param.metavar or param.name.upper()) + ("..." if param.nargs != 1 else "")
+                arguments.append((name, param.get_help_record(ctx)[1]))
+            elif isinstance(param, typer.core.TyperOption):
+                shown, param.opts = param.opts, [o for o in param.opts if o not in HIDDEN_ALIASES]
+                try:
+                    record = param.get_help_record(ctx)
+                finally:
+                    param.opts = shown
+                if record:
+                    options.append(record)
+        for title, rows in (("Arguments", arguments), ("Options", options)):
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+# Old names of options, accepted and not shown: --out, before every command named its output --output.
+HIDDEN_ALIASES = {"--out"}
+for _info in app.registered_commands:  # (set here, once every command is registered)
+    _info.cls = Command
+
+
+# ---------------------------------------------------------------- options several commands share
+
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help=(
+    "Show the libraries' own logs and warnings too (train, eval and sweep always keep them in the run "
+    "directory's train.log)."))]
+JsonOption = Annotated[bool, typer.Option("--json", help=(
+    "Print metrics.json's content as one JSON object on standard output, and nothing else there (the toolkit's "
+    "lines go to standard error)."))]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors and the path written.")]
 
 
 # The report's columns that fit a terminal; report.md and report.html have them all.
@@ -356,7 +497,25 @@ def _print_rows(rows: list[dict]) -> None:
     Console().print(table)
 
 
-def _print_metrics(metrics: dict, run_dir: Path) -> None:
+def _show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, shown: dict | None = None) -> None:
+    """What train and eval end with on standard output: metrics.json's content as one JSON object (--json), the
+    path written alone (--quiet), or the results table and the path."""
+    from hftoolkit.console import Verbosity
+
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(metrics, indent=2, ensure_ascii=False))
+    elif verbosity == Verbosity.QUIET:
+        if path is not None:
+            typer.echo(str(path))
+    else:
+        _print_metrics(shown or metrics)
+        typer.echo(f"run directory: {path}" if path is not None else
+                   "run directory: none written (--output DIR keeps these scores)")
+
+
+def _print_metrics(metrics: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
@@ -372,7 +531,6 @@ def _print_metrics(metrics: dict, run_dir: Path) -> None:
         if metrics.get(key) is not None:
             table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else f"{metrics[key]}")
     Console().print(table)
-    typer.echo(f"run directory: {run_dir}")
 
 
 def main() -> None:

@@ -6,8 +6,7 @@
   print and tqdm on sys.stdout/sys.stderr, native code on file descriptor 2) goes in full to the log file, to
   the console only when verbose; afterwards streams, handlers and warning hooks are as they were.
   transformers' LOAD REPORT table is said in one line of our own (`explain_load_report`).
-- `use_progress(trainer)`: one training progress bar (loss, learning rate, ETA) instead of the Trainer's
-  tqdm bars and printed log dicts, which go to train.log.
+- The training progress bar that replaces the Trainer's printers lives in progress.py.
 
 Verbosity: quiet prints errors only, normal the toolkit's lines, verbose the libraries' output as well.
 Light: no torch or transformers at module level.
@@ -19,7 +18,6 @@ import contextlib
 import enum
 import io
 import logging
-import math
 import os
 import re
 import sys
@@ -32,8 +30,6 @@ from pathlib import Path
 # Lines said before a log file is attached are held in memory, the newest this many (a non-main process never
 # attaches one).
 HELD_LINES = 10_000
-# Without a terminal (CI, a pipe) the progress bar is a plain line each time this share of the steps is done.
-LINE_EVERY = 0.1
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
@@ -93,11 +89,13 @@ def data_line(rows: Mapping[str, int]) -> str:
     return "data loaded: " + ", ".join(f"{n:,} {split}" for split, n in rows.items()) + " rows"
 
 
-def model_line(checkpoint: str, trainable: int, total: int, quantization: str = "none",
+def model_line(checkpoint: str, trainable: int | None, total: int, quantization: str = "none",
                lora_rank: int | None = None) -> str:
-    """'model loaded: init:bert, 136,964 parameters, 4,226 trainable (3.09%), LoRA r=8, not quantized'."""
-    share = f"{100 * trainable / total:.3g}%" if total else "-"
-    parts = [checkpoint, f"{total:,} parameters", f"{trainable:,} trainable ({share})"]
+    """'model loaded: init:bert, 136,964 parameters, 4,226 trainable (3.09%), LoRA r=8, not quantized'
+    (trainable None: a model that is not trained here, said without that part)."""
+    parts = [checkpoint, f"{total:,} parameters"]
+    if trainable is not None:
+        parts.append(f"{trainable:,} trainable ({100 * trainable / max(total, 1):.3g}%)")
     if lora_rank:
         parts.append(f"LoRA r={lora_rank}")
     quantized = quantization not in (None, "none")
@@ -112,14 +110,21 @@ def _say(message: str, label: str, least: Verbosity, style: str = "") -> None:
         _active.sink.line(f"[hftoolkit] {label + ': ' if label else ''}{message}")
     if get_verbosity() >= least and _is_main_process():
         text = Text(f"{label}: ", style=style) if label else Text()
-        _console().print(text.append(message), soft_wrap=True, highlight=False)
+        stderr_console().print(text.append(message), soft_wrap=True, highlight=False)
 
 
-def _console():
+def stderr_console():
     """The rich console on the real stderr (the one a capture found, not its own stand-in)."""
     from rich.console import Console
 
     return _active.console if _active else Console(file=sys.stderr, highlight=False)
+
+
+def on_capture_end(callback) -> None:
+    """Call `callback` when the capture in progress ends, even if the run fails (a live progress bar must stop
+    before the streams are put back). No capture: nothing to do."""
+    if _active:
+        _active.cleanups.append(callback)
 
 
 def _is_main_process() -> bool:
@@ -457,118 +462,3 @@ def _modules(keys: list[str], depth: int) -> str:
 
 def _tensors(keys: list[str]) -> str:
     return f"{len(keys)} tensor{'s' if len(keys) != 1 else ''}"
-
-
-# ---------------------------------------------------------------- training progress
-
-
-def progress_callback():
-    """A TrainerCallback: one progress bar, and each of the Trainer's log dicts as a line of train.log."""
-    from transformers import TrainerCallback
-
-    class TrainingProgress(TrainerCallback):
-        def __init__(self):
-            self.bar: StepProgress | None = None
-
-        def on_train_begin(self, args, state, control, **kwargs):
-            if state.is_world_process_zero and get_verbosity() > Verbosity.QUIET:
-                self.bar = StepProgress(_console(), state.max_steps, state.global_step)
-                if _active:
-                    _active.cleanups.append(self.bar.close)
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if self.bar:
-                self.bar.advance_to(state.global_step)
-
-        def on_log(self, args, state, control, logs=None, **kwargs):
-            logs = logs or {}
-            if state.is_world_process_zero:
-                shown = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in logs.items() if k != "total_flos"}
-                log_line(f"[trainer] step {state.global_step}/{state.max_steps}: {shown}")
-            if self.bar and "loss" in logs:
-                self.bar.show(logs["loss"], logs.get("learning_rate"))
-
-        def on_train_end(self, args, state, control, **kwargs):
-            if self.bar:
-                self.bar.close()
-                self.bar = None
-
-    return TrainingProgress()
-
-
-def use_progress(trainer) -> None:
-    """Replace the Trainer's progress printers (tqdm bars and printed log dicts; in a notebook its HTML
-    bar) with `progress_callback()`."""
-    from transformers.trainer import DEFAULT_PROGRESS_CALLBACK
-    from transformers.trainer_callback import PrinterCallback, ProgressCallback
-
-    for printer in {DEFAULT_PROGRESS_CALLBACK, ProgressCallback, PrinterCallback}:
-        trainer.remove_callback(printer)
-    trainer.add_callback(progress_callback())
-
-
-class StepProgress:
-    """Optimizer steps done, the last logged loss and learning rate, elapsed time and ETA: on a terminal a rich
-    bar, redrawn in place; elsewhere (CI, a pipe, a notebook) a plain line per tenth of the steps."""
-
-    def __init__(self, console, total: int, done: int = 0):
-        self.console, self.total, self.first, self.done = console, max(total, 1), done, done
-        self.loss = self.lr = self.live = None
-        self.due, self.started, self.next_line = False, time.monotonic(), self._mark_after(done)
-        if console.is_terminal and not console.is_dumb_terminal:
-            from rich import progress as rp
-
-            # redirect_*=False: rich would otherwise route sys.stdout/sys.stderr around the bar, out of the capture
-            self.live = rp.Progress(rp.TextColumn("train"), rp.BarColumn(), rp.MofNCompleteColumn(),
-                                    rp.TextColumn("loss {task.fields[loss]}"), rp.TextColumn("lr {task.fields[lr]}"),
-                                    rp.TimeElapsedColumn(), rp.TextColumn("eta"), rp.TimeRemainingColumn(),
-                                    console=console, redirect_stdout=False, redirect_stderr=False)
-            self.task = self.live.add_task("train", total=self.total, completed=done, loss="-", lr="-")
-            self.live.start()
-
-    def advance_to(self, step: int) -> None:
-        self._print_due()  # the previous step's line, which no log dict came to complete
-        self.done = step
-        if self.live:
-            self.live.update(self.task, completed=step)
-        elif step >= self.next_line:
-            self.next_line, self.due = self._mark_after(step), True
-
-    def show(self, loss: float, lr: float | None) -> None:
-        """The loss and learning rate the Trainer logged (after the step's on_step_end)."""
-        self.loss, self.lr = loss, lr
-        if self.live:
-            self.live.update(self.task, loss=_number(loss, ".4f"), lr=_number(lr, ".2e"))
-        self._print_due()
-
-    def _print_due(self) -> None:
-        if self.due:
-            self.console.print(self.line(), soft_wrap=True, highlight=False, markup=False)
-            self.due = False
-
-    def line(self) -> str:
-        elapsed = time.monotonic() - self.started
-        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0
-        eta = _clock((self.total - self.done) / rate) if rate else "-"
-        return (f"train {self.done}/{self.total} ({100 * self.done // self.total}%) loss {_number(self.loss, '.4f')} "
-                f"lr {_number(self.lr, '.2e')} elapsed {_clock(elapsed)} eta {eta}")
-
-    def close(self) -> None:
-        self._print_due()
-        if self.live:
-            self.live.stop()
-            self.live = None
-
-    def _mark_after(self, step: int) -> int:
-        """The first step past `step` that completes another tenth of the run (the last step always does)."""
-        every = max(1, math.ceil(self.total * LINE_EVERY))
-        return min((step // every + 1) * every, self.total) if step < self.total else self.total + 1
-
-
-def _number(value, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _clock(seconds: float) -> str:
-    seconds = int(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"

@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 import re
 import resource
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from hftoolkit import tasks
+from hftoolkit import console, tasks
 from hftoolkit.batching import shortest_first
 from hftoolkit.errors import UserError
 from hftoolkit.families import family_module, label_records
@@ -35,6 +36,7 @@ def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
     pass's probabilities or values; other tasks generate theirs (a text, tags or filled masks the loss pass
     does not give).
     """
+    console.phase(f"eval: {len(data['eval']):,} examples")
     started = time.perf_counter()
     task = tasks.spec(recipe.task)
     column = task.columns[0]
@@ -109,15 +111,21 @@ def load_trained(run_dir: Path, full_precision: bool = False):
     family = family_module(resolve_family(recipe))
     if weights.name == "model":
         recipe.model.checkpoint = str(weights)
-        return recipe, family, *family.load_model(recipe)
-    from peft import set_peft_model_state_dict
-    from safetensors.torch import load_file
+        model, processor = family.load_model(recipe)
+    else:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
 
-    model, processor = family.load_model(recipe)
-    set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
-    model.eval()
-    # The processor the run trained with, saved beside its adapter (a rebuilt init: tokenizer may differ).
-    return recipe, family, model, type(processor).from_pretrained(weights)
+        model, processor = family.load_model(recipe)
+        set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
+        model.eval()
+        # The processor the run trained with, saved beside its adapter (a rebuilt init: tokenizer may differ).
+        processor = type(processor).from_pretrained(weights)
+    from hftoolkit.modeling import count_parameters
+
+    console.phase(console.model_line(str(weights), None, count_parameters(model)[1], recipe.model.quantization,
+                                     recipe.lora.r if weights.name == "adapter" else None))
+    return recipe, family, model, processor
 
 
 def run_facts(recipe: Recipe, scorer) -> dict:
@@ -154,6 +162,7 @@ def reevaluate(run_dir: Path) -> dict:
     recipe, family, model, processor = load_trained(run_dir)
     run = RunDirectory(run_dir)
     data = load_data(recipe)
+    console.phase(console.data_line({"eval": len(data["eval"])}))
     encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
     scorer = family.metrics(recipe, processor)
     # The run's own Trainer settings; with saving off, an evaluate-only Trainer writes nothing there.
@@ -187,7 +196,6 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     metrics.json ("trained": false, no train figures) and predictions.jsonl, no weights, and `hftoolkit
     runs` and `compare` read it like any run.
     """
-    import typer
     from accelerate.utils import set_seed
 
     from hftoolkit.data import use_split
@@ -204,9 +212,11 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
         family = family_module(resolve_family(recipe))
         data, findings = prepare(recipe)  # the checks training runs: lengths clamped, empty rows dropped
         for line in findings.notes:
-            typer.echo(f"preflight: {line}", err=True)
+            console.note(f"preflight: {line}")
+        console.phase(console.data_line({"eval": len(data["eval"])}))
         set_seed(recipe.training.seed)  # the new head's initialisation
         model, processor = family.load_model(recipe)
+        console.phase(console.model_line(recipe.model.checkpoint, None, count_parameters(model)[1]))
         scorer, results, predictions, seconds = _score(recipe, family, model, processor, data)
     except BaseException:
         if run is not None and not any(run.path.iterdir()):
@@ -224,6 +234,7 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
         "hftoolkit_version": __import__("hftoolkit").__version__,
     }
     if run is not None:
+        console.attach(run / "train.log")  # the libraries' output so far, kept with the scores
         run.start(recipe_to_yaml(recipe), list(command), recipe.training.seed)
         run.update_manifest(preflight=findings.record)
         run.write_json("metrics.json", metrics)
@@ -244,7 +255,9 @@ def reevaluate_split(run_dir: Path, split: str) -> dict:
         raise UserError(f"--split: {split!r} is not a split name (letters, digits and _): name a split such as test")
     recipe, family, model, processor = load_trained(run_dir)
     use_split(recipe, split)
-    scorer, results, predictions, seconds = _score(recipe, family, model, processor, load_data(recipe))
+    data = load_data(recipe)
+    console.phase(console.data_line({split: len(data["eval"])}))
+    scorer, results, predictions, seconds = _score(recipe, family, model, processor, data)
     run = RunDirectory(run_dir)
     metrics = run.metrics()
     metrics["splits"] = {**metrics.get("splits", {}), split: results}
@@ -272,8 +285,12 @@ def _score(recipe: Recipe, family, model, processor, data):
     return scorer, results, predictions, seconds
 
 
-def predict(run_dir: Path, given: str, generation: dict) -> list[dict]:
-    """One record per input: the input and the family's prediction (label and probability, or text)."""
+def predict(run_dir: Path, given: str, generation: dict, batch_size: int | None = None) -> list[dict]:
+    """One record per input: the input and the family's prediction (label and probability, or text).
+
+    generation overrides eval.generation (--strategy and friends), batch_size eval.batch_size: the inputs go
+    through the model in batches of that many.
+    """
     recipe, family, model, processor = load_trained(run_dir)
     if generation:  # --strategy and friends, validated like the recipe's own eval.generation
         from hftoolkit.recipe import validate_recipe
@@ -281,31 +298,35 @@ def predict(run_dir: Path, given: str, generation: dict) -> list[dict]:
         raw = recipe.model_dump()
         raw["eval"]["generation"].update(generation)
         recipe.eval.generation = validate_recipe(raw, "predict options").eval.generation
-    inputs = read_inputs(given, recipe.task, pairs=bool(recipe.data.text_pair_column))
+    if batch_size is not None:
+        recipe.eval.batch_size = batch_size
+    given_lines = input_lines(given, recipe.task)
+    inputs = parse_inputs(given_lines, recipe.task, pairs=bool(recipe.data.text_pair_column))
     outputs = family.generate(recipe, model, processor, inputs)
-    shown = [x if isinstance(x, str) else "\t".join(x) if isinstance(x, tuple) else given for x in inputs]
+    shown = ["\t".join(x) if isinstance(x, tuple) else x if isinstance(x, str) else line
+             for line, x in zip(given_lines, inputs)]
     return [{"input": x, **o} for x, o in zip(shown, outputs)]
 
 
 def read_inputs(given: str, task: str, pairs: bool = False) -> list:
-    """A literal text, a .txt file (one input a line), or an image file.
+    """The model inputs `--input` names: see `input_lines` and `parse_inputs`."""
+    return parse_inputs(input_lines(given, task), task, pairs)
 
-    pairs (a run trained on sentence pairs): each input is `first<TAB>second`, a TSV line, read as the pair
-    (first, second); a literal given on the command line may write the tab as the two characters \\t.
-    """
-    if pairs:
-        return [_pair(x) for x in read_inputs(given, task)]
+
+def input_lines(given: str, task: str) -> list[str]:
+    """What `--input` gives, one string per input: a literal text; `-`, standard input, one input a line; a .txt
+    file, one input a line; for an image task, an image file, or with `-` one image path a line."""
+    if given == "-":
+        try:
+            lines = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
+        except UnicodeDecodeError:
+            raise UserError("--input -: standard input is not UTF-8 text: convert it to UTF-8") from None
+        if not lines:
+            raise UserError("--input -: standard input has no lines of text: pipe one input per line")
+        return lines
     path = Path(given)
     if task == "image-classification":
-        if not path.is_file():
-            raise UserError(f"--input: image file {given} not found: pass the path of an image")
-        from PIL import Image, UnidentifiedImageError
-
-        try:
-            with Image.open(path) as image:
-                return [image.convert("RGB")]
-        except (UnidentifiedImageError, OSError):
-            raise UserError(f"--input: {given} is not a readable image: pass a PNG or JPEG file") from None
+        return [given]
     if path.suffix == ".txt" and path.is_file():
         try:
             lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
@@ -313,12 +334,34 @@ def read_inputs(given: str, task: str, pairs: bool = False) -> list:
             raise UserError(f"--input: {given} is not UTF-8 text: convert it to UTF-8") from None
         if not lines:
             raise UserError(f"--input: {given} has no lines of text: add one input per line")
-        if task == "tagging":
-            return [line.split() for line in lines]
         return lines
     if path.suffix.lower() in IMAGE_SUFFIXES | {".txt"} and not path.exists():
         raise UserError(f"--input: file {given} not found: check the path, or pass the text itself")
-    return [given.split()] if task == "tagging" else [given]
+    return [given]
+
+
+def parse_inputs(lines: list[str], task: str, pairs: bool = False) -> list:
+    """Each input line as the family reads it: an image (image task), its words (tagging), a (first, second) pair
+    (a run trained on sentence pairs: `first<TAB>second`, or the two characters \\t between them in a literal
+    given on the command line), or the text itself."""
+    if task == "image-classification":
+        return [_image(line) for line in lines]
+    if pairs:
+        return [_pair(line) for line in lines]
+    return [line.split() for line in lines] if task == "tagging" else list(lines)
+
+
+def _image(given: str):
+    path = Path(given)
+    if not path.is_file():
+        raise UserError(f"--input: image file {given} not found: pass the path of an image")
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as image:
+            return image.convert("RGB")
+    except (UnidentifiedImageError, OSError):
+        raise UserError(f"--input: {given} is not a readable image: pass a PNG or JPEG file") from None
 
 
 def _pair(line: str) -> tuple[str, str]:

@@ -1,7 +1,9 @@
 """The run directory: the one place a run's results live (docs/architecture.md, "The run directory").
 
-    recipe.yaml  manifest.json  metrics.json  log_history.jsonl  adapter/ or model/
+    recipe.yaml  manifest.json  metrics.json  log_history.jsonl  train.log  adapter/ or model/
     checkpoints/  predictions.jsonl  README.md
+
+train.log holds everything the libraries and the toolkit said during the run (console.py writes it, appending).
 
 Every file is written atomically (temporary file, fsync, rename), so a killed run never
 leaves a file half-written; manifest.json's "status" says whether the run is running,

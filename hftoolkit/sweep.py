@@ -1,6 +1,6 @@
 """`hftoolkit sweep`: train the cross product of a grid of recipe values, then compare the runs in one report.
 
-    hftoolkit sweep RECIPE --grid model.checkpoint=init:bert,init:gpt2 --grid lora.r=4,16 [--set k=v]... [--out DIR]
+    hftoolkit sweep RECIPE --grid model.checkpoint=init:bert,init:gpt2 --grid lora.r=4,16 [--set k=v]... [--output DIR]
 
 Every variant is validated before anything trains (all problems at once, as `validate` lists them).
 Each variant is a run directory DIR/<name>/<variant>/ named from its grid values
@@ -198,7 +198,7 @@ def _decide(variant: Variant, overwrite: bool) -> str | None:
     manifest = _manifest(run)
     if manifest is None:
         return "holds files but no readable manifest.json, so it is not a run directory: " \
-               "move it away, choose another --out, or pass --overwrite"
+               "move it away, choose another --output, or pass --overwrite"
     status = manifest.get("status")
     if status == "complete" and (run / "metrics.json").is_file():
         variant.action = "skip"
@@ -211,7 +211,7 @@ def _decide(variant: Variant, overwrite: bool) -> str | None:
     if changed:
         what = "a complete run" if variant.action == "skip" else "a checkpoint"
         return (f"holds {what} of another recipe ({', '.join(changed[:5])}): re-run with the same --set and "
-                "--grid values, choose another --out, or pass --overwrite")
+                "--grid values, choose another --output, or pass --overwrite")
     return None
 
 
@@ -241,10 +241,11 @@ def _changed(run, recipe: Recipe) -> list[str]:
 
 
 def run_variants(variants: list[Variant], command: list[str], num_processes: int | None = None,
-                 echo: Callable[[str], None] = print) -> list[Outcome]:
+                 echo: Callable[[str], None] = print, verbosity=None) -> list[Outcome]:
     """Train (or skip, or resume) each prepared variant in order; a failure is recorded and the next one goes on.
 
     A progress line per variant: `k/n <variant> <main metric>=<value> <time>`, or the error's first line.
+    verbosity (console.Verbosity) is each training's, as train's -q and -v set it.
     """
     from hftoolkit.launch import is_main_process
 
@@ -257,7 +258,7 @@ def run_variants(variants: list[Variant], command: list[str], num_processes: int
             outcome = Outcome(variant, "skipped", metric=_metric_text(variant.run_dir))
         else:
             try:
-                _train_variant(variant, command, num_processes)
+                _train_variant(variant, command, num_processes, verbosity)
                 outcome = Outcome(variant, "complete", metric=_metric_text(variant.run_dir))
             except Exception as err:  # one variant's failure, whatever it is, must not stop the others
                 message = str(err).strip() or type(err).__name__
@@ -303,10 +304,11 @@ def _metric_text(run_dir: Path) -> str | None:
     return f"{run.main_metric}={format_value(run.main_value)}" if run.main_metric else None
 
 
-def _train_variant(variant: Variant, command: list[str], num_processes: int | None) -> None:
+def _train_variant(variant: Variant, command: list[str], num_processes: int | None, verbosity=None) -> None:
     """In this process, or (with --num-processes or a recipe's accelerate config) as `hftoolkit train` relaunched
     under accelerate, as `hftoolkit train --num-processes N` would start it."""
     from hftoolkit import launch
+    from hftoolkit.console import Verbosity
 
     resume, overwrite = variant.action == "resume", variant.action in ("train", "restart")
     plan = launch.plan_launch(variant.recipe, num_processes, None, source=str(variant.recipe_path))
@@ -315,6 +317,7 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
         for item in [*variant.overrides, f"name={variant.name}"]:  # (the name prepare gave the recipe)
             argv += ["--set", item]
         argv.append("--resume" if resume else "--overwrite")
+        argv += {Verbosity.QUIET: ["--quiet"], Verbosity.VERBOSE: ["--verbose"]}.get(verbosity, [])
         status = launch.relaunch(plan, argv)
         if status != 0:
             error = (_manifest_of(variant.run_dir).get("error") or "").strip()
@@ -323,7 +326,8 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
     from hftoolkit.train import train
 
     reset_peak_memory()
-    train(variant.recipe.model_copy(deep=True), variant.run_dir, command=command, overwrite=overwrite, resume=resume)
+    train(variant.recipe.model_copy(deep=True), variant.run_dir, command=command, overwrite=overwrite, resume=resume,
+          verbosity=verbosity)
 
 
 def reset_peak_memory() -> None:
@@ -386,7 +390,7 @@ class SweepResult:
 
 def sweep(recipe_path: Path, grid_items: list[str], sets: list[str], out: Path, overwrite: bool = False,
           num_processes: int | None = None, command: list[str] | None = None,
-          echo: Callable[[str], None] = print) -> SweepResult:
+          echo: Callable[[str], None] = print, verbosity=None) -> SweepResult:
     """Validate every variant, train each into out/<recipe name>/<variant>/, write the report there."""
     from hftoolkit.launch import is_main_process
     from hftoolkit.report import write_report
@@ -400,7 +404,7 @@ def sweep(recipe_path: Path, grid_items: list[str], sets: list[str], out: Path, 
     counts = {a: sum(v.action == a for v in variants) for a in ("train", "resume", "restart", "skip")}
     summary = ", ".join(f"{n} to {a}" if a != "skip" else f"{n} complete" for a, n in counts.items() if n)
     echo(f"sweep {folder}: {len(variants)} variants ({summary})")
-    outcomes = run_variants(variants, command or sys.argv, num_processes, echo)
+    outcomes = run_variants(variants, command or sys.argv, num_processes, echo, verbosity)
     report = folder / "report.md"
     if is_main_process():  # (a sweep started by a launcher runs in every process; one writes)
         write_report([v.run_dir for v in variants], folder)

@@ -13,9 +13,7 @@ import shutil
 import time
 from pathlib import Path
 
-import typer
-
-from hftoolkit import modeling
+from hftoolkit import console, modeling
 from hftoolkit.data import fingerprint
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation import evaluate, peak_memory_mb, run_facts
@@ -27,8 +25,12 @@ from hftoolkit.rundir import TRAINED_EVAL_FAILED, RunDirectory
 from hftoolkit.throughput import TokenCounter, efficiency
 
 
-def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False) -> dict:
+def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False,
+          verbosity: console.Verbosity | None = None) -> dict:
     """Run one recipe end to end; returns metrics.json's content.
+
+    What the libraries say goes to the run directory's train.log (and to the console only when verbosity is
+    VERBOSE); the console shows the toolkit's phases and one progress bar (console.py, progress.py).
 
     resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py).
     Bad input found before training starts (preflight: every problem at once) removes the run directory
@@ -37,7 +39,8 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
     """
     gc.disable()  # until the model is loaded: see _startup_done
     try:
-        return _train(recipe, run_dir, command, overwrite, resume)
+        with console.capture(verbosity=verbosity) as log:
+            return _train(recipe, run_dir, command, overwrite, resume, log)
     finally:
         gc.unfreeze()  # what the run left behind is collectable again (a caller may go on: tests, notebooks)
         gc.enable()
@@ -54,7 +57,7 @@ def _startup_done() -> None:
     gc.enable()
 
 
-def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool) -> dict:
+def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool, log) -> dict:
     import torch
     from accelerate import PartialState
 
@@ -77,14 +80,15 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         family = family_module(modeling.resolve_family(recipe))
         with state.main_process_first():  # read once, on the main process; the others read its cache
             data, findings = prepare(recipe)  # clamps lengths in the recipe: before recipe.yaml is written
-        if state.is_main_process:
-            for line in findings.notes:
-                typer.echo(f"preflight: {line}", err=True)
+        for line in findings.notes:
+            console.note(f"preflight: {line}")
+        console.phase(console.data_line({split: len(ds) for split, ds in data.items()}))
         if resume:
             resume_from = checkpoints.resume_point(run, recipe_to_yaml(recipe))
         if state.is_main_process:
             if resume:
                 checkpoints.clear_results(run)
+            log.attach(run / "train.log")  # the run is accepted: its log starts with what was said so far
             run.start(recipe_to_yaml(recipe), command, recipe.training.seed)
             written = True
             run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
@@ -92,6 +96,8 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         set_seed(recipe.training.seed)
         with state.main_process_first():  # an init: checkpoint or a hub download is made once, by the main process
             model, processor = family.load_model(recipe)
+        console.phase(console.model_line(recipe.model.checkpoint, *modeling.count_parameters(model),
+                                         recipe.model.quantization, recipe.lora.r if recipe.lora.enabled else None))
         with state.main_process_first():
             encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
         counter = TokenCounter(family.collator(recipe, processor))
@@ -130,10 +136,11 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
             message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
             run.finish(TRAINED_EVAL_FAILED if trained else "failed", error=message or type(err).__name__)
             if trained:
-                typer.echo(f"The trained weights are saved in {run.weights_dir()}; once the problem below is "
-                           f"fixed, `hftoolkit eval {run.path}` evaluates them and completes the run.", err=True)
-        elif state.is_main_process and run.path.is_dir() and not any(run.path.iterdir()):
-            run.path.rmdir()  # nothing was written: leave no empty run directory behind
+                console.error(f"the run trained, then failed: its weights are saved in {run.weights_dir()}; once the "
+                              f"problem below is fixed, `hftoolkit eval {run.path}` evaluates them and completes "
+                              "the run")
+        elif state.is_main_process and run.path.is_dir() and not any(p.name != "train.log" for p in run.path.iterdir()):
+            shutil.rmtree(run.path)  # nothing but the log was written: leave no run directory behind
         raise
 
 

@@ -42,6 +42,7 @@ from hftoolkit import tasks
 from hftoolkit.batching import LengthBucketSampler, shortest_first
 from hftoolkit.checkpoints import PICKLED_ARGS, STAGING_PREFIX, commit, latest_checkpoint, rotate, test_pause
 from hftoolkit.errors import UserError
+from hftoolkit.progress import use_progress
 from hftoolkit.recipe import Recipe
 from hftoolkit.rundir import RunDirectory
 
@@ -59,6 +60,7 @@ def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, 
         data_collator=counter, processing_class=processor,
         compute_metrics=scorer.compute if tasks.spec(recipe.task).scoring == "logits" else None,
         preprocess_logits_for_metrics=scorer.reduce_logits)
+    use_progress(trainer)  # one progress bar instead of the Trainer's tqdm bars and printed log dicts
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
     trainer.keep_last, trainer.keep_best = t.keep_last, recipe.eval.keep_best
     trainer.eval_context = EvalContext(recipe, processor, scorer, counter, data["eval"] if data else None)

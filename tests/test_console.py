@@ -1,4 +1,5 @@
-"""What a user sees: the toolkit's lines on the console, the libraries' noise in train.log (hftoolkit/console.py)."""
+"""What a user sees: the toolkit's lines on the console, the libraries' noise in train.log (hftoolkit/console.py,
+hftoolkit/progress.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import warnings
 
 import pytest
 
-from hftoolkit import console
+from hftoolkit import console, progress
 from hftoolkit.console import Verbosity
 from hftoolkit.errors import UserError
 
@@ -170,16 +171,16 @@ def test_progress_replaces_the_trainers_printers(capfd, tmp_path):
         args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=10, per_device_train_batch_size=4,
                                  logging_steps=5, report_to="none", use_cpu=True, save_strategy="no")
         trainer = Trainer(model=model, args=args, train_dataset=Rows(), eval_dataset=Rows())
-        console.use_progress(trainer)
+        progress.use_progress(trainer)
         trainer.train()
         trainer.evaluate()
     out, err = capfd.readouterr()
 
     assert not any(isinstance(cb, (ProgressCallback, PrinterCallback)) for cb in trainer.callback_handler.callbacks)
-    progress = [line for line in err.splitlines() if line.startswith("train ")]
+    shown = [line for line in err.splitlines() if line.startswith("train ")]
     # Without a terminal: one line per tenth of the steps, each with the last logged loss and learning rate.
-    assert [line.split(" loss ")[0] for line in progress] == [f"train {i}/10 ({10 * i}%)" for i in range(1, 11)]
-    assert progress[4].split(" lr ")[0] == f"train 5/10 (50%) loss {trainer.state.log_history[0]['loss']:.4f}"
+    assert [line.split(" loss ")[0] for line in shown] == [f"train {i}/10 ({10 * i}%)" for i in range(1, 11)]
+    assert shown[4].split(" lr ")[0] == f"train 5/10 (50%) loss {trainer.state.log_history[0]['loss']:.4f}"
     assert "{'loss'" not in out + err and "it/s" not in out + err  # no raw dicts, no tqdm bar (train or eval)
     text = log.read_text()
     assert "[trainer] step 5/10: {'loss': " in text and "[trainer] step 10/10: {'eval_loss': " in text
@@ -189,7 +190,7 @@ def test_progress_on_a_terminal_is_one_bar_left_at_its_last_state():
     from rich.console import Console
 
     screen = io.StringIO()
-    bar = console.StepProgress(Console(file=screen, force_terminal=True, width=100), total=4)
+    bar = progress.StepProgress(Console(file=screen, force_terminal=True, width=100), total=4)
     for step in range(1, 5):
         bar.advance_to(step)
         bar.show(0.5 / step, 1e-3)
