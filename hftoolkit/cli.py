@@ -13,7 +13,7 @@ import typer
 
 from hftoolkit.errors import UserError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Fine-tune and evaluate pretrained transformers from one YAML recipe.")
 # The shipped recipes sit beside the package in a checkout (editable install), or in the
@@ -48,7 +48,8 @@ def _options(version: Annotated[bool, typer.Option("--version", callback=_print_
     """Fine-tune and evaluate pretrained transformers from one YAML recipe."""
 
 
-SetOption = Annotated[list[str] | None, typer.Option("--set", help="Override a recipe key: a.b.c=value.")]
+SetOption = Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                     help="Override a recipe key: a.b.c=value.")]
 
 
 @app.command()
