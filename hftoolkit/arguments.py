@@ -31,7 +31,6 @@ def training_arguments(recipe: Recipe, run: RunDirectory, model, encoded, scorer
     from accelerate import PartialState
     from transformers import TrainingArguments
 
-    from hftoolkit.launch import per_process_batch
 
     t, cuda = recipe.training, torch.cuda.is_available()
     precision = resolve_precision(recipe, model.config.model_type)
@@ -151,3 +150,11 @@ def _tracker_project(training) -> None:
         for tracker in training.report_to:
             if tracker in PROJECT_VARIABLES:
                 os.environ[PROJECT_VARIABLES[tracker]] = training.project
+
+
+def per_process_batch(batch_size: int, num_processes: int) -> int:
+    """training.batch_size split over the processes (launch.check has refused a batch that does not divide)."""
+    if batch_size % num_processes:
+        raise UserError(f"training.batch_size: {batch_size} does not split evenly over {num_processes} processes: "
+                        f"set it to a multiple of {num_processes}")
+    return batch_size // num_processes

@@ -23,7 +23,7 @@ def merge_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
         raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     out = Path(out)
     if out.exists() and any(out.iterdir()):
-        raise UserError(f"--out: {out} is not empty: choose a new folder")
+        raise UserError(f"--output: {out} is not empty: choose a new folder")
     recipe, _, model, processor = load_trained(run_dir, full_precision=True)
     if not recipe.lora.enabled:
         raise UserError(f"{run_dir}: this run fine-tuned the whole model, so there is no adapter to merge; "

@@ -183,14 +183,6 @@ def _installed(module: str) -> bool:
     return importlib.util.find_spec(module) is not None
 
 
-def per_process_batch(batch_size: int, num_processes: int) -> int:
-    """training.batch_size split over the processes (check() has refused a batch that does not divide)."""
-    if batch_size % num_processes:
-        raise UserError(f"training.batch_size: {batch_size} does not split evenly over {num_processes} processes: "
-                        f"set it to a multiple of {num_processes}")
-    return batch_size // num_processes
-
-
 # ---------------------------------------------------------------- relaunching
 
 

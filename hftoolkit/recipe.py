@@ -270,7 +270,7 @@ class Recipe(Section):
         task = tasks.spec(self.task)
         if self.family is None or self.family == task.recommended:
             return None
-        return (f"task {self.task!r} with a {self.family} model: the course recommends the {task.recommended} "
+        return (f"task {self.task!r} on the {self.family} family: the course recommends the {task.recommended} "
                 f"family ({task.why}); fine for comparing architectures")
 
     @property

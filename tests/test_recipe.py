@@ -106,7 +106,8 @@ def test_a_task_without_a_head_in_the_family_names_the_families_that_have_one(ta
 ])
 def test_other_families_with_a_head_are_accepted_with_the_course_advice(task, checkpoint):
     recipe = validate_recipe({**GOOD, "task": task, "model": {"checkpoint": checkpoint}})
-    assert recipe.advice.startswith(f"task {task!r} with a ")
+    family = {"init:gpt2": "decoder", "init:bart": "seq2seq", "init:t5": "seq2seq"}[checkpoint]
+    assert recipe.advice.startswith(f"task {task!r} on the {family} family: ")  # not "with a encoder"
     assert "the course recommends the" in recipe.advice
     assert validate_recipe(GOOD).advice is None
 

@@ -102,7 +102,7 @@ def test_weights_are_safetensors_and_every_other_state_loads_with_weights_only(c
     weights = [p for p in files if p.suffix == ".safetensors"]
     assert {p.parent.name for p in weights} == {"adapter", "checkpoint-1", "checkpoint-2"}
     assert all(load_file(p) for p in weights)
-    binary = [p for p in files if p.suffix not in (".safetensors", ".json", ".jsonl", ".yaml", ".md", ".txt")]
+    binary = [p for p in files if p.suffix not in (".safetensors", ".json", ".jsonl", ".yaml", ".md", ".txt", ".log")]
     assert binary and {p.suffix for p in binary} <= {".pt", ".pth"}, sorted(map(str, binary))
     from transformers.trainer_pt_utils import safe_globals  # numpy arrays (the RNG state), as the Trainer allows
 

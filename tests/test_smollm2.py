@@ -114,7 +114,8 @@ def test_predict_decodes_as_plain_transformers_does_with_the_merged_checkpoint(c
 
     prompts = tmp_path / "prompts.txt"
     prompts.write_text("\n".join(PROMPTS) + "\n")
-    printed = run_cli("predict", clm_run, "--input", prompts, "--max-new-tokens", "8", *options).stdout
+    printed = run_cli("predict", clm_run, "--input", prompts, "--max-new-tokens", "8", "--format", "jsonl",
+                      *options).stdout
 
     model, tokenizer = plain_model
     batch = tokenizer(PROMPTS, padding=True, padding_side="left", return_tensors="pt")
@@ -123,7 +124,8 @@ def test_predict_decodes_as_plain_transformers_does_with_the_merged_checkpoint(c
         ids = model.generate(**batch, max_new_tokens=8, pad_token_id=tokenizer.pad_token_id, **generate)
     texts = tokenizer.batch_decode(ids[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
     assert any(text.strip() for text in texts)
-    assert printed == "".join(f"{prompt}\t{text}\n" for prompt, text in zip(PROMPTS, texts))
+    assert [json.loads(line) for line in printed.splitlines()] == [
+        {"input": prompt, "text": text} for prompt, text in zip(PROMPTS, texts)]
 
 
 @pytest.mark.parametrize("bits, layer", [("8bit", "Linear8bitLt"), ("4bit", "Linear4bit")])
