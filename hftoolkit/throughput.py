@@ -27,14 +27,18 @@ class TokenCounter:
         for f in features:
             f.pop("length", None)
         batch = self.collate(features)
+        self.count(batch, len(features))
+        return batch
+
+    def count(self, batch, samples: int) -> None:
+        """Add one collated batch of `samples` examples to the counts."""
         mask = batch.get("attention_mask")
         if mask is not None:
             real = int(mask.sum())
             self.real += real
             self.total += mask.numel()
             self.attention_flops += real * mask.shape[-1]
-        self.samples += len(features)
-        return batch
+        self.samples += samples
 
     def snapshot(self) -> dict:
         return {"real": self.real, "total": self.total, "samples": self.samples,

@@ -436,12 +436,6 @@ class EvalDuringTraining:
 
 
 def _tally(counter, batch) -> None:
-    """Count a training batch into `counter` as throughput.TokenCounter does when it collates it."""
-    mask = batch.get("attention_mask")
-    if mask is not None:
-        real = int(mask.sum())
-        counter.real += real
-        counter.total += mask.numel()
-        counter.attention_flops += real * mask.shape[-1]
+    """Count a training batch into `counter` (a throughput.TokenCounter) as it does when it collates one."""
     first = next((v for v in batch.values() if hasattr(v, "shape") and v.dim()), None)
-    counter.samples += len(first) if first is not None else 0
+    counter.count(batch, len(first) if first is not None else 0)
