@@ -31,7 +31,6 @@ def training_arguments(recipe: Recipe, run: RunDirectory, model, encoded, scorer
     from accelerate import PartialState
     from transformers import TrainingArguments
 
-
     t, cuda = recipe.training, torch.cuda.is_available()
     precision = resolve_precision(recipe, model.config.model_type)
     if t.gradient_checkpointing and not getattr(model, "supports_gradient_checkpointing", False):
