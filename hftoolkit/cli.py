@@ -11,7 +11,9 @@ from typing import Annotated, Literal
 
 import typer
 
+from hftoolkit import stdout
 from hftoolkit.errors import UserError
+from hftoolkit.helpformat import Command
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -48,8 +50,16 @@ def _options(version: Annotated[bool, typer.Option("--version", callback=_print_
     """Fine-tune and evaluate pretrained transformers from one YAML recipe."""
 
 
+# Options several commands share.
 SetOption = Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
                                                      help="Override a recipe key: a.b.c=value.")]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help=(
+    "Show the libraries' own logs and warnings too (train, eval and sweep always keep them in the run "
+    "directory's train.log)."))]
+JsonOption = Annotated[bool, typer.Option("--json", help=(
+    "Print metrics.json's content as one JSON object on standard output, and nothing else there (the toolkit's "
+    "lines go to standard error)."))]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors and the path written.")]
 
 
 @app.command()
@@ -97,7 +107,7 @@ def train(
     metrics = run_training(parsed, run_dir, command=launch.command_line(), overwrite=overwrite, resume=resume,
                            verbosity=verbosity)
     if launch.is_main_process():
-        _show_result(metrics, run_dir, as_json, verbosity)
+        stdout.show_result(metrics, run_dir, as_json, verbosity)
     launch.end_processes()
 
 
@@ -130,7 +140,7 @@ def eval_(
             metrics = evaluation.reevaluate(target) if split is None else evaluation.reevaluate_split(target, split)
         shown = metrics if split is None else {**metrics, "name": f"{metrics['name']} on {split}",
                                                "eval": metrics["splits"][split]}
-        _show_result(metrics, target, as_json, verbosity, shown)
+        stdout.show_result(metrics, target, as_json, verbosity, shown)
         return
     from hftoolkit.launch import command_line
     from hftoolkit.recipe import load_recipe
@@ -139,7 +149,7 @@ def eval_(
     with console.capture(verbosity=verbosity):  # (evaluate_recipe attaches --output's train.log)
         metrics = evaluation.evaluate_recipe(parsed, split, output, overwrite, command_line())
     shown = {**metrics, "name": metrics["name"] + (f" on {metrics['split']}" if metrics["split"] else "")}
-    _show_result(metrics, output, as_json, verbosity, shown)
+    stdout.show_result(metrics, output, as_json, verbosity, shown)
 
 
 @app.command()
@@ -174,7 +184,7 @@ def predict(
                      temperature=temperature, top_k=top_k, top_p=top_p)
     with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its weights
         records = run_predict(run_dir, input_, {k: v for k, v in overrides.items() if v is not None}, batch_size)
-    text = "".join(PREDICT_FORMATS[format_](record) + "\n" for record in records)
+    text = "".join(stdout.PREDICT_FORMATS[format_](record) + "\n" for record in records)
     if output is None:
         typer.echo(text, nl=False)
         return
@@ -185,20 +195,6 @@ def predict(
         typer.echo(str(output))
     else:
         console.phase(f"{len(records):,} predictions written to {output}")
-
-
-def _tsv_row(record: dict) -> str:
-    """A record's values, tab-separated; a line break inside a value (generated text) written as \\n."""
-    return "\t".join(str(v).replace("\r", "\\r").replace("\n", "\\n") for v in record.values())
-
-
-def _jsonl_row(record: dict) -> str:
-    import json
-
-    return json.dumps(record, ensure_ascii=False)
-
-
-PREDICT_FORMATS = {"tsv": _tsv_row, "jsonl": _jsonl_row}
 
 
 @app.command()
@@ -300,7 +296,7 @@ def compare(
         rows = summary_rows([load_run(p) for p in run_dirs])
     except ReportError as err:
         raise UserError(str(err)) from None
-    _print_rows(rows)
+    stdout.print_rows(rows)
     typer.echo(f"report: {path} and {path.with_suffix('.html')}")
 
 
@@ -402,7 +398,7 @@ def bench(
     verbosity = console.verbosity_from_flags(verbose, quiet)
     result = run_bench(families, output, RECIPES_DIR, set_ or [], echo=console.phase, verbosity=verbosity)
     if verbosity > console.Verbosity.QUIET:
-        _print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
+        stdout.print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
     _say_report(result.report, verbosity)
     if result.failed:
         console.error(f"{len(result.failed)} of {len(result.outcomes)} runs failed")
@@ -428,110 +424,9 @@ def parity(
     raise typer.Exit(run_parity(only=only, worked_examples=worked_examples))
 
 
-# ---------------------------------------------------------------- help as people know it from other tools
-
-
-class Command(typer.core.TyperCommand):
-    """A command whose help reads as conventional tools' do: the usage line names its arguments by their
-    metavars (`RECIPE`, `[DIR]`, `RUN_DIR...`; Typer writes `{recipe}`), the Arguments list shows no Python
-    types (`<path>`), and the names in HIDDEN_ALIASES still parse but are left out of the Options list."""
-
-    def collect_usage_pieces(self, ctx) -> list[str]:
-        pieces = [self.options_metavar] if self.options_metavar else []
-        for param in self.get_params(ctx):
-            if isinstance(param, typer.core.TyperArgument):
-                name = (param.metavar or param.name.upper()) + ("..." if param.nargs != 1 else "")
-                pieces.append(name if param.required else f"[{name}]")
-        return pieces
-
-    def format_options(self, ctx, formatter) -> None:
-        arguments, options = [], []
-        for param in self.get_params(ctx):
-            if isinstance(param, typer.core.TyperArgument) and not param.hidden:
-                name = (param.metavar or param.name.upper()) + ("..." if param.nargs != 1 else "")
-                arguments.append((name, param.get_help_record(ctx)[1]))
-            elif isinstance(param, typer.core.TyperOption):
-                shown, param.opts = param.opts, [o for o in param.opts if o not in HIDDEN_ALIASES]
-                try:
-                    record = param.get_help_record(ctx)
-                finally:
-                    param.opts = shown
-                if record:
-                    options.append(record)
-        for title, rows in (("Arguments", arguments), ("Options", options)):
-            if rows:
-                with formatter.section(title):
-                    formatter.write_dl(rows)
-
-
-# Old names of options, accepted and not shown: --out, before every command named its output --output.
-HIDDEN_ALIASES = {"--out"}
-for _info in app.registered_commands:  # (set here, once every command is registered)
+# Every command's help reads as conventional tools' do (set here, once every command is registered).
+for _info in app.registered_commands:
     _info.cls = Command
-
-
-# ---------------------------------------------------------------- options several commands share
-
-VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help=(
-    "Show the libraries' own logs and warnings too (train, eval and sweep always keep them in the run "
-    "directory's train.log)."))]
-JsonOption = Annotated[bool, typer.Option("--json", help=(
-    "Print metrics.json's content as one JSON object on standard output, and nothing else there (the toolkit's "
-    "lines go to standard error)."))]
-QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors and the path written.")]
-
-
-# The report's columns that fit a terminal; report.md and report.html have them all.
-TERMINAL_COLUMNS = ("run", "family", "task", "quant", "LoRA r", "main metric", "trainable / total", "train time")
-
-
-def _print_rows(rows: list[dict]) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table()
-    columns = [c for c in TERMINAL_COLUMNS if rows and c in rows[0]]
-    for column in columns:
-        table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*(row[c] for c in columns))
-    Console().print(table)
-
-
-def _show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, shown: dict | None = None) -> None:
-    """What train and eval end with on standard output: metrics.json's content as one JSON object (--json), the
-    path written alone (--quiet), or the results table and the path."""
-    from hftoolkit.console import Verbosity
-
-    if as_json:
-        import json
-
-        typer.echo(json.dumps(metrics, indent=2, ensure_ascii=False))
-    elif verbosity == Verbosity.QUIET:
-        if path is not None:
-            typer.echo(str(path))
-    else:
-        _print_metrics(shown or metrics)
-        typer.echo(f"run directory: {path}" if path is not None else
-                   "run directory: none written (--output DIR keeps these scores)")
-
-
-def _print_metrics(metrics: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    table = Table(title=f"{metrics['name']} ({metrics['task']}, {metrics['checkpoint']})")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in metrics["eval"].items():
-        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
-        table.add_row(key + (" *" if key == metrics["main_metric"] else ""), shown)
-    for key in ("setup_seconds", "train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second",
-                "padding_fraction", "matmul_fraction",
-                "peak_memory_mb", "trainable_params", "total_params"):
-        if metrics.get(key) is not None:
-            table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else f"{metrics[key]}")
-    Console().print(table)
 
 
 def main() -> None:

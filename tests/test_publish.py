@@ -282,13 +282,6 @@ def test_license_goes_into_the_front_matter_only_when_given(tmp_path):
 # ---------------------------------------------------------------- the command
 
 
-def _has_push_command() -> bool:
-    from hftoolkit import cli
-
-    return hasattr(cli, "push")
-
-
-@pytest.mark.skipif(not _has_push_command(), reason="the push command is not in hftoolkit/cli.py yet")
 def test_cli_dry_run_prints_the_files_then_the_card_and_never_the_token(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", SENTINEL)
     run = make_run(tmp_path)

@@ -1,0 +1,74 @@
+"""What commands print on standard output, where a script reads it: the results table of train and eval (or
+metrics.json's content with --json, the path alone with --quiet), run rows, predict's rows. The toolkit's own
+lines go to standard error through console.py. Light: rich is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+
+def tsv_row(record: dict) -> str:
+    """A record's values, tab-separated; a line break inside a value (generated text) written as \\n."""
+    return "\t".join(str(v).replace("\r", "\\r").replace("\n", "\\n") for v in record.values())
+
+
+def jsonl_row(record: dict) -> str:
+    return json.dumps(record, ensure_ascii=False)
+
+
+PREDICT_FORMATS = {"tsv": tsv_row, "jsonl": jsonl_row}
+
+
+# The report's columns that fit a terminal; report.md and report.html have them all.
+TERMINAL_COLUMNS = ("run", "family", "task", "quant", "LoRA r", "main metric", "trainable / total", "train time")
+
+
+def print_rows(rows: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table()
+    columns = [c for c in TERMINAL_COLUMNS if rows and c in rows[0]]
+    for column in columns:
+        table.add_column(column, overflow="fold")
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
+    Console().print(table)
+
+
+def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, shown: dict | None = None) -> None:
+    """What train and eval end with on standard output: metrics.json's content as one JSON object (--json), the
+    path written alone (--quiet), or the results table and the path."""
+    from hftoolkit.console import Verbosity
+
+    if as_json:
+        typer.echo(json.dumps(metrics, indent=2, ensure_ascii=False))
+    elif verbosity == Verbosity.QUIET:
+        if path is not None:
+            typer.echo(str(path))
+    else:
+        print_metrics(shown or metrics)
+        typer.echo(f"run directory: {path}" if path is not None else
+                   "run directory: none written (--output DIR keeps these scores)")
+
+
+def print_metrics(metrics: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{metrics['name']} ({metrics['task']}, {metrics['checkpoint']})")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in metrics["eval"].items():
+        shown = f"{value:.4f}" if isinstance(value, float) else str(value)
+        table.add_row(key + (" *" if key == metrics["main_metric"] else ""), shown)
+    for key in ("setup_seconds", "train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second",
+                "padding_fraction", "matmul_fraction",
+                "peak_memory_mb", "trainable_params", "total_params"):
+        if metrics.get(key) is not None:
+            table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else f"{metrics[key]}")
+    Console().print(table)
