@@ -40,8 +40,6 @@ def test_merged_equals_adapter_and_loads_without_peft(family, quantization, runs
     import transformers
 
     recipe, auto, make_batch = CASES[family]
-    if not (RECIPES / recipe).is_file():
-        pytest.skip(f"{recipe} is not shipped yet")
     if quantization != "none":
         pytest.importorskip("bitsandbytes")
     run = runs / f"{family}-{quantization}"
