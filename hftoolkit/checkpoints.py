@@ -17,7 +17,8 @@ not do, added here:
 
 Test hooks (never set outside tests): HFTOOLKIT_TEST_PAUSE_IN_SAVE=N sleeps inside the save
 of checkpoint N, after its files are written and before the rename; HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=N
-sleeps once checkpoint N is complete. A test kills the process during the pause.
+sleeps once checkpoint N is complete and older ones are rotated away. Each prints a line when it
+begins to sleep, and a test kills the process on that line.
 """
 
 from __future__ import annotations
@@ -29,10 +30,12 @@ import shutil
 import time
 from pathlib import Path
 
+from hftoolkit import console
 from hftoolkit.errors import UserError
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STAGING_PREFIX = ".tmp-"
+PAUSED = "test hook: paused at"
 # The files of a finished run: removed when a failed or killed run is resumed, so the folder
 # never looks complete before the resumed run has really finished.
 RESULTS = ("metrics.json", "predictions.jsonl", "README.md", "adapter", "model")
@@ -219,4 +222,6 @@ def _fsync(path: Path) -> None:
 
 def test_pause(variable: str, step: int) -> None:
     if os.environ.get(variable) == str(step):
+        # The line tells a test the pause has begun: waiting for a folder instead would race what follows it.
+        console.note(f"{PAUSED} {variable}={step}")
         time.sleep(600)

@@ -13,7 +13,7 @@ import json
 import pytest
 
 from tests.conftest import RECIPES, run_cli, train_recipe
-from tests.test_resume import kill_when, killed_on_error, start_training
+from tests.test_resume import kill_when_paused, killed_on_error, start_training
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 TINY = ("data.max_train_samples=24", "data.max_eval_samples=8", "training.batch_size=8", "training.epochs=3",
@@ -108,7 +108,7 @@ def test_keep_best_survives_a_sigkill_and_resume(tmp_path):
     process = start_training(ENCODER, killed, sets, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
     with killed_on_error(process):
         train_recipe(ENCODER, reference, *sets)
-    kill_when(process, killed / "checkpoints" / "checkpoint-4")
+    kill_when_paused(process)
     best = json.loads((reference / "metrics.json").read_text())["best_step"]
     assert best < 4, "the scenario needs a best checkpoint older than the one the run is killed after"
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == [f"checkpoint-{best}", "checkpoint-4"]

@@ -25,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -50,15 +51,18 @@ def start_training(recipe, run, sets, **hooks) -> subprocess.Popen:
     return subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **hooks})
 
 
-def kill_when(process: subprocess.Popen, path, timeout: float = 300) -> None:
-    """SIGKILL the process as soon as `path` exists; fail with its log if it ends or never gets there."""
+def kill_when_paused(process: subprocess.Popen, log: Path | None = None, timeout: float = 300) -> None:
+    """SIGKILL the process once a test hook says it is paused (checkpoints.test_pause prints the line to `log`,
+    by default the one start_training writes); fail with the log if it ends or never gets there."""
+    from hftoolkit.checkpoints import PAUSED
+
+    log = log or Path(process.args[process.args.index("--output") + 1] + ".log")
     deadline = time.monotonic() + timeout
     try:
-        while not path.exists():
+        while PAUSED not in log.read_text(errors="replace"):
             if process.poll() is not None or time.monotonic() > deadline:
-                log = process.args[process.args.index("--output") + 1] + ".log"
-                pytest.fail(f"training never reached {path} (exit {process.poll()}):\n"
-                            + open(log, errors="replace").read()[-3000:])
+                pytest.fail(f"training never reached its test pause (exit {process.poll()}):\n"
+                            + log.read_text(errors="replace")[-3000:])
             time.sleep(0.2)
     finally:
         process.send_signal(signal.SIGKILL)
@@ -107,7 +111,7 @@ def encoder_runs(tmp_path_factory):
     process = start_training(ENCODER, killed, TINY, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
     with killed_on_error(process):
         train_recipe(ENCODER, reference, *TINY)  # while the other process starts up
-    kill_when(process, killed / "checkpoints" / "checkpoint-4")
+    kill_when_paused(process)
     assert json.loads((killed / "manifest.json").read_text())["status"] == "running", "killed, not finished"
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
     assert not (killed / "metrics.json").exists() and not (killed / "adapter").exists()
@@ -132,7 +136,7 @@ def test_mlm_resumed_mid_epoch_masks_as_the_uninterrupted_run(tmp_path):
     process = start_training(MLM, killed, sets, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
     with killed_on_error(process):
         train_recipe(MLM, reference, *sets)
-    kill_when(process, killed / "checkpoints" / "checkpoint-4")
+    kill_when_paused(process)
     run_cli("train", "--resume", killed)
     ref_losses, res_losses = losses(reference), losses(killed)
     assert sorted(res_losses) == list(range(1, STEPS + 1))
@@ -154,7 +158,7 @@ def test_seq2seq_killed_during_a_save_keeps_the_previous_checkpoint_and_resumes_
     with killed_on_error(process):
         train_recipe(SEQ2SEQ, reference, *SEQ2SEQ_TINY)
     # the hook holds the process after checkpoint 8's files are written, before the rename
-    kill_when(process, killed / "checkpoints" / ".tmp-checkpoint-8" / "checkpoint-8" / "trainer_state.json")
+    kill_when_paused(process)
     checkpoints = killed / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == [".tmp-checkpoint-8", "checkpoint-4", "checkpoint-6"]
     previous = checkpoints / "checkpoint-6"

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
-from tests.test_resume import kill_when, killed_on_error, losses, start_training
+from tests.test_resume import kill_when_paused, killed_on_error, losses, start_training
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 TINY = ("data.max_train_samples=24", "data.max_eval_samples=8", "training.batch_size=8", "training.epochs=3",
@@ -334,7 +334,7 @@ def test_workers_keep_the_batches_and_an_exact_resume(tmp_path):
     process = start_training(ENCODER, killed, (*sets, "data.num_workers=2"), HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
     with killed_on_error(process):
         train_recipe(ENCODER, reference, *sets)
-    kill_when(process, killed / "checkpoints" / "checkpoint-4")
+    kill_when_paused(process)
     run_cli("train", "--resume", killed)
     ref, res = losses(reference), losses(killed)
     assert sorted(res) == list(range(1, 10))
