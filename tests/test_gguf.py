@@ -61,10 +61,8 @@ def test_converted_smollm2_generates_exactly_what_the_gguf_load_generates(smollm
 def test_second_call_reuses_the_converted_folder(smollm2_checkpoint):
     weights = smollm2_checkpoint / "model.safetensors"
     written = weights.stat().st_mtime_ns
-    start = time.perf_counter()
     assert gguf.plain_checkpoint(gguf.installed_smollm2()) == smollm2_checkpoint
-    assert time.perf_counter() - start < 2
-    assert weights.stat().st_mtime_ns == written
+    assert weights.stat().st_mtime_ns == written, "not converted again"
 
 
 def test_converted_folder_loads_as_a_classifier_with_a_pad_token(smollm2_checkpoint):
