@@ -56,6 +56,11 @@ def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, show
                    "run directory: none written (--output DIR keeps these scores)")
 
 
+# The run's cost, shown under its scores.
+RESULT_FIGURES = ("setup_seconds", "train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second",
+                  "padding_fraction", "matmul_fraction", "peak_memory_mb", "trainable_params", "total_params")
+
+
 def print_metrics(metrics: dict) -> None:
     from rich.console import Console
     from rich.table import Table
@@ -66,9 +71,7 @@ def print_metrics(metrics: dict) -> None:
     for key, value in metrics["eval"].items():
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
         table.add_row(key + (" *" if key == metrics["main_metric"] else ""), shown)
-    for key in ("setup_seconds", "train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second",
-                "padding_fraction", "matmul_fraction",
-                "peak_memory_mb", "trainable_params", "total_params"):
+    for key in RESULT_FIGURES:
         if metrics.get(key) is not None:
-            table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else f"{metrics[key]}")
+            table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else str(metrics[key]))
     Console().print(table)
