@@ -71,16 +71,42 @@ def test_four_checkpoint_grid_trains_every_variant_and_reports(four_checkpoints)
 @pytest.mark.skipif(sys.platform != "linux", reason="the peak resident set is reset through Linux's /proc")
 def test_each_variant_in_one_process_counts_its_own_peak_memory():
     """train reads the process's peak resident set, which only grows; the sweep resets it before each variant."""
+    import mmap
     import resource
 
     from hftoolkit.sweep import reset_peak_memory
 
-    block = bytearray(400 * 2**20)
-    block[:: 4096] = b"x" * len(block[:: 4096])  # touch every page, so it is resident
+    # Mapped directly, not through malloc: after other tests, malloc may hand back freed memory that is still
+    # resident, so the block would neither raise the peak nor lower the resident set when freed.
+    block = mmap.mmap(-1, 400 * 2**20)
+    for page in range(0, len(block), mmap.PAGESIZE):  # touch every page, so it is resident
+        block[page] = 1
     high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    del block
+    block.close()
     reset_peak_memory()
     assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < high - 300 * 1024
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's heap and Linux's /proc")
+def test_memory_an_earlier_variant_freed_is_not_counted_in_the_next_peak():
+    """Freed heap stays resident under glibc; the reset hands it back, or the next variant's peak would count it."""
+    import ctypes
+    import resource
+
+    from hftoolkit.sweep import reset_peak_memory
+
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    chunks = [libc.malloc(100_000) for _ in range(3_000)]  # 300 MB in heap-sized pieces (below the mmap threshold)
+    for chunk in chunks:
+        ctypes.memset(chunk, 1, 100_000)
+    for chunk in chunks[:-1]:  # the last keeps the heap's top in place, so free alone cannot shrink it
+        libc.free(chunk)
+    high = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    reset_peak_memory()
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss < high - 250 * 1024
+    libc.free(chunks[-1])
 
 
 def test_running_again_skips_complete_variants(four_checkpoints):
