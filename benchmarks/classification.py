@@ -68,7 +68,7 @@ def prepare(workdir: Path, size: int, data_dir: Path | None = None) -> tuple[str
     if checkpoint and train is not None:
         train = train.sample(n=min(size, len(train)), random_state=0)
     else:
-        from hftoolkit.builtin import sentiment
+        from hftoolkit.sources.builtin import sentiment
 
         checkpoint = "init:bert"
         rows = pd.DataFrame(sentiment(n=size + 400))
@@ -111,7 +111,7 @@ def script(checkpoint: str, train: Path, dev: Path, seed: int, lr: float, groupe
             "--train", str(train), "--dev", str(dev), "--seed", str(seed), "--lr", str(lr)]
     argv += ["--group-by-length"] if grouped else []
     if checkpoint.startswith("init:"):
-        from hftoolkit.tiny import ensure_tiny
+        from hftoolkit.sources.tiny import ensure_tiny
 
         argv[3] = str(ensure_tiny("bert"))
     wall, stdout = run(argv)

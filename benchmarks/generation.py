@@ -20,9 +20,9 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from hftoolkit.builtin import translation
-    from hftoolkit.families import family_module
-    from hftoolkit.recipe import validate_recipe
+    from hftoolkit.config.recipe import validate_recipe
+    from hftoolkit.models.families import family_module
+    from hftoolkit.sources.builtin import translation
 
     recipe = validate_recipe({"name": "gen", "task": "translation", "model": {"checkpoint": "init:t5"},
                               "data": {"train": "builtin:translation"},

@@ -9,7 +9,7 @@ max length 64, batch 32, one epoch), in its own process so that peak GPU memory 
 - full fine-tuning on 2 processes (DDP, the same global batch), when the machine has 2 GPUs or more.
 
 It prints one table: train seconds, samples/s, tokens/s, MFU, peak GPU memory and dev accuracy. MFU is
-hftoolkit's achieved FLOP/s (the FLOPs convention of hftoolkit/throughput.py: 6N per real token for full
+hftoolkit's achieved FLOP/s (the FLOPs convention of hftoolkit/training/throughput.py: 6N per real token for full
 fine-tuning, 4N for LoRA, plus attention) over the GPU's dense bf16 peak (a table of known GPUs, else
 --peak-tflops). Offline: BERT-base and SST-2 come from the Hugging Face cache (HF_HUB_OFFLINE=1), or from
 --checkpoint and --data-dir (a folder with SST-2's train.tsv and dev.tsv, as GLUE ships them).
@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     variants = args.variants or list(VARIANTS)
     if args.dry_run:
-        from hftoolkit.recipe import validate_recipe
+        from hftoolkit.config.recipe import validate_recipe
 
         for variant in variants:
             recipe = recipe_for(variant, args.checkpoint or CHECKPOINTS[0], Path("train.csv"), Path("dev.csv"),

@@ -25,8 +25,8 @@ def worker(checkpoint: str, variant: str, steps: int) -> None:
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    from hftoolkit import modeling
-    from hftoolkit.recipe import validate_recipe
+    from hftoolkit.config.recipe import validate_recipe
+    from hftoolkit.models import loading as modeling
 
     quantization, lora = VARIANTS[variant]
     recipe = validate_recipe({"name": "mem", "task": "classification",

@@ -1,3 +1,3 @@
-from hftoolkit.cli import main
+from hftoolkit.cli.app import main
 
 main()

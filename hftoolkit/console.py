@@ -27,6 +27,8 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 
+from hftoolkit.errors import UserError
+
 # Lines said before a log file is attached are held in memory, the newest this many (a non-main process never
 # attaches one).
 HELD_LINES = 10_000
@@ -54,8 +56,6 @@ def get_verbosity() -> Verbosity:
 
 def verbosity_from_flags(verbose: bool, quiet: bool) -> Verbosity:
     """The CLI's -v/--verbose and -q/--quiet as one setting."""
-    from hftoolkit.errors import UserError
-
     if verbose and quiet:
         raise UserError("-v/--verbose and -q/--quiet contradict each other: pass one of them")
     return Verbosity.VERBOSE if verbose else Verbosity.QUIET if quiet else Verbosity.NORMAL
@@ -108,7 +108,7 @@ def _say(message: str, label: str, least: Verbosity, style: str = "") -> None:
 
     if _active:
         _active.sink.line(f"[hftoolkit] {label + ': ' if label else ''}{message}")
-    if get_verbosity() >= least and _is_main_process():
+    if get_verbosity() >= least and is_main_process():
         text = Text(f"{label}: ", style=style) if label else Text()
         stderr_console().print(text.append(message), soft_wrap=True, highlight=False)
 
@@ -125,12 +125,6 @@ def on_capture_end(callback) -> None:
     before the streams are put back). No capture: nothing to do."""
     if _active:
         _active.cleanups.append(callback)
-
-
-def _is_main_process() -> bool:
-    from hftoolkit.launch import is_main_process
-
-    return is_main_process()
 
 
 # ---------------------------------------------------------------- capturing the libraries
@@ -231,7 +225,7 @@ class Capture:
         self.sink = LogSink()
         # Nested in another capture, the console is still the real one.
         self.console = outer.console if outer else Console(file=sys.stderr, highlight=False)
-        self.main = _is_main_process()
+        self.main = is_main_process()
         self.cleanups: list = []  # what must end with the run even if it fails (a live progress bar)
         self.saved_fd, self.console_file = None, None
 
@@ -462,3 +456,25 @@ def _modules(keys: list[str], depth: int) -> str:
 
 def _tensors(keys: list[str]) -> str:
     return f"{len(keys)} tensor{'s' if len(keys) != 1 else ''}"
+
+
+# ---------------------------------------------------------------- where we run
+
+# Set by torchrun (and so by `accelerate launch` for several processes) and by mpirun.
+LAUNCHER_VARIABLES = ("WORLD_SIZE", "LOCAL_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+
+
+# `accelerate launch` with a single process sets no rank but always sets this one.
+ACCELERATE_LAUNCHED = "ACCELERATE_MIXED_PRECISION"
+
+
+def under_launcher() -> bool:
+    return any(v in os.environ for v in LAUNCHER_VARIABLES) or ACCELERATE_LAUNCHED in os.environ
+
+
+def is_main_process() -> bool:
+    """Rank 0 (or no launcher), read from the environment: no torch import needed."""
+    for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):
+        if name in os.environ:
+            return int(os.environ[name]) == 0
+    return True

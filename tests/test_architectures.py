@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from hftoolkit import tasks
+from hftoolkit.config import tasks
 from tests.conftest import RECIPES, plain, run_cli, train_recipe
 
 SHORT = ("training.max_steps=6", "training.logging_steps=2", "data.max_eval_samples=24", "eval.max_predictions=8")
@@ -68,8 +68,8 @@ def test_decoder_prompt_and_target_learns_the_target_only(tmp_path):
     """Translation with GPT-2: the loss covers the target tokens, so the prompt's labels are all ignored."""
     from datasets import Dataset
 
-    from hftoolkit.families import decoder
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import decoder
 
     recipe = load_recipe(RECIPES / "seq2seq-translation-t5.yaml", ["model.checkpoint=init:gpt2"])
     _, tokenizer = decoder.load_model(recipe)

@@ -62,7 +62,7 @@ def _tiny_checkpoint(tmp: Path, arch: str = "bert") -> Path:
     """A copy of the session's tiny checkpoint that a case may then damage."""
     import shutil
 
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.sources.tiny import ensure_tiny
 
     copy = tmp / f"tiny-{arch}"
     shutil.copytree(ensure_tiny(arch), copy)
@@ -103,8 +103,8 @@ def _killed_run(tmp: Path, damage: Callable[[Path], None]) -> Path:
     import torch
     from safetensors.torch import save_file
 
-    from hftoolkit.data import load_data
-    from hftoolkit.recipe import load_recipe, recipe_to_yaml
+    from hftoolkit.config.recipe import load_recipe, recipe_to_yaml
+    from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(ENCODER)
     load_data(recipe)  # fills data.label_names, as train does before writing recipe.yaml
@@ -223,7 +223,7 @@ def _two_label_classifier(tmp: Path) -> Path:
     """A BERT already fine-tuned for 2 labels (its classifier saved with it)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.sources.tiny import ensure_tiny
 
     model = AutoModelForSequenceClassification.from_pretrained(
         ensure_tiny("bert"), num_labels=2, id2label={0: "neg", 1: "pos"}, label2id={"neg": 0, "pos": 1})

@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from hftoolkit.batching import LengthBucketSampler, shortest_first
+from hftoolkit.evaluation.evaluate import shortest_first
+from hftoolkit.training.batching import LengthBucketSampler
 
 BATCH = 32
 

@@ -1,6 +1,6 @@
 """Atomic checkpoints: a checkpoint folder is complete or absent, and retention keeps the newest.
 
-These drive hftoolkit.checkpoints directly on small folders; the kill during a real save
+These drive hftoolkit.training.checkpoints directly on small folders; the kill during a real save
 and the exact resume after it are in tests/test_resume.py.
 """
 
@@ -12,8 +12,8 @@ import shutil
 
 import pytest
 
-from hftoolkit import checkpoints
 from hftoolkit.errors import UserError
+from hftoolkit.training import checkpoints
 
 
 def _checkpoint(folder, step: int, complete: bool = True):
@@ -121,7 +121,7 @@ def test_a_damaged_checkpoint_is_named_with_the_fix(tmp_path, damage, named):
 
 
 def test_resume_clears_a_previous_attempts_results_but_keeps_its_checkpoints(tmp_path):
-    from hftoolkit.rundir import RunDirectory
+    from hftoolkit.runs.rundir import RunDirectory
 
     run = RunDirectory(tmp_path)
     _checkpoint(tmp_path / "checkpoints", 2)
@@ -138,8 +138,8 @@ def test_resume_clears_a_previous_attempts_results_but_keeps_its_checkpoints(tmp
 def test_resume_accepts_changes_around_the_steps_and_refuses_changes_to_them(tmp_path):
     import yaml
 
-    from hftoolkit.recipe import load_recipe, recipe_to_yaml
-    from hftoolkit.rundir import RunDirectory
+    from hftoolkit.config.recipe import load_recipe, recipe_to_yaml
+    from hftoolkit.runs.rundir import RunDirectory
     from tests.conftest import RECIPES
 
     recipe = RECIPES / "encoder-classification.yaml"
@@ -157,7 +157,7 @@ def test_resume_accepts_changes_around_the_steps_and_refuses_changes_to_them(tmp
 
 
 def test_resume_of_a_run_whose_only_eval_failed_points_at_hftoolkit_eval(tmp_path):
-    from hftoolkit.rundir import TRAINED_EVAL_FAILED, RunDirectory
+    from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory
 
     run = RunDirectory(tmp_path / "run")
     run.path.mkdir()

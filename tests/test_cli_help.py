@@ -7,8 +7,8 @@ import re
 import pytest
 import typer
 
-from hftoolkit.cli import app
-from hftoolkit.helpformat import HIDDEN_ALIASES
+from hftoolkit.cli.app import app
+from hftoolkit.cli.helpformat import HIDDEN_ALIASES
 from tests.conftest import run_cli
 
 COMMANDS = [info.name or info.callback.__name__ for info in app.registered_commands]

@@ -16,7 +16,7 @@ HEAVY = ("torch", "transformers", "peft", "datasets", "accelerate")
                                   ["recipes"], ["doctor"], ["runs", "tests"]], ids=lambda a: a[0])
 def test_light_commands_import_no_torch(argv):
     # A real process: what matters is what the command imports, which an in-process run can't show.
-    code = ("import sys; from hftoolkit.cli import app\n"
+    code = ("import sys; from hftoolkit.cli.app import app\n"
             "try:\n    app(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
             f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
             "print('HEAVY', heavy); sys.exit(code)")
@@ -29,7 +29,7 @@ def test_a_run_that_quantizes_nothing_never_imports_bitsandbytes():
     # A real process: bitsandbytes (and the torch compiler it imports) must stay out of sys.modules,
     # and a quantized model loaded afterwards in the same process must still find it.
     code = ("import sys\n"
-            "from hftoolkit.families import encoder\nfrom hftoolkit.recipe import load_recipe\n"
+            "from hftoolkit.models.families import encoder\nfrom hftoolkit.config.recipe import load_recipe\n"
             f"recipe = load_recipe({str(RECIPES / 'encoder-classification.yaml')!r})\n"
             "recipe.data.label_names = ['negative', 'positive']\n"
             "encoder.load_model(recipe)\n"

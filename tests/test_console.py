@@ -1,5 +1,5 @@
 """What a user sees: the toolkit's lines on the console, the libraries' noise in train.log (hftoolkit/console.py,
-hftoolkit/progress.py)."""
+hftoolkit/training/progress.py)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import warnings
 
 import pytest
 
-from hftoolkit import console, progress
+from hftoolkit import console
 from hftoolkit.console import Verbosity
 from hftoolkit.errors import UserError
+from hftoolkit.training import progress
 
 NOISE = ("a transformers warning", "FutureWarning: an old argument", "{'loss': '0.6982'}")
 
@@ -41,7 +42,7 @@ def filters_restored(before: list) -> bool:
 def test_a_normal_run_shows_our_lines_and_writes_the_libraries_to_the_log(capfd, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.sources.tiny import ensure_tiny
 
     checkpoint = ensure_tiny("bert")
     log = tmp_path / "train.log"
@@ -151,8 +152,8 @@ def test_load_report_translations_name_what_is_missing_and_where():
 def test_progress_replaces_the_trainers_printers(capfd, tmp_path):
     import torch
 
-    from hftoolkit.modeling import bitsandbytes_hidden
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.models.loading import bitsandbytes_hidden
+    from hftoolkit.sources.tiny import ensure_tiny
 
     with bitsandbytes_hidden(needed=False):  # as a run does: `import transformers.Trainer` imports peft
         from transformers import AutoModelForSequenceClassification, Trainer, TrainingArguments

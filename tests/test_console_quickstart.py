@@ -80,12 +80,12 @@ def test_exit_codes_say_ok_failed_run_and_bad_input(tmp_path, monkeypatch):
     bad = run_cli("train", tmp_path / "missing.yaml", expect=2)
     assert "recipe file not found" in bad.stderr and not (tmp_path / "missing").exists()
 
-    import hftoolkit.train
+    import hftoolkit.workflows.train
 
     def broken_eval(*args, **kwargs):
         raise RuntimeError("the eval pass broke")
 
-    monkeypatch.setattr(hftoolkit.train, "evaluate", broken_eval)
+    monkeypatch.setattr(hftoolkit.workflows.train, "evaluate", broken_eval)
     run = tmp_path / "run"
     failed = run_cli("train", QUICKSTART, "--output", run, "--set", "training.max_steps=2", expect=1)
     assert isinstance(failed.exception, RuntimeError)

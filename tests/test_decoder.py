@@ -7,8 +7,8 @@ import math
 
 import pytest
 
-from hftoolkit.recipe import RecipeError, load_recipe
-from hftoolkit.rundir import FILES
+from hftoolkit.config.recipe import RecipeError, load_recipe
+from hftoolkit.runs.rundir import FILES
 from tests.conftest import RECIPES, SHARED_DATA, plain, run_cli, train_recipe
 
 RECIPE = RECIPES / "decoder-clm.yaml"
@@ -29,7 +29,7 @@ def _recipe(*sets: str):
 
 
 def _loaded(*sets: str):
-    from hftoolkit.families import decoder
+    from hftoolkit.models.families import decoder
 
     recipe = _recipe(*sets)
     model, tokenizer = decoder.load_model(recipe)
@@ -63,8 +63,8 @@ def test_learns_synthetic_text_far_below_the_untrained_perplexity(clm_run):
     """The untrained model (LoRA's B starts at zero) scored on the same eval blocks, computed directly."""
     import torch
 
-    from hftoolkit.data import load_data
-    from hftoolkit.families import decoder
+    from hftoolkit.models.families import decoder
+    from hftoolkit.sources.data import load_data
 
     run, _ = clm_run
     recipe = load_recipe(run / "recipe.yaml")
@@ -95,8 +95,8 @@ def test_eval_reproduces_the_loss_and_predict_generates_with_beam_search(clm_run
 
 def test_batched_generation_matches_one_by_one_and_top1_sampling_matches_greedy(clm_run):
     """Left padding: a short prompt batched with a long one continues exactly as it does alone."""
-    from hftoolkit.evaluation import load_trained
-    from hftoolkit.families import decoder
+    from hftoolkit.models.families import decoder
+    from hftoolkit.workflows.evaluate import load_trained
 
     run, _ = clm_run
     recipe, _, model, tokenizer = load_trained(run)
@@ -127,7 +127,7 @@ def test_quantized_lora_trains_with_lm_head_in_full_precision(bits, layer, tmp_p
                  "data.max_eval_samples=20", "eval.max_predictions=1", "eval.generation.max_new_tokens=4")
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["quantization"] == bits and math.isfinite(metrics["eval"]["loss"])
-    from hftoolkit.evaluation import load_trained
+    from hftoolkit.workflows.evaluate import load_trained
 
     _, _, model, _ = load_trained(run)
     bases = [m.base_layer for n, m in model.named_modules() if n.endswith(".c_attn")]
@@ -139,7 +139,7 @@ def test_quantized_lora_trains_with_lm_head_in_full_precision(bits, layer, tmp_p
 def test_packing_cuts_exact_blocks_with_eos_between_documents():
     from datasets import Dataset
 
-    from hftoolkit.families import decoder
+    from hftoolkit.models.families import decoder
 
     recipe = _recipe("data.max_length=16", "data.packing=true")
     tokenizer = decoder.load_model(recipe)[1]
@@ -156,7 +156,7 @@ def test_packing_longer_than_the_eval_text_is_a_clear_error():
     from datasets import Dataset
 
     from hftoolkit.errors import UserError
-    from hftoolkit.families import decoder
+    from hftoolkit.models.families import decoder
 
     recipe = _recipe("data.max_length=500")
     tokenizer = decoder.load_model(recipe)[1]
@@ -167,7 +167,7 @@ def test_packing_longer_than_the_eval_text_is_a_clear_error():
 def test_without_packing_padding_is_masked_from_the_loss_but_eos_is_not():
     from datasets import Dataset
 
-    from hftoolkit.families import decoder
+    from hftoolkit.models.families import decoder
 
     recipe = _recipe("data.packing=false", "data.max_length=12")
     tokenizer = decoder.load_model(recipe)[1]

@@ -54,7 +54,7 @@ def run_bounded(cmd: list[str], env: dict | None = None) -> tuple[int, str, floa
 @pytest.fixture(scope="module")
 def no_dropout(tiny_cache, tmp_path_factory):
     """arch -> a copy of its tiny checkpoint with every dropout probability in config.json set to 0."""
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.sources.tiny import ensure_tiny
 
     made = {}
     for arch in ("bert", "t5"):
@@ -82,7 +82,7 @@ def adapter_weights(run: Path) -> dict:
 
 def assert_complete_run(run: Path, command_part: str) -> None:
     """Every file of the run directory contract, once; no staging leftovers; status complete."""
-    from hftoolkit.rundir import FILES
+    from hftoolkit.runs.rundir import FILES
 
     names = {p.name for p in run.iterdir()}
     assert set(FILES) <= names and "adapter" in names, f"{run}: missing {set(FILES) - names}"
@@ -208,7 +208,7 @@ def test_missing_accelerate_config_is_named():
 
 
 def test_relaunch_command_keeps_the_users_arguments_and_drops_the_launch_options(tmp_path):
-    from hftoolkit.launch import launch_command, plan_from_config
+    from hftoolkit.training.distributed import launch_command, plan_from_config
 
     argv = ["train", "r.yaml", "--num-processes", "2", "--set", "a.b=1", "--accelerate-config=x.yaml", "--overwrite"]
     cmd, env = launch_command(plan_from_config(None, 2), argv, cuda=False)
@@ -224,8 +224,8 @@ def test_relaunch_command_keeps_the_users_arguments_and_drops_the_launch_options
 
 
 def test_recipe_names_its_accelerate_config():
-    from hftoolkit.launch import plan_launch
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.training.distributed import plan_launch
 
     recipe = load_recipe(ENCODER, [f"training.accelerate_config={CPU_2PROC}"])
     plan = plan_launch(recipe, None, None)
@@ -234,8 +234,8 @@ def test_recipe_names_its_accelerate_config():
 
 
 def test_a_launched_process_never_relaunches(monkeypatch):
-    from hftoolkit.launch import plan_launch
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.training.distributed import plan_launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")

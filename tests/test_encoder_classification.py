@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hftoolkit.rundir import FILES
+from hftoolkit.runs.rundir import FILES
 from tests.conftest import RECIPES, plain, run_cli, train_recipe
 
 RECIPE = RECIPES / "encoder-classification.yaml"
@@ -66,8 +66,8 @@ def test_prediction_records_are_their_own_inputs_predictions(lora_run, tmp_path)
 
 
 def test_lora_trains_query_value_and_head_only(lora_run):
-    from hftoolkit.evaluation import load_trained
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.workflows.evaluate import load_trained
 
     run, _ = lora_run
     _, _, model, _ = load_trained(run)
@@ -100,7 +100,7 @@ def test_eval_reproduces_the_metrics_and_predict_prints_label_and_probability(lo
 def test_adapter_round_trip_gives_identical_logits(lora_run):
     import torch
 
-    from hftoolkit.evaluation import load_trained
+    from hftoolkit.workflows.evaluate import load_trained
 
     run, _ = lora_run
     _, _, first, tokenizer = load_trained(run)
@@ -126,7 +126,7 @@ def test_lora_with_8bit_base_trains_and_keeps_the_head_out_of_quantization(tmp_p
                  "data.max_eval_samples=32")
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["quantization"] == "8bit"
-    from hftoolkit.evaluation import load_trained
+    from hftoolkit.workflows.evaluate import load_trained
 
     _, _, model, _ = load_trained(run)
     kinds = {type(m).__name__ for n, m in model.named_modules() if n.endswith("attention.self.key")}
@@ -147,9 +147,9 @@ def test_a_quantized_load_lets_go_of_the_checkpoint_file(tmp_path, quantization)
 
     import torch
 
-    from hftoolkit.families import encoder
-    from hftoolkit.recipe import load_recipe
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import encoder
+    from hftoolkit.sources.tiny import ensure_tiny
 
     checkpoint = tmp_path / "bert"  # a private copy: other tests' models may map the shared one
     shutil.copytree(ensure_tiny("bert"), checkpoint)

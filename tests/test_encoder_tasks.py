@@ -40,9 +40,9 @@ def recipe_parts(path: Path, *sets: str):
     """(recipe, encoder family, tokenizer) for a recipe, without loading any model weights."""
     from transformers import AutoTokenizer
 
-    from hftoolkit import modeling
-    from hftoolkit.families import encoder
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models import loading as modeling
+    from hftoolkit.models.families import encoder
 
     recipe = load_recipe(path, list(sets))
     return recipe, encoder, AutoTokenizer.from_pretrained(modeling.resolve_checkpoint(recipe))
@@ -113,8 +113,8 @@ def hand_made_tokenizer():
 def test_first_subword_carries_the_word_label_and_the_rest_are_ignored():
     from datasets import Dataset
 
-    from hftoolkit.families import encoder
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import encoder
 
     recipe, tokenizer = load_recipe(TAGGING), hand_made_tokenizer()
     words, tags = ["alice", "parisoslo", "visited", "brilliantly"], [1, 3, 0, 0]
@@ -183,7 +183,7 @@ def untrained_perplexity() -> float:
     averaged as the Trainer does (batch losses weighted by batch size)."""
     import torch
 
-    from hftoolkit.data import load_data
+    from hftoolkit.sources.data import load_data
 
     recipe, encoder, _ = recipe_parts(MLM)
     model, tokenizer = encoder.load_model(recipe)
@@ -232,7 +232,7 @@ def test_mlm_predict_fills_each_mask(mlm_run):
 
 def mlm_batches(probability: float, batches: int = 40, size: int = 32):
     """(features, collated batch) pairs over builtin:text, with the recipe's collator at `probability`."""
-    from hftoolkit.data import load_data
+    from hftoolkit.sources.data import load_data
 
     recipe, encoder, tokenizer = recipe_parts(MLM, f"data.mask_probability={probability}")
     train = encoder.preprocess(recipe, tokenizer, load_data(recipe)["train"]).remove_columns("length")
@@ -306,7 +306,7 @@ def minilm_folder() -> Path | None:
 
 
 def test_sst2_recipe_finds_sst2_through_its_hub_id():
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
 
     recipe = load_recipe(SST2)
     assert (recipe.data.train, recipe.data.config, recipe.data.eval_split) == ("nyu-mll/glue", "sst2", "validation")
@@ -333,9 +333,9 @@ def test_real_minilm_fine_tunes_through_the_sst2_recipe(tmp_path):
 
 @pytest.mark.skipif(not (SST2_DATA / "dev.tsv").is_file(), reason=f"SST-2 data not found at {SST2_DATA}")
 def test_a_wrong_eval_text_column_is_named_in_the_error():
-    from hftoolkit.data import load_data
+    from hftoolkit.config.recipe import load_recipe
     from hftoolkit.errors import UserError
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(SST2, [*SST2_LOCAL, "data.eval_text_column=sentence"])
     with pytest.raises(UserError, match="data.eval_text_column: column 'sentence' not found .* found: label, content"):

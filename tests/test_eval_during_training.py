@@ -124,7 +124,7 @@ def test_keep_best_survives_a_sigkill_and_resume(tmp_path):
 
 
 def test_eval_keys_are_validated_together():
-    from hftoolkit.recipe import RecipeError, validate_recipe
+    from hftoolkit.config.recipe import RecipeError, validate_recipe
 
     good = {"name": "t", "task": "classification", "model": {"checkpoint": "init:bert"},
             "data": {"train": "builtin:sentiment"}}

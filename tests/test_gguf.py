@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from hftoolkit import gguf
 from hftoolkit.errors import UserError
+from hftoolkit.sources import gguf
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 TEXTS = ["Hello, world! 123 naïve café 東京", "  two spaces\nand\ttabs", "<|im_start|>user\nHi<|im_end|>"]

@@ -18,7 +18,7 @@ def gpu():
 
 
 def test_every_variant_is_a_valid_recipe(gpu, tmp_path, capsys):
-    from hftoolkit.recipe import validate_recipe
+    from hftoolkit.config.recipe import validate_recipe
 
     for variant in gpu.VARIANTS:
         recipe = validate_recipe(gpu.recipe_for(variant, "google-bert/bert-base-uncased", tmp_path / "t.csv",

@@ -1,5 +1,5 @@
 """Hub ids offline: caches planted as an online run leaves them, loaded by the libraries themselves; the one-line
-errors of hftoolkit.hub; the doctor rows; the shipped regression metrics."""
+errors of hftoolkit.sources.hub; the doctor rows; the shipped regression metrics."""
 
 from __future__ import annotations
 
@@ -87,7 +87,7 @@ def test_planted_entry_has_the_hub_cache_layout(planted):
 def test_model_missing_from_the_cache_offline_is_one_line(hf_home, loader):
     import transformers
 
-    from hftoolkit import hub
+    from hftoolkit.sources import hub
 
     with pytest.raises(OSError) as info:
         getattr(transformers, loader).from_pretrained("hftoolkit-test/not-cached")
@@ -103,7 +103,7 @@ def test_model_missing_from_the_cache_offline_is_one_line(hf_home, loader):
 def test_revision_missing_from_the_cache_names_the_revision(hf_home):
     from transformers import AutoConfig
 
-    from hftoolkit import hub
+    from hftoolkit.sources import hub
 
     with pytest.raises(OSError) as info:
         AutoConfig.from_pretrained(hub_cache.MINILM_ID, revision="v9.9")
@@ -118,7 +118,7 @@ def test_online_with_an_unreachable_mirror_uses_the_cache_and_explains_what_is_m
     from huggingface_hub.utils import _http
     from transformers import AutoConfig
 
-    from hftoolkit import hub
+    from hftoolkit.sources import hub
 
     home, _, _ = planted
     hub_cache.use_hf_home(monkeypatch, home, endpoint=UNREACHABLE, offline=False)
@@ -147,7 +147,7 @@ def _http_error(cls, status: int, **kwargs):
 def test_online_hub_errors_wrapped_by_transformers_are_one_line(hf_home, error, expected):
     import huggingface_hub.errors
 
-    from hftoolkit import hub
+    from hftoolkit.sources import hub
 
     try:  # transformers raises OSError from the hub error (transformers/utils/hub.py, cached_files)
         try:
@@ -163,7 +163,7 @@ def test_online_hub_errors_wrapped_by_transformers_are_one_line(hf_home, error, 
 
 
 def test_errors_that_are_not_hub_problems_are_left_alone():
-    from hftoolkit import hub
+    from hftoolkit.sources import hub
 
     assert hub.explain(RuntimeError("CUDA out of memory"), "model.checkpoint", "a/b", "model") is None
     assert hub.explain(ValueError("Unrecognized model in a/b"), "model.checkpoint", "a/b", "model") is None
@@ -215,7 +215,7 @@ def _dataset_error(repo_id, config=None, split="train"):
                                              "validation_mismatched: use one of them"),
 ], ids=["config", "no-config", "split"])
 def test_wrong_config_or_split_lists_what_exists(hf_home, args, expected):
-    from hftoolkit import hub
+    from hftoolkit.sources import hub
 
     err = _dataset_error(*args)
     assert hub.explain(err, "data.train", args[0], "dataset", config=args[1]).format_message() == expected
@@ -224,8 +224,8 @@ def test_wrong_config_or_split_lists_what_exists(hf_home, args, expected):
 def test_dataset_missing_from_the_cache_offline_is_one_line(hf_home):
     import datasets
 
-    from hftoolkit import hub
     from hftoolkit.errors import UserError
+    from hftoolkit.sources import hub
 
     with pytest.raises(UserError) as info, hub.explained("data.train", "hftoolkit-test/not-cached", "dataset"):
         datasets.load_dataset("hftoolkit-test/not-cached", split="train")
@@ -237,7 +237,7 @@ def test_dataset_missing_from_the_cache_offline_is_one_line(hf_home):
 def test_online_dataset_errors_are_one_line():
     from datasets.exceptions import DatasetNotFoundError
 
-    from hftoolkit import hub
+    from hftoolkit.sources import hub
 
     gone = DatasetNotFoundError("Dataset 'org/gone' doesn't exist on the Hub or cannot be accessed.")
     assert "was not found at" in hub.explain(gone, "data.eval", "org/gone", "dataset").format_message()
@@ -255,7 +255,7 @@ def test_online_dataset_errors_are_one_line():
 
 
 def test_cache_report_sizes_blobs_once_and_never_shows_the_token(hf_home, monkeypatch):
-    from hftoolkit import hub
+    from hftoolkit.sources import hub
 
     rows = dict(hub.cache_report())
     blob = (hub_cache.minilm_folder() / "model.safetensors").stat().st_size

@@ -23,7 +23,7 @@ CASES = {
 
 
 def _digit():
-    from hftoolkit.builtin import digits
+    from hftoolkit.sources.builtin import digits
 
     return digits(n=1)[0]["image"]
 
@@ -50,7 +50,7 @@ def test_merged_equals_adapter_and_loads_without_peft(family, quantization, runs
     run_cli("merge", run, "--out", out)
     assert (out / "model.safetensors").is_file() and not (out / "adapter_config.json").exists()
 
-    from hftoolkit.evaluation import load_trained
+    from hftoolkit.workflows.evaluate import load_trained
 
     _, _, adapter_model, processor = load_trained(run, full_precision=True)
     merged = getattr(transformers, auto).from_pretrained(out)

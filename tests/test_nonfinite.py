@@ -61,12 +61,12 @@ def _crafted_trainer(tmp_path, policy: str):
     """Six single-example batches; the fourth reaches the model as NaN embeddings, so its loss is NaN."""
     import datasets
 
-    from hftoolkit.families import family_module
-    from hftoolkit.recipe import load_recipe
-    from hftoolkit.rundir import RunDirectory
-    from hftoolkit.throughput import TokenCounter
-    from hftoolkit.train import set_seed
-    from hftoolkit.trainer import build_trainer
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import family_module
+    from hftoolkit.runs.rundir import RunDirectory
+    from hftoolkit.training.throughput import TokenCounter
+    from hftoolkit.training.trainer import build_trainer
+    from hftoolkit.workflows.train import set_seed
 
     recipe = load_recipe(RECIPE, ["data.label_names=[negative, positive]", "training.batch_size=1",
                                   "training.max_steps=6", "training.logging_steps=1", "training.warmup_ratio=0",
@@ -154,7 +154,7 @@ def test_a_skipped_update_leaves_weights_and_optimizer_state_untouched(tmp_path)
 
 
 def test_a_crafted_nan_batch_stops_training_by_default(tmp_path):
-    from hftoolkit.trainer import NonFiniteError
+    from hftoolkit.training.trainer import NonFiniteError
 
     trainer = _crafted_trainer(tmp_path, "stop")
     with pytest.raises(NonFiniteError) as caught:

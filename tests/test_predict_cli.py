@@ -15,7 +15,7 @@ def predict(*args, stdin: str | None = None, expect: int = 0):
     """The predict command in-process, standard input given; stdout and stderr apart."""
     from typer.testing import CliRunner
 
-    from hftoolkit.cli import app
+    from hftoolkit.cli.app import app
 
     result = CliRunner().invoke(app, ["predict", *map(str, args)], input=stdin)
     assert result.exit_code == expect, f"{result.output}\n{result.exception!r}"

@@ -65,8 +65,8 @@ def test_empty_texts_are_dropped_counted_and_the_run_trains(tmp_path):
 
 
 def test_aligned_files_keep_their_line_numbers_and_lose_only_empty_pairs(tmp_path):
-    from hftoolkit.data import load_data
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
 
     source = tmp_path / "src.txt"
     source.write_text("the cat\n\na dog\nthe bird\nthe man\n\n")
@@ -85,8 +85,8 @@ def test_aligned_files_keep_their_line_numbers_and_lose_only_empty_pairs(tmp_pat
 def test_csv_labels_become_integer_ids(tmp_path):
     """datasets keeps a string column's type through a map that returns ids under the same name: the ids
     must still reach the collator as integers (strings made every CSV classification run crash)."""
-    from hftoolkit.data import load_data
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
 
     data = _csv(tmp_path / "d.csv", "text,label", ["good,pos", "bad,neg", "fine,pos", "poor,neg"])
     recipe = load_recipe(ENCODER, [f"data.train={data}", f"data.eval={data}"])
@@ -97,8 +97,8 @@ def test_csv_labels_become_integer_ids(tmp_path):
 def test_an_eval_image_folder_may_hold_one_class(tmp_path):
     from PIL import Image
 
-    from hftoolkit.data import load_data
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
 
     for folder, classes in (("train", ("cat", "dog")), ("eval", ("dog",))):
         for label in classes:
@@ -124,8 +124,8 @@ def test_lengths_are_clamped_per_family(tmp_path):
     positions have no table to run past; RoBERTa's positions start after the padding index."""
     from transformers import GPT2Config, RobertaConfig, T5Config
 
-    from hftoolkit.preflight import Findings, check_lengths, position_limit
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.preflight import Findings, check_lengths, position_limit
 
     recipe = load_recipe(RECIPES / "decoder-clm.yaml", ["task=translation", "data.max_length=400",
                                                         "data.max_target_length=300",
@@ -145,12 +145,12 @@ def test_lengths_are_clamped_per_family(tmp_path):
 
 
 def test_a_run_whose_eval_fails_keeps_its_adapter_and_eval_completes_it(tmp_path, monkeypatch):
-    import hftoolkit.train
+    import hftoolkit.workflows.train
 
     def failing_eval(*args, **kwargs):
         raise RuntimeError("the eval pass failed on purpose")
 
-    monkeypatch.setattr(hftoolkit.train, "evaluate", failing_eval)
+    monkeypatch.setattr(hftoolkit.workflows.train, "evaluate", failing_eval)
     run = tmp_path / "run"
     result = train_recipe(ENCODER, run, *QUICK, expect=None)
     assert isinstance(result.exception, RuntimeError)

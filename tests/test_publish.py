@@ -14,9 +14,9 @@ import pytest
 from huggingface_hub import ModelCard, constants
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
-from hftoolkit import publish
+from hftoolkit.config.recipe import recipe_to_yaml, validate_recipe
 from hftoolkit.errors import UserError
-from hftoolkit.recipe import recipe_to_yaml, validate_recipe
+from hftoolkit.runs import publish
 from tests.conftest import run_cli
 
 SENTINEL = "hf_SENTINELtoken0123456789abcdefABCDEF"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hftoolkit import tasks
+from hftoolkit.config import tasks
 from tests import hub_cache
 from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
 
@@ -147,9 +147,9 @@ def records(path: Path) -> list[dict]:
 
 
 def test_every_shipped_recipe_validates_and_each_real_one_names_a_hub_checkpoint_and_data_set():
-    from hftoolkit.data import is_hub_source
-    from hftoolkit.modeling import is_hub_id
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.checkpoint import is_hub_id
+    from hftoolkit.sources.data import is_hub_source
 
     output = run_cli("validate", *SHIPPED).output
     assert all(f"ok: {path}" in output for path in SHIPPED)
@@ -198,8 +198,8 @@ def test_the_table_above_covers_every_real_recipe():
 
 @pytest.mark.parametrize("name", sorted(DATA))
 def test_real_recipe_data_loads_offline_through_its_hub_id(hf_home, name):
-    from hftoolkit.data import load_data
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(RECIPES / f"{name}.yaml")
     data = load_data(recipe)
@@ -216,9 +216,9 @@ def test_real_recipe_data_loads_offline_through_its_hub_id(hf_home, name):
 
 @pytest.mark.parametrize("how", ["revision", "mirror"])
 def test_hub_ids_load_at_a_revision_and_through_a_mirror_offline(planted, monkeypatch, how):
-    from hftoolkit.data import load_data
-    from hftoolkit.families import load_tokenizer
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import load_tokenizer
+    from hftoolkit.sources.data import load_data
 
     shas = json.loads((planted / "shas.json").read_text())
     hub_cache.use_hf_home(monkeypatch, planted, endpoint="https://hf-mirror.example.org" if how == "mirror" else None)
@@ -233,8 +233,8 @@ def test_hub_ids_load_at_a_revision_and_through_a_mirror_offline(planted, monkey
 def test_offline_a_data_set_revision_reads_the_cached_copy_as_datasets_does(hf_home):
     """datasets' own offline rule (CachedDatasetModuleFactory): the newest cached copy of the config, whatever the
     revision; hftoolkit adds no check of its own (the README says so)."""
-    from hftoolkit.data import load_data
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(RECIPES / "bert-mnli.yaml", ["data.revision=v9.9"])
     assert load_data(recipe)["eval"][0]["text"].startswith("matched premise 0")
@@ -259,9 +259,9 @@ def test_minilm_planted_under_its_hub_id_trains_through_a_real_recipe_offline(hf
 
 
 def test_mnli_pairs_are_tokenized_as_two_segments(hf_home):
-    from hftoolkit.data import load_data
-    from hftoolkit.families import labels, load_tokenizer
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import labels, load_tokenizer
+    from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(RECIPES / "bert-mnli.yaml", [f"model.checkpoint={hub_cache.MINILM_ID}"])
     data = load_data(recipe)
@@ -384,7 +384,7 @@ def test_eval_scores_each_family_s_real_recipe_untrained(hf_home, tmp_path, name
 
 
 def test_eval_of_a_recipe_with_output_is_a_run_directory_that_compare_reads(hf_home, tmp_path):
-    from hftoolkit.runsummary import load_run
+    from hftoolkit.runs.summary import load_run
 
     out = tmp_path / "baseline"
     run_cli("eval", RECIPES / "bert-mnli.yaml", "--set", "model.checkpoint=init:bert", "--split",
@@ -414,9 +414,9 @@ def test_split_of_a_local_data_set_is_refused_with_the_fix(tmp_path):
 
 
 def test_a_text_pair_column_on_a_single_text_task_is_refused(tmp_path):
-    from hftoolkit.data import load_data
+    from hftoolkit.config.recipe import load_recipe
     from hftoolkit.errors import UserError
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(RECIPES / "seq2seq-translation-t5.yaml", ["data.text_pair_column=other"])
     with pytest.raises(UserError, match="data.text_pair_column: task 'translation' reads one text per example"):
@@ -424,9 +424,9 @@ def test_a_text_pair_column_on_a_single_text_task_is_refused(tmp_path):
 
 
 def test_regression_labels_that_are_not_numbers_are_named(tmp_path):
-    from hftoolkit.data import load_data
+    from hftoolkit.config.recipe import load_recipe
     from hftoolkit.errors import UserError
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
 
     data = tmp_path / "pairs.csv"
     data.write_text("a,b,score\nx,y,high\nz,w,low\nq,r,high\n")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from hftoolkit.recipe import RecipeError, load_recipe, validate_recipe
+from hftoolkit.config.recipe import RecipeError, load_recipe, validate_recipe
 from tests.conftest import RECIPES
 
 GOOD = {

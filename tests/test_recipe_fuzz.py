@@ -10,7 +10,7 @@ import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from hftoolkit.recipe import Recipe, RecipeError, load_recipe
+from hftoolkit.config.recipe import Recipe, RecipeError, load_recipe
 from tests.conftest import RECIPES
 
 SHIPPED = yaml.safe_load((RECIPES / "encoder-classification.yaml").read_text())

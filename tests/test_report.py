@@ -1,4 +1,4 @@
-"""hftoolkit.report: run directories -> report.md, self-contained report.html, PNG plots."""
+"""hftoolkit.runs.report: run directories -> report.md, self-contained report.html, PNG plots."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from hftoolkit.report import BEST, DASH, ReportError, load_run, summary_rows, write_report
+from hftoolkit.runs.report import BEST, DASH, ReportError, load_run, summary_rows, write_report
 
 try:
     from tests import browser
@@ -205,7 +205,7 @@ def test_same_task_section_for_every_task_with_two_runs(report):
 
 
 def test_pareto_front_respects_direction_and_each_cost(tmp_path):
-    from hftoolkit.runsummary import pareto_best
+    from hftoolkit.runs.summary import pareto_best
 
     def run(name, accuracy, params, seconds, memory):
         return make_run(tmp_path, name, family="encoder", task="classification", main_metric="accuracy",
@@ -289,7 +289,7 @@ def test_no_run_directories_is_an_error(tmp_path):
 
 
 def test_importing_report_imports_no_matplotlib_or_torch():
-    code = ("import sys, hftoolkit.report; "
+    code = ("import sys, hftoolkit.runs.report; "
             "print(sorted(m for m in ('matplotlib', 'torch', 'transformers') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                             cwd=Path(__file__).parents[1])

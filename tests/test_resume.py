@@ -54,7 +54,7 @@ def start_training(recipe, run, sets, **hooks) -> subprocess.Popen:
 def kill_when_paused(process: subprocess.Popen, log: Path | None = None, timeout: float = 300) -> None:
     """SIGKILL the process once a test hook says it is paused (checkpoints.test_pause prints the line to `log`,
     by default the one start_training writes); fail with the log if it ends or never gets there."""
-    from hftoolkit.checkpoints import PAUSED
+    from hftoolkit.training.checkpoints import PAUSED
 
     log = log or Path(process.args[process.args.index("--output") + 1] + ".log")
     deadline = time.monotonic() + timeout
@@ -151,7 +151,7 @@ def test_seq2seq_killed_during_a_save_keeps_the_previous_checkpoint_and_resumes_
     import torch
     from safetensors.torch import load_file
 
-    from hftoolkit.checkpoints import check_checkpoint
+    from hftoolkit.training.checkpoints import check_checkpoint
 
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     process = start_training(SEQ2SEQ, killed, SEQ2SEQ_TINY, HFTOOLKIT_TEST_PAUSE_IN_SAVE="8")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hftoolkit.runs import find_runs, list_runs
+from hftoolkit.runs.listing import find_runs, list_runs
 from tests.conftest import run_cli
 
 GARBAGE_MTIME = time.mktime((2024, 6, 1, 12, 0, 0, 0, 0, -1))  # local time, like the fallback

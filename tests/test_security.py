@@ -14,7 +14,7 @@ import json
 
 import pytest
 
-from hftoolkit.recipe import RecipeError, load_recipe
+from hftoolkit.config.recipe import RecipeError, load_recipe
 from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
 
 RECIPE = RECIPES / "encoder-classification.yaml"

@@ -9,8 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from hftoolkit.builtin import LEXICON
-from hftoolkit.families import noising
+from hftoolkit.models.families import noising
+from hftoolkit.sources.builtin import LEXICON
 from tests.conftest import RECIPES, plain, run_cli, train_recipe
 
 FEW_STEPS = ("training.max_steps=6", "data.max_train_samples=96", "data.max_eval_samples=12",
@@ -39,7 +39,7 @@ def lora_parameters(config, r: int) -> int:
 def tiny_config(arch: str):
     from transformers import AutoConfig
 
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.sources.tiny import ensure_tiny
 
     return AutoConfig.from_pretrained(ensure_tiny(arch))
 
@@ -109,7 +109,7 @@ def test_t5_translation_writes_bleu_chrf_and_generated_predictions(t5_translatio
 
 
 def test_t5_lora_trains_only_q_and_v_adapters(t5_translation):
-    from hftoolkit.evaluation import load_trained
+    from hftoolkit.workflows.evaluate import load_trained
 
     recipe, _, model, _ = load_trained(t5_translation)
     trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
@@ -157,9 +157,9 @@ def test_label_smoothing_collator_shifts_labels_as_the_model_would(arch):
     """With label smoothing the Trainer hides the labels from the model, so the collator makes decoder inputs."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    from hftoolkit.families import seq2seq
-    from hftoolkit.recipe import load_recipe
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import seq2seq
+    from hftoolkit.sources.tiny import ensure_tiny
 
     recipe = load_recipe(RECIPES / f"seq2seq-translation-{arch}.yaml", ["training.label_smoothing=0.1"])
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny(arch))
@@ -301,10 +301,10 @@ def test_denoise_preprocessing_keeps_special_tokens_and_is_seeded():
     import datasets
     from transformers import AutoTokenizer
 
-    from hftoolkit.builtin import text
-    from hftoolkit.families import seq2seq
-    from hftoolkit.recipe import load_recipe
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import seq2seq
+    from hftoolkit.sources.builtin import text
+    from hftoolkit.sources.tiny import ensure_tiny
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny("bart"))
     rows = datasets.Dataset.from_list([{"text": r["text"] + " a cat <mask> the dog."} for r in text(100)])
@@ -327,8 +327,8 @@ def test_beam_search_returns_the_best_scoring_beam(bart_translation):
     """The text `generate` gives for strategy beam is the beam that model.generate scores highest."""
     import torch
 
-    from hftoolkit.evaluation import load_trained
-    from hftoolkit.families import decoding_options
+    from hftoolkit.models.families import decoding_options
+    from hftoolkit.workflows.evaluate import load_trained
 
     recipe, family, model, tokenizer = load_trained(bart_translation)
     recipe.eval.generation = recipe.eval.generation.model_copy(

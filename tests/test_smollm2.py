@@ -23,7 +23,7 @@ SMALL = ("data.max_length=32", "training.batch_size=8", "training.logging_steps=
 @pytest.fixture(scope="module")
 def gguf_folder(smollm2_checkpoint) -> str:
     """The folder of the package's .gguf file: the recipes' offline override (their gguf_file names the file)."""
-    from hftoolkit.gguf import installed_smollm2
+    from hftoolkit.sources.gguf import installed_smollm2
 
     return str(installed_smollm2().parent)
 
@@ -58,8 +58,8 @@ def plain_model(merged):
 
 
 def test_recipes_name_the_gguf_file_the_package_ships(gguf_folder):
-    from hftoolkit.gguf import installed_smollm2
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.gguf import installed_smollm2
 
     for path in (CLM, INSTRUCT):
         recipe = load_recipe(path)
@@ -85,7 +85,7 @@ def test_lora_steps_on_shakespeare_lower_the_eval_perplexity(clm_run, gguf_folde
 def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, merged, plain_model):
     import torch
 
-    from hftoolkit.evaluation import load_trained
+    from hftoolkit.workflows.evaluate import load_trained
 
     config = json.loads((merged / "config.json").read_text())
     assert config["model_type"] == "llama" and "quantization_config" not in config
@@ -145,7 +145,7 @@ def test_quantized_lora_loads_and_takes_a_step(gguf_folder, bits, layer, tmp_pat
     adapter = load_file(run / "adapter" / "adapter_model.safetensors")
     assert any(name.endswith("lora_B.weight") and torch.any(w != 0) for name, w in adapter.items()), "the step moved B"
 
-    from hftoolkit.evaluation import load_trained
+    from hftoolkit.workflows.evaluate import load_trained
 
     _, _, model, _ = load_trained(run)
     bases = [m.base_layer for n, m in model.named_modules() if n.endswith((".q_proj", ".v_proj"))]
@@ -174,8 +174,8 @@ def test_classification_with_the_last_token_head_trains(gguf_folder, tmp_path):
 def test_instruction_prompt_is_the_chat_template_and_the_loss_falls_on_the_answer(gguf_folder):
     from datasets import Dataset
 
-    from hftoolkit.families import decoder, load_tokenizer
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import decoder, load_tokenizer
 
     recipe = load_recipe(INSTRUCT, [f"model.checkpoint={gguf_folder}"])
     tokenizer = load_tokenizer(recipe)
@@ -198,8 +198,8 @@ def test_instruction_prompt_is_the_chat_template_and_the_loss_falls_on_the_answe
 
 def test_a_template_that_ends_the_turn_with_its_own_token_trains_and_stops_on_it(gguf_folder):
     """As Llama 3's <|eot_id|>: the answer ends with that token rather than eos, and generation stops at either."""
-    from hftoolkit.families import decoder, load_tokenizer
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.families import decoder, load_tokenizer
 
     recipe = load_recipe(INSTRUCT, [f"model.checkpoint={gguf_folder}"])
     tokenizer = load_tokenizer(recipe)

@@ -74,7 +74,7 @@ def test_each_variant_in_one_process_counts_its_own_peak_memory():
     import mmap
     import resource
 
-    from hftoolkit.sweep import reset_peak_memory
+    from hftoolkit.workflows.sweep import reset_peak_memory
 
     # Mapped directly, not through malloc: after other tests, malloc may hand back freed memory that is still
     # resident, so the block would neither raise the peak nor lower the resident set when freed.
@@ -93,7 +93,7 @@ def test_memory_an_earlier_variant_freed_is_not_counted_in_the_next_peak():
     import ctypes
     import resource
 
-    from hftoolkit.sweep import reset_peak_memory
+    from hftoolkit.workflows.sweep import reset_peak_memory
 
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -127,7 +127,7 @@ def test_changed_recipe_is_refused_before_anything_trains(four_checkpoints):
 
 
 def test_a_failing_variant_does_not_stop_the_others_and_is_retried(tmp_path):
-    from hftoolkit.tiny import init_model
+    from hftoolkit.sources.tiny import init_model
 
     late = tmp_path / "late-model"  # a checkpoint folder that appears only after the first sweep
     args = sweep_args(tmp_path / "out", f"model.checkpoint={late},init:bert")
@@ -181,7 +181,7 @@ def test_malformed_grid_is_refused(tmp_path, grid, message):
 
 
 def test_grid_values_split_like_yaml_and_name_variants_safely():
-    from hftoolkit.sweep import split_values, variant_names
+    from hftoolkit.workflows.sweep import split_values, variant_names
 
     assert split_values("[query,value],all-linear, 'a,b' ,{x: 1, y: 2}") == [
         "[query,value]", "all-linear", "'a,b'", "{x: 1, y: 2}"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hftoolkit.throughput import TokenCounter, efficiency, matmul_flops_per_second, training_flops
+from hftoolkit.training.throughput import TokenCounter, efficiency, matmul_flops_per_second, training_flops
 
 
 def test_token_counter_counts_real_and_padding_tokens_and_drops_length():

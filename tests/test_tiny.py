@@ -12,7 +12,7 @@ from tests.conftest import ROOT
 def test_two_runs_building_the_same_tiny_checkpoint_at_once_both_get_it(tmp_path):
     # Real processes: two runs started together on a cold cache both build init:bert; the one that
     # finishes second must use the first one's folder, not fail on it.
-    code = "from hftoolkit.tiny import ensure_tiny; print('PATH', ensure_tiny('bert'))"
+    code = "from hftoolkit.sources.tiny import ensure_tiny; print('PATH', ensure_tiny('bert'))"
     env = {**os.environ, "HFTOOLKIT_CACHE": str(tmp_path / "cache")}
     runs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]

@@ -21,13 +21,13 @@ TINY = ("data.max_train_samples=24", "data.max_eval_samples=8", "training.batch_
 
 def build(tmp_path, *sets: str, recipe_path=ENCODER):
     """(recipe, trainer) as train.py builds them, without training."""
-    from hftoolkit import modeling
-    from hftoolkit.data import load_data
-    from hftoolkit.families import family_module
-    from hftoolkit.recipe import load_recipe
-    from hftoolkit.rundir import RunDirectory
-    from hftoolkit.throughput import TokenCounter
-    from hftoolkit.trainer import build_trainer
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models import loading as modeling
+    from hftoolkit.models.families import family_module
+    from hftoolkit.runs.rundir import RunDirectory
+    from hftoolkit.sources.data import load_data
+    from hftoolkit.training.throughput import TokenCounter
+    from hftoolkit.training.trainer import build_trainer
 
     recipe = load_recipe(recipe_path, [*TINY, *sets])
     family = family_module(modeling.resolve_family(recipe))
@@ -41,7 +41,7 @@ def build(tmp_path, *sets: str, recipe_path=ENCODER):
 
 
 def recipe_with(*sets: str, path=ENCODER):
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
 
     return load_recipe(path, list(sets))
 
@@ -72,7 +72,7 @@ def test_version_and_short_help():
     assert "Commands:" in run_cli("-h").output
     assert "--resume" in run_cli("train", "-h").output
     # --version is a light command: it reads the other versions from the installed metadata.
-    code = "from hftoolkit.cli import main\nmain()\n"
+    code = "from hftoolkit.cli.app import main\nmain()\n"
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", code, "--version"], capture_output=True,
                          text=True, cwd=ROOT, timeout=60)
     assert out.returncode == 0 and "transformers 5." in out.stdout
@@ -96,7 +96,7 @@ def test_flash_attention_without_its_package_is_refused_on_a_gpu(monkeypatch):
 
     import torch
 
-    from hftoolkit.arguments import hardware_problems
+    from hftoolkit.training.arguments import hardware_problems
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     real = importlib.util.find_spec
@@ -115,7 +115,7 @@ def test_flash_attention_without_its_package_is_refused_on_a_gpu(monkeypatch):
 def test_precision_auto_follows_the_machine(monkeypatch, cuda, bf16, checkpoint, expected):
     import torch
 
-    from hftoolkit.arguments import resolve_precision
+    from hftoolkit.training.arguments import resolve_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
@@ -126,7 +126,7 @@ def test_precision_auto_follows_the_machine(monkeypatch, cuda, bf16, checkpoint,
 
 
 def test_launcher_mixed_precision_is_compared_with_what_auto_resolves_to():
-    from hftoolkit.launch import LaunchPlan, check
+    from hftoolkit.training.distributed import LaunchPlan, check
 
     recipe = recipe_with()
     assert check(recipe, LaunchPlan(mixed_precision="no")) == []
@@ -172,7 +172,7 @@ def test_adamw_8bit_trains_on_this_cpu_with_8_bit_moments(tmp_path):
 
 
 def test_warmup_steps_and_the_other_schedules(tmp_path):
-    from hftoolkit.recipe import TrainingSection
+    from hftoolkit.config.recipe import TrainingSection
 
     _, trainer = build(tmp_path, "training.warmup_ratio=0", "training.warmup_steps=4",
                        "training.scheduler=constant_with_warmup",
@@ -201,7 +201,7 @@ def test_warmup_steps_and_the_other_schedules(tmp_path):
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_attention_implementation_reaches_the_model(attention):
-    from hftoolkit.families import encoder
+    from hftoolkit.models.families import encoder
 
     recipe = recipe_with(f"model.attention={attention}")
     recipe.data.label_names = ["negative", "positive"]
@@ -210,8 +210,8 @@ def test_attention_implementation_reaches_the_model(attention):
 
 
 def lora_model(*sets: str):
-    from hftoolkit.families import encoder
-    from hftoolkit.modeling import count_parameters
+    from hftoolkit.models.families import encoder
+    from hftoolkit.models.loading import count_parameters
 
     recipe = recipe_with(*sets)
     recipe.data.label_names = ["negative", "positive"]
@@ -247,7 +247,7 @@ def test_dora_rslora_and_all_linear_change_what_is_trained():
 def test_4bit_double_quant_and_compute_dtype_reach_bitsandbytes():
     import torch
 
-    from hftoolkit.recipe import RecipeError
+    from hftoolkit.config.recipe import RecipeError
 
     model, _ = lora_model("model.quantization=4bit", "model.double_quant=true", "model.compute_dtype=bfloat16")
     base = adapted_layers(model)[0].base_layer
@@ -280,8 +280,8 @@ def test_gradient_checkpointing_trains_lora_under_quantized_and_plain_weights(tm
 MEMORY_SCRIPT = """
 import resource, sys
 from pathlib import Path
-from hftoolkit.recipe import load_recipe
-from hftoolkit.train import train
+from hftoolkit.config.recipe import load_recipe
+from hftoolkit.workflows.train import train
 
 # Checkpointed first: peak RSS only grows, so a later, larger peak is the other variant's own.
 for checkpointing in ("true", "false"):
@@ -295,7 +295,7 @@ def test_gradient_checkpointing_lowers_peak_memory(tmp_path):
     # A mid-size BERT (hidden 256, 8 layers, sequences of 384 tokens): activations dominate its memory.
     from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
 
-    from hftoolkit.tiny import ensure_tiny
+    from hftoolkit.sources.tiny import ensure_tiny
 
     folder = tmp_path / "bert-mid"
     tokenizer = ensure_tiny("bert")
@@ -360,7 +360,7 @@ def test_compile_run_name_and_project_reach_the_trainer(tmp_path, monkeypatch):
     assert trainer.args.torch_compile and trainer.args.run_name == recipe.name
     assert trainer.args.project == "course"  # trackio reads it there
 
-    from hftoolkit.arguments import _tracker_project
+    from hftoolkit.training.arguments import _tracker_project
 
     recipe.training.report_to = ["wandb", "mlflow"]
     _tracker_project(recipe.training)

@@ -35,7 +35,7 @@ def _prediction_row(output: str, image) -> list[str]:
 
 
 def _digit_images(count: int):
-    from hftoolkit.builtin import digits
+    from hftoolkit.sources.builtin import digits
 
     return digits(count)
 
@@ -62,8 +62,8 @@ def test_train_writes_metrics_predictions_and_the_adapter(digits_run):
 
 
 def test_learns_digits_clearly_above_the_majority_baseline(digits_run):
-    from hftoolkit.data import load_data
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
 
     run, _ = digits_run
     eval_labels = load_data(load_recipe(run / "recipe.yaml"))["eval"]["label"]
@@ -73,7 +73,7 @@ def test_learns_digits_clearly_above_the_majority_baseline(digits_run):
 
 
 def test_eval_reproduces_the_metrics_and_predict_reads_a_png(digits_run, tmp_path):
-    from hftoolkit.evaluation import load_trained
+    from hftoolkit.workflows.evaluate import load_trained
 
     run, _ = digits_run
     before = json.loads((run / "metrics.json").read_text())["eval"]
@@ -97,9 +97,9 @@ def test_eval_reproduces_the_metrics_and_predict_reads_a_png(digits_run, tmp_pat
 
 
 def test_lora_targets_the_query_value_projections_and_the_head_only(digits_run):
-    from hftoolkit import modeling
-    from hftoolkit.evaluation import load_trained
-    from hftoolkit.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models import loading as modeling
+    from hftoolkit.workflows.evaluate import load_trained
 
     run, _ = digits_run
     recipe, _, model, _ = load_trained(run)
@@ -119,8 +119,8 @@ def test_lora_targets_keep_only_the_names_a_vit_release_has():
     """transformers 5 says q_proj/v_proj, older releases query/value: the table lists both, each model gets its own."""
     import torch
 
-    from hftoolkit import modeling
-    from hftoolkit.recipe import validate_recipe
+    from hftoolkit.config.recipe import validate_recipe
+    from hftoolkit.models import loading as modeling
 
     class OlderViTAttention(torch.nn.Module):
         def __init__(self):
@@ -142,7 +142,7 @@ def test_lora_targets_keep_only_the_names_a_vit_release_has():
 @pytest.mark.parametrize("quantization,layer", [("8bit", "Linear8bitLt"), ("4bit", "Linear4bit")])
 def test_lora_on_a_quantized_vit_trains_on_cpu(quantization, layer, tmp_path):
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed, so 8-bit/4-bit loading can't run")
-    from hftoolkit.evaluation import load_trained
+    from hftoolkit.workflows.evaluate import load_trained
 
     run = tmp_path / f"vit-{quantization}"
     train_recipe(RECIPE, run, f"model.quantization={quantization}", *FEW_STEPS)
@@ -202,9 +202,9 @@ def test_image_paths_in_a_column_and_unreadable_bytes(tmp_path):
     """An image column of file paths works; a truncated file is named when drawn; bad bytes are named by row."""
     import datasets
 
+    from hftoolkit.config.recipe import validate_recipe
     from hftoolkit.errors import UserError
-    from hftoolkit.families import vision
-    from hftoolkit.recipe import validate_recipe
+    from hftoolkit.models.families import vision
 
     recipe = validate_recipe({"name": "v", "task": "image-classification", "model": {"checkpoint": "init:vit"},
                               "data": {"train": "builtin:digits"}})

@@ -1,0 +1,456 @@
+"""The command line. Heavy imports (torch, transformers) live inside command bodies,
+so `--help`, `validate`, `recipes` and `doctor` stay fast."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Literal
+
+import typer
+
+from hftoolkit.cli import stdout
+from hftoolkit.cli.helpformat import Command
+from hftoolkit.errors import UserError
+
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
+                  context_settings={"help_option_names": ["-h", "--help"]},
+                  help="Fine-tune and evaluate pretrained transformers from one YAML recipe.")
+# The shipped recipes sit beside the package in a checkout (editable install), or in the
+# working directory (the Docker image copies them to /workspace/recipes).
+RECIPES_DIR = next((p for p in (Path(__file__).resolve().parents[2] / "recipes", Path.cwd() / "recipes")
+                    if p.is_dir()), Path("recipes"))
+
+# Printed by --version beside hftoolkit's own (read from the installed metadata: no import of them).
+VERSION_PACKAGES = ("torch", "transformers", "peft", "accelerate", "bitsandbytes")
+
+
+def _print_version(value: bool) -> None:
+    if not value:
+        return
+    from importlib.metadata import PackageNotFoundError, version
+
+    from hftoolkit import __version__
+
+    def installed(name: str) -> str:
+        try:
+            return version(name)
+        except PackageNotFoundError:
+            return "not installed"
+
+    typer.echo(f"hftoolkit {__version__} ({', '.join(f'{p} {installed(p)}' for p in VERSION_PACKAGES)})")
+    raise typer.Exit()
+
+
+@app.callback()
+def _options(version: Annotated[bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                                                   help="Print the versions of hftoolkit and its engines.")] = False):
+    """Fine-tune and evaluate pretrained transformers from one YAML recipe."""
+
+
+# Options several commands share.
+SetOption = Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
+                                                     help="Override a recipe key: a.b.c=value.")]
+VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help=(
+    "Show the libraries' own logs and warnings too (train, eval and sweep always keep them in the run "
+    "directory's train.log)."))]
+JsonOption = Annotated[bool, typer.Option("--json", help=(
+    "Print metrics.json's content as one JSON object on standard output, and nothing else there (the toolkit's "
+    "lines go to standard error)."))]
+QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors and the path written.")]
+
+
+@app.command()
+def train(
+    recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file (or, with --resume, a run "
+                                                                  "directory).")],
+    set_: SetOption = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Run directory (default output.dir/name)."))] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty run directory.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run from its newest complete checkpoint.")
+                      ] = False,
+    num_processes: Annotated[int | None, typer.Option(
+        "--num-processes", min=1, metavar="N", help="Train on N processes (one per GPU; gloo on a CPU), started "
+                                                    "through accelerate launch. training.batch_size is split over "
+                                                    "them.")] = None,
+    accelerate_config: Annotated[Path | None, typer.Option(
+        "--accelerate-config", metavar="FILE", help="An accelerate launch config (see recipes/accelerate/); "
+                                                    "overrides the recipe's training.accelerate_config.")] = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Fine-tune a model as the recipe says and write a run directory."""
+    from hftoolkit import console
+    from hftoolkit.config.recipe import load_recipe
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite contradict each other: pass one of them")
+    if resume and recipe.is_dir():  # `train --resume RUN_DIR`: the run's own resolved recipe
+        if not (recipe / "recipe.yaml").is_file():
+            raise UserError(f"--resume: {recipe} has no recipe.yaml, so it is not a run directory: "
+                            "pass a folder written by hftoolkit train, or the recipe file with --output")
+        output, recipe = output or recipe, recipe / "recipe.yaml"
+    parsed = load_recipe(recipe, set_ or [])
+    run_dir = output or parsed.run_dir
+    from hftoolkit.training import distributed as launch
+
+    plan = launch.plan_launch(parsed, num_processes, accelerate_config, source=str(recipe))
+    if plan.relaunch:  # N processes, each running this command without the launch options
+        raise typer.Exit(launch.relaunch(plan, sys.argv[1:]))
+    from hftoolkit.workflows.train import train as run_training
+
+    metrics = run_training(parsed, run_dir, command=launch.command_line(), overwrite=overwrite, resume=resume,
+                           verbosity=verbosity)
+    if launch.is_main_process():
+        stdout.show_result(metrics, run_dir, as_json, verbosity)
+    launch.end_processes()
+
+
+@app.command("eval")
+def eval_(
+    target: Annotated[Path, typer.Argument(metavar="RUN_DIR|RECIPE", help="A run directory written by train, or a "
+                                           "recipe file: its base checkpoint, untrained (the baseline).")],
+    split: Annotated[str | None, typer.Option("--split", metavar="NAME", help="Score this split of the hub data "
+                                              "set instead of the eval split, e.g. test.")] = None,
+    set_: SetOption = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "With a recipe: keep the scores as a run directory (no weights) that runs and compare read."))] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="With --output: replace a non-empty directory.")
+                         ] = False,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Score a trained run again (metrics.json updated), or a recipe's base checkpoint with no training and no
+    adapter; --split scores another split (a run directory keeps it under metrics.json's "splits")."""
+    from hftoolkit import console
+    from hftoolkit.evaluation import evaluate as evaluation
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    if target.is_dir():
+        if set_ or output:
+            raise UserError(f"{'--set' if set_ else '--output'}: applies to a recipe, and {target} is a run "
+                            "directory: its recipe is the one it trained with")
+        log = target / "train.log" if (target / "recipe.yaml").is_file() else None  # (a run's log goes on)
+        with console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
+            metrics = evaluation.reevaluate(target) if split is None else evaluation.reevaluate_split(target, split)
+        shown = metrics if split is None else {**metrics, "name": f"{metrics['name']} on {split}",
+                                               "eval": metrics["splits"][split]}
+        stdout.show_result(metrics, target, as_json, verbosity, shown)
+        return
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.training.distributed import command_line
+
+    parsed = load_recipe(target, set_ or [])
+    with console.capture(verbosity=verbosity):  # (evaluate_recipe attaches --output's train.log)
+        metrics = evaluation.evaluate_recipe(parsed, split, output, overwrite, command_line())
+    shown = {**metrics, "name": metrics["name"] + (f" on {metrics['split']}" if metrics["split"] else "")}
+    stdout.show_result(metrics, output, as_json, verbosity, shown)
+
+
+@app.command()
+def predict(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory written by train.")],
+    input_: Annotated[str, typer.Option("--input", "-i", metavar="TEXT|FILE|-", help=(
+        "A text; a .txt file, one input a line; an image file; or - to read standard input, one input "
+        "(or image path) a line. A run trained on sentence pairs takes each input as two texts with a tab "
+        "between them."))],
+    format_: Annotated[Literal["tsv", "jsonl"], typer.Option("--format", metavar="FORMAT", help=(
+        "tsv: the input and the prediction's fields, tab-separated, one row an input; jsonl: one JSON "
+        "object a line."))] = "tsv",
+    output: Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help=(
+        "Write the rows to FILE (atomically) instead of standard output."))] = None,
+    batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, metavar="N", help=(
+        "Inputs per forward pass (default: the run's eval.batch_size)."))] = None,
+    strategy: Annotated[str | None, typer.Option(metavar="NAME", help="Decoding: greedy, sample or beam.")] = None,
+    num_beams: Annotated[int | None, typer.Option(metavar="N", help="Beams for beam search.")] = None,
+    max_new_tokens: Annotated[int | None, typer.Option(metavar="N", help="Tokens to generate.")] = None,
+    temperature: Annotated[float | None, typer.Option(metavar="T", help="Sampling temperature.")] = None,
+    top_k: Annotated[int | None, typer.Option(metavar="K", help="Sample from the k most likely tokens.")] = None,
+    top_p: Annotated[float | None, typer.Option(metavar="P", help="Sample from the nucleus of mass p.")] = None,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Predict with a trained run: label and probability, or generated text, per input."""
+    from hftoolkit import console
+    from hftoolkit.workflows.predict import predict as run_predict
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    overrides = dict(strategy=strategy, num_beams=num_beams, max_new_tokens=max_new_tokens,
+                     temperature=temperature, top_k=top_k, top_p=top_p)
+    with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its weights
+        records = run_predict(run_dir, input_, {k: v for k, v in overrides.items() if v is not None}, batch_size)
+    text = "".join(stdout.PREDICT_FORMATS[format_](record) + "\n" for record in records)
+    if output is None:
+        typer.echo(text, nl=False)
+        return
+    from hftoolkit.runs.rundir import write_atomic
+
+    write_atomic(output, text.encode("utf-8"))
+    if verbosity == console.Verbosity.QUIET:
+        typer.echo(str(output))
+    else:
+        console.phase(f"{len(records):,} predictions written to {output}")
+
+
+@app.command()
+def validate(
+    recipes: Annotated[list[Path], typer.Argument(metavar="RECIPE", help="Recipe YAML files.")],
+    set_: SetOption = None,
+    data: Annotated[bool, typer.Option("--data", help="Also load each recipe's data, model config and tokenizer "
+                                                      "(no weights) and run the preflight checks training runs.")
+                    ] = False,
+    verbose: VerboseOption = False,
+):
+    """Check recipes without loading any model; lists every problem at once."""
+    from hftoolkit import console
+    from hftoolkit.config.recipe import RecipeError, load_recipe
+    from hftoolkit.training.distributed import plan_launch
+
+    problems = []
+    for path in recipes:
+        try:
+            parsed = load_recipe(path, set_ or [])
+            if parsed.training.accelerate_config:  # the launcher config it names, checked against it
+                plan_launch(parsed, None, None, source=str(path))
+            notes = []
+            if data:
+                from hftoolkit.job.preflight import prepare
+
+                try:
+                    with console.capture(verbosity=console.verbosity_from_flags(verbose, False)):
+                        notes = prepare(parsed)[1].notes
+                except RecipeError as err:  # (preflight's lines name recipe keys; say which recipe)
+                    raise RecipeError([f"{path}: {line}" for line in err.problems]) from None
+            typer.echo(f"ok: {path}")
+            for line in ([parsed.advice] if parsed.advice else []) + notes:
+                typer.echo(f"note: {line}")
+        except RecipeError as err:
+            problems += err.problems
+    if problems:
+        raise RecipeError(problems)
+
+
+@app.command("recipes")
+def list_recipes():
+    """List the shipped recipes with a one-line description each."""
+    import yaml
+
+    for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
+        typer.echo(f"{path.relative_to(RECIPES_DIR.parent)}\t{description.splitlines()[0] if description else ''}")
+
+
+@app.command("init-model")
+def init_model(
+    arch: Annotated[str, typer.Argument(metavar="ARCH", help="bert, gpt2, t5, bart or vit.")],
+    out: Annotated[Path, typer.Argument(metavar="DIR", help="Folder to create.")],
+):
+    """Write a tiny random checkpoint with a locally trained tokenizer (for offline smoke runs)."""
+    from hftoolkit.sources.tiny import init_model as build
+
+    typer.echo(f"wrote {build(arch, out)}")
+
+
+@app.command()
+def doctor():
+    """Versions, CUDA and bitsandbytes backend, offline or not, free disk (imports no torch)."""
+    from hftoolkit.cli.doctor import report
+
+    for key, value in report():
+        typer.echo(f"{key:<22}{value}")
+
+
+@app.command("runs")
+def list_run_dirs(
+    root: Annotated[Path, typer.Argument(metavar="DIR", help="Folder to search, sweeps included.")] = Path("runs"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the list as one JSON array.")] = False,
+):
+    """List run directories newest first: status, task, checkpoint, main metric, train time, date."""
+    from hftoolkit.runs.listing import list_runs, print_runs
+
+    found = list_runs(root)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(found, indent=2, ensure_ascii=False))
+    else:
+        print_runs(found, root)
+
+
+@app.command()
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR", help="Run directories written by train.")],
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for report.md, report.html and the plots."))] = Path("report"),
+):
+    """Compare runs across architectures: report.md, a self-contained report.html and PNG plots."""
+    from hftoolkit.runs.report import ReportError, load_run, summary_rows, write_report
+
+    try:
+        path = write_report(run_dirs, output)
+        rows = summary_rows([load_run(p) for p in run_dirs])
+    except ReportError as err:
+        raise UserError(str(err)) from None
+    stdout.print_rows(rows)
+    typer.echo(f"report: {path} and {path.with_suffix('.html')}")
+
+
+@app.command()
+def merge(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A LoRA run directory written by train.")],
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for the merged checkpoint."))],
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="Saved dtype: float32, bfloat16 or float16.")
+                     ] = "float32",
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Fold the LoRA adapter into the base weights; the result loads with the Auto classes, no peft."""
+    from hftoolkit import console
+    from hftoolkit.workflows.merge import merge_run
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its adapter
+        merged = merge_run(run_dir, output, dtype)
+    typer.echo(str(merged) if verbosity == console.Verbosity.QUIET else f"merged checkpoint: {merged}")
+
+
+@app.command()
+def push(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory written by train.")],
+    repo_id: Annotated[str, typer.Option("--repo-id", metavar="NAMESPACE/NAME", help="The model repository.")],
+    private: Annotated[bool, typer.Option("--private", help="Create the repository private (refused if it exists "
+                                                            "public).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the files and print the card; upload nothing.")
+                       ] = False,
+    license_: Annotated[str | None, typer.Option("--license", metavar="ID", help="The card's license, a Hub license id "
+                                                                    "(apache-2.0, mit, ...).")] = None,
+):
+    """Publish a finished run to the Hugging Face Hub: weights, tokenizer, recipe, metrics and a model card.
+    The token comes from HF_TOKEN or `hf auth login`."""
+    from hftoolkit.runs.publish import push as publish
+
+    files, card = publish(run_dir, repo_id, private=private, dry_run=dry_run, license=license_)
+    typer.echo(f"{'would upload' if dry_run else 'uploaded'} to {repo_id}:")
+    for name in files:
+        typer.echo(f"  {name}")
+    if dry_run:
+        typer.echo(f"\n{card}", nl=False)
+
+
+@app.command()
+def sweep(
+    recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file.")],
+    grid: Annotated[list[str] | None, typer.Option(
+        "--grid", metavar="KEY=V1,V2", help="A recipe key and its values (repeatable: the cross product is "
+                                            "trained). Values are parsed as YAML, like --set; a comma inside "
+                                            "[...] does not split.")] = None,
+    set_: SetOption = None,
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for the sweeps: the runs go to DIR/NAME/VARIANT/, the report to DIR/NAME/."))] = Path("sweeps"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Train every variant again, even complete ones.")
+                         ] = False,
+    num_processes: Annotated[int | None, typer.Option(
+        "--num-processes", min=1, metavar="N", help="Train each variant on N processes, as train --num-processes "
+                                                    "does.")] = None,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Train every combination of the grid values and compare them in one report. Re-running the same command
+    skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
+    from hftoolkit import console
+    from hftoolkit.training import distributed as launch
+    from hftoolkit.workflows.sweep import sweep as run_sweep
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
+                       command=launch.command_line(), echo=console.phase, verbosity=verbosity)
+    if launch.is_main_process():
+        _say_report(result.report, verbosity)
+    launch.end_processes()
+    if result.failed:
+        console.error(f"{len(result.failed)} of {len(result.outcomes)} variants failed: run the same command again "
+                      "to retry them")
+        raise typer.Exit(1)
+
+
+@app.command()
+def bench(
+    families: Annotated[list[str] | None, typer.Option(
+        "--families", metavar="FAMILY", help="Only the runs of this family (repeatable): encoder, decoder, "
+                                             "seq2seq, vision (default all).")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for the runs and the report."))] = Path("bench"),
+    set_: SetOption = None,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """The course's comparison, offline: sentiment classification with an encoder, a decoder and an
+    encoder-decoder, translation with T5, BART and a decoder, and image classification with ViT; one report."""
+    from hftoolkit import console
+    from hftoolkit.runs.report import load_run, summary_rows
+    from hftoolkit.workflows.bench import bench as run_bench
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    result = run_bench(families, output, RECIPES_DIR, set_ or [], echo=console.phase, verbosity=verbosity)
+    if verbosity > console.Verbosity.QUIET:
+        stdout.print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
+    _say_report(result.report, verbosity)
+    if result.failed:
+        console.error(f"{len(result.failed)} of {len(result.outcomes)} runs failed")
+        raise typer.Exit(1)
+
+
+def _say_report(report: Path, verbosity) -> None:
+    from hftoolkit.console import Verbosity
+
+    typer.echo(str(report) if verbosity == Verbosity.QUIET else f"report: {report} and {report.with_suffix('.html')}")
+
+
+@app.command()
+def parity(
+    only: Annotated[str | None, typer.Option(metavar="COMPONENT", help="Run only the rows of this component.")
+                    ] = None,
+    worked_examples: Annotated[bool, typer.Option("--worked-examples", help="Also recompute the course's worked "
+                                                                            "examples.")] = False,
+):
+    """Prove the from-scratch reference layers equal transformers, peft and torch (tiny random configs)."""
+    from hftoolkit.reference.parity import main as run_parity
+
+    raise typer.Exit(run_parity(only=only, worked_examples=worked_examples))
+
+
+# Every command's help reads as conventional tools' do (set here, once every command is registered).
+for _info in app.registered_commands:
+    _info.cls = Command
+
+
+def main() -> None:
+    """The console script. Once every exit handler has run, the process ends without the interpreter's
+    teardown: freeing the modules torch, transformers and datasets import takes over a second, after the
+    results are written (README, Performance); the handlers that flush logs and remove temporary files still run."""
+    status = [0]
+    atexit.register(_end_now, status)  # registered first, so it runs after every library's handler
+    try:
+        app()
+    except SystemExit as done:
+        status[0] = done.code if isinstance(done.code, int) else int(done.code is not None)
+        raise
+    except KeyboardInterrupt:
+        status[0] = 130
+        raise
+    except BaseException:  # a crash: Python prints the traceback, the exit status says it failed
+        status[0] = 1
+        raise
+
+
+def _end_now(status: list[int]) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status[0])

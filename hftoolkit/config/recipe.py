@@ -1,0 +1,425 @@
+"""The recipe: a strict schema for one training job, loaded from YAML.
+
+Everything past this module sees a validated `Recipe`, never a raw dict. Unknown
+keys are errors with a "did you mean" suggestion, and every error of a file is
+reported at once as `file: a.b.c: message` (docs/architecture.md, "Recipes").
+Imports only pydantic and yaml: `validate` must stay light.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from hftoolkit.config import tasks
+from hftoolkit.errors import UserError
+
+Task = Literal[tasks.NAMES]
+Family = Literal["encoder", "decoder", "seq2seq", "vision"]
+
+# model_type (config.json) -> family. Kept as data; extend by adding a line.
+MODEL_TYPE_FAMILIES: dict[str, str] = {
+    **dict.fromkeys(["bert", "roberta", "distilbert", "electra", "deberta", "deberta-v2", "albert", "xlm-roberta",
+                     "mpnet", "camembert", "modernbert"], "encoder"),
+    **dict.fromkeys(["gpt2", "gpt_neo", "gptj", "llama", "mistral", "qwen2", "qwen3", "opt", "phi", "gemma",
+                     "smollm3"], "decoder"),
+    **dict.fromkeys(["t5", "mt5", "bart", "mbart", "marian", "pegasus"], "seq2seq"),
+    **dict.fromkeys(["vit", "deit", "beit", "swin", "convnext", "dinov2"], "vision"),
+}
+
+# Names users bring from TrainingArguments, peft and the HF example scripts -> the recipe key that says the same.
+# An unknown key found here is answered with our key, wherever in the recipe it was written.
+FOREIGN_NAMES: dict[str, str] = {
+    "num_train_epochs": "training.epochs", "per_device_train_batch_size": "training.batch_size",
+    "train_batch_size": "training.batch_size", "per_device_eval_batch_size": "eval.batch_size",
+    "eval_batch_size": "eval.batch_size", "gradient_accumulation_steps": "training.gradient_accumulation",
+    "lr": "training.learning_rate", "lr_scheduler_type": "training.scheduler",
+    "warmup_steps": "training.warmup_steps", "warmup_ratio": "training.warmup_ratio",
+    "weight_decay": "training.weight_decay", "max_grad_norm": "training.max_grad_norm",
+    "label_smoothing_factor": "training.label_smoothing", "fp16": "training.precision",
+    "bf16": "training.precision", "mixed_precision": "training.precision", "tf32": "training.tf32",
+    "eval_strategy": "eval.every", "evaluation_strategy": "eval.every", "eval_steps": "eval.every",
+    "save_strategy": "training.save_steps", "save_total_limit": "training.keep_last",
+    "load_best_model_at_end": "eval.keep_best", "metric_for_best_model": "eval.keep_best",
+    "early_stopping_patience": "eval.early_stopping.patience",
+    "early_stopping_threshold": "eval.early_stopping.threshold", "optim": "training.optimizer",
+    "activation_checkpointing": "training.gradient_checkpointing",
+    "dataloader_num_workers": "data.num_workers", "torch_compile": "training.compile",
+    "run_name": "name", "output_dir": "output.dir", "max_seq_length": "data.max_length",
+    "max_source_length": "data.max_length", "max_target_length": "data.max_target_length",
+    "model_name_or_path": "model.checkpoint", "torch_dtype": "model.dtype", "attn_implementation": "model.attention",
+    "load_in_8bit": "model.quantization", "load_in_4bit": "model.quantization",
+    "bnb_4bit_use_double_quant": "model.double_quant", "bnb_4bit_compute_dtype": "model.compute_dtype",
+    "lora_r": "lora.r", "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout",
+    "target_modules": "lora.targets", "lora_target_modules": "lora.targets", "use_dora": "lora.variant",
+    "use_rslora": "lora.variant", "train_file": "data.train", "validation_file": "data.eval",
+    "dataset_name": "data.train", "max_train_samples": "data.max_train_samples",
+    "max_eval_samples": "data.max_eval_samples", "wandb_project": "training.project",
+}
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(Section):
+    checkpoint: str = Field(min_length=1, description="hub id, local directory, a .gguf file, or init:<arch>")
+    gguf_file: str | None = Field(None, description="a GGUF file inside the checkpoint folder or hub repository")
+    family: Family | None = Field(None, description="only needed for a hub id whose type can't be read offline")
+    quantization: Literal["none", "8bit", "4bit"] = "none"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
+    revision: str | None = None
+    trust_remote_code: bool = False
+    attention: Literal["auto", "sdpa", "eager", "flash_attention_2"] = Field(
+        "auto", description="attention kernel (from_pretrained's attn_implementation); flash_attention_2 needs "
+                            "CUDA and the flash-attn package")
+    double_quant: bool = Field(False, description="4-bit only: quantize the quantization constants too (QLoRA)")
+    compute_dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="4-bit only: the dtype 4-bit layers compute in; auto follows training.precision")
+
+    @model_validator(mode="after")
+    def _remote_code_needs_pinned_revision(self):
+        if self.trust_remote_code and not self.revision:
+            raise ValueError("trust_remote_code runs code from the checkpoint: "
+                             "set model.revision to a pinned commit too")
+        for key, value, default in (("double_quant", self.double_quant, False),
+                                    ("compute_dtype", self.compute_dtype, "auto")):
+            if value != default and self.quantization != "4bit":
+                raise ValueError(f"{key} applies to 4-bit weights only, and quantization is "
+                                 f"{self.quantization}: set model.quantization to 4bit or drop model.{key}")
+        return self
+
+
+class LoraSection(Section):
+    enabled: bool = True
+    r: int = Field(8, gt=0)
+    alpha: float = Field(16, gt=0)
+    dropout: float = Field(0.05, ge=0, lt=1)
+    targets: Literal["auto", "all-linear"] | list[str] = Field(
+        "auto", description="auto (the query and value projections), all-linear, or module names")
+    variant: Literal["lora", "dora", "rslora"] = Field(
+        "lora", description="lora; dora (weight-decomposed LoRA, Liu et al. 2024: a trained magnitude per output); "
+                            "rslora (scale alpha / sqrt(r) instead of alpha / r, Kalajdzievski 2023)")
+
+
+class DataSection(Section):
+    """Where the examples come from. Any *_column may be a dotted path into a nested field (translation.de)."""
+
+    train: str = Field(min_length=1, description="file, folder, hub id or builtin:<name>")
+    eval: str | None = Field(None, description="file, folder, hub id or builtin:<name>; unset: data.eval_split "
+                                                "of data.train's hub set, else data.eval_fraction of data.train")
+    eval_fraction: float = Field(0.1, gt=0, lt=1)
+    config: str | None = Field(None, description="hub data sets: the config (subset), e.g. mnli of nyu-mll/glue")
+    revision: str | None = Field(None, description="hub data sets: a branch, tag or commit sha")
+    train_split: str = "train"
+    eval_split: str | None = Field(None, description="hub data sets: the split to score, e.g. validation_matched "
+                                                     "(for a hub data.eval: by default validation)")
+    text_column: str = "text"
+    eval_text_column: str | None = Field(None, description="data.eval's text column, where its name differs")
+    text_pair_column: str | None = Field(None, description="the second text of a sentence pair (classification "
+                                                           "and regression), e.g. hypothesis or sentence2")
+    label_column: str = "label"
+    target_column: str = "target"
+    image_column: str = "image"
+    train_target: str | None = Field(None, description="aligned targets, one a line, matching data.train's lines")
+    eval_target: str | None = Field(None, description="aligned targets for data.eval")
+    label_names: list[str] | None = None
+    max_length: int = Field(128, gt=0)
+    max_target_length: int = Field(64, gt=0)
+    source_prefix: str = ""
+    packing: bool = True
+    mask_probability: float = Field(0.15, ge=0.1, le=0.3)
+    max_train_samples: int | None = Field(None, gt=0)
+    max_eval_samples: int | None = Field(None, gt=0)
+    num_workers: int = Field(0, ge=0, description="data loader worker processes (tokenized text needs none; "
+                                                  "images decode in them); memory is pinned on CUDA")
+
+
+class TrainingSection(Section):
+    epochs: float = Field(1.0, gt=0)
+    max_steps: int | None = Field(None, gt=0)
+    batch_size: int = Field(16, gt=0, description="examples per optimizer step over all processes together "
+                                                  "(each of N processes takes batch_size / N)")
+    gradient_accumulation: int = Field(1, gt=0)
+    learning_rate: float = Field(5e-4, gt=0)
+    scheduler: Literal["linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+                       "inverse_sqrt", "reduce_lr_on_plateau"] = Field(
+        "linear", description="the Trainer's learning-rate schedules that need no further settings; "
+                              "reduce_lr_on_plateau watches the main metric, so it needs eval.every")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1)
+    warmup_steps: int | None = Field(None, ge=0, description="warmup as a number of steps (instead of warmup_ratio)")
+    optimizer: Literal["adamw_fused", "adamw", "adamw_8bit", "paged_adamw_8bit", "adafactor", "sgd"] = Field(
+        "adamw_fused", description="adamw_fused (torch's AdamW as one fused kernel per step: the Trainer's own "
+                                   "default), adamw (torch's for-each AdamW), adamw_8bit and paged_adamw_8bit "
+                                   "(bitsandbytes: 8-bit moments; paging acts on CUDA only), adafactor, sgd")
+    weight_decay: float = Field(0.0, ge=0)
+    max_grad_norm: float = Field(1.0, gt=0)
+    label_smoothing: float = Field(0.0, ge=0, lt=1)
+    seed: int = 0
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 on a GPU that has it, else fp16 (fp32 for T5), fp32 on a CPU")
+    tf32: bool = Field(False, description="TF32 matmuls for fp32 work (NVIDIA Ampere or newer)")
+    gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: "
+                                                            "less memory, about a third more compute")
+    compile: bool = Field(False, description="torch.compile the model (GPU-first; see README for CPU figures)")
+    sampling: Literal["group_by_length", "random", "sequential"] = Field(
+        "group_by_length", description="training batch order: similar lengths together (least padding), shuffled, "
+                                       "or the data's own order (the same global batches on any number of processes)")
+    accelerate_config: str | None = Field(None, description="accelerate launcher config (recipes/accelerate/*.yaml) "
+                                                            "that `hftoolkit train` launches with")
+    logging_steps: int = Field(10, gt=0)
+    save_steps: int | None = Field(None, gt=0)
+    keep_last: int = Field(2, gt=0)
+    report_to: list[Literal["tensorboard", "wandb", "mlflow", "comet_ml", "trackio"]] = []
+    project: str | None = Field(None, min_length=1, description="the trackers' project (W&B project, MLflow "
+                                                                "experiment, trackio project); the run is the name")
+    on_nonfinite: Literal["stop", "skip"] = "stop"
+    max_nonfinite_skips: int = Field(3, gt=0)
+
+
+class GenerationSection(Section):
+    strategy: Literal["greedy", "sample", "beam"] = "greedy"
+    max_new_tokens: int = Field(32, gt=0)
+    num_beams: int = Field(4, gt=1)
+    length_penalty: float = 1.0
+    temperature: float = Field(1.0, gt=0)
+    top_k: int | None = Field(None, gt=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+
+
+class EarlyStoppingSection(Section):
+    patience: int = Field(3, gt=0, description="evals in a row without improvement before training stops")
+    threshold: float = Field(0.0, ge=0, description="the least change of the main metric that counts as one")
+
+
+class EvalSection(Section):
+    batch_size: int = Field(64, gt=0)
+    metrics: Literal["auto"] | list[str] = "auto"
+    max_predictions: int = Field(100, ge=0)
+    generation: GenerationSection = GenerationSection()
+    every: Literal["none", "epoch"] | int = Field(
+        "none", description="eval during training: none, epoch, or every N optimizer steps")
+    early_stopping: EarlyStoppingSection | None = Field(None, description="stop when the main metric stalls")
+    keep_best: bool = Field(False, description="keep the best checkpoint; the run's weights are the best ones")
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _every_is_a_strategy_or_steps(cls, value):
+        if (isinstance(value, bool) or (isinstance(value, int) and value <= 0) or not isinstance(value, (int, str))
+                or (isinstance(value, str) and value not in ("none", "epoch") and not value.strip().isdigit())):
+            raise ValueError(f"expected none, epoch or a number of steps above 0 (got {json.dumps(value)})")
+        return value
+
+    @model_validator(mode="after")
+    def _eval_during_training(self):
+        if self.every == "none":
+            for key, on in (("early_stopping", self.early_stopping is not None), ("keep_best", self.keep_best)):
+                if on:
+                    raise ValueError(f"{key} judges the evals made during training, and every is none: "
+                                     "set eval.every to epoch or a number of steps")
+        return self
+
+
+class OutputSection(Section):
+    dir: str = "runs"
+
+
+class Recipe(Section):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="run name, also the run folder's name")
+    task: Task
+    description: str = ""
+    model: ModelSection
+    lora: LoraSection = LoraSection()
+    data: DataSection
+    training: TrainingSection = TrainingSection()
+    eval: EvalSection = EvalSection()
+    output: OutputSection = OutputSection()
+
+    @model_validator(mode="after")
+    def _family_fits_task(self):
+        family, task = self.family, tasks.spec(self.task)
+        if family is not None and family not in task.families:
+            raise ValueError(
+                f"task {self.task!r} can't be done by {self.model.checkpoint!r}, {_a(family)} {family} model, "
+                f"because transformers has no {family} head for it: use {_a(task.families[0])} "
+                f"{' or '.join(task.families)} checkpoint (the course recommends {task.recommended}: {task.why})"
+            )
+        if self.task == "denoise" and self.model_type not in (None, "bart", "mbart"):
+            raise ValueError("task 'denoise' is BART's text-infilling objective: use a bart checkpoint")
+        if self.model_type in ("t5", "mt5") and self.training.precision == "fp16":
+            raise ValueError("T5 overflows in fp16 and trains to NaN losses: set training.precision to bf16 or fp32")
+        if self.model.quantization != "none" and not self.lora.enabled:
+            raise ValueError(f"{self.model.quantization} weights can't be trained directly: "
+                             "set lora.enabled to true, or model.quantization to none for full fine-tuning")
+        problems = _training_rules(self)
+        if problems:
+            raise ValueError("; ".join(problems))
+        if task.main_metric == "perplexity" and self.training.label_smoothing:
+            raise ValueError(f"task {self.task!r} reports perplexity, which a label-smoothed loss would distort: "
+                             "set training.label_smoothing to 0")
+        return self
+
+    @property
+    def advice(self) -> str | None:
+        """The course's advice when the recipe pairs its task with another family than the one it recommends."""
+        task = tasks.spec(self.task)
+        if self.family is None or self.family == task.recommended:
+            return None
+        return (f"task {self.task!r} on the {self.family} family: the course recommends the {task.recommended} "
+                f"family ({task.why}); fine for comparing architectures")
+
+    @property
+    def model_type(self) -> str | None:
+        from hftoolkit.sources.checkpoint import model_type_of
+
+        return model_type_of(self.model.checkpoint, self.model.gguf_file)
+
+    @property
+    def family(self) -> str | None:
+        """The model family, known from the checkpoint where possible without loading it."""
+        if self.model.family:
+            return self.model.family
+        return MODEL_TYPE_FAMILIES.get(self.model_type or "")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output.dir) / self.name
+
+
+def _training_rules(recipe: Recipe) -> list[str]:
+    """Training and eval keys that contradict each other (the hardware-dependent ones: trainer.check_hardware)."""
+    t, e, problems = recipe.training, recipe.eval, []
+    if t.warmup_steps is not None and t.warmup_ratio:
+        problems.append("training.warmup_steps and training.warmup_ratio both say how long to warm up: set one")
+    if t.scheduler == "reduce_lr_on_plateau" and e.every == "none":
+        problems.append("training.scheduler reduce_lr_on_plateau lowers the rate when the eval metric stalls, and "
+                        "eval.every is none: set eval.every to epoch or a number of steps")
+    if e.keep_best and t.save_steps is not None and t.save_steps != e.every:
+        problems.append(f"eval.keep_best saves a checkpoint at every eval (eval.every {e.every}), and "
+                        f"training.save_steps {t.save_steps} asks for others: leave training.save_steps unset")
+    return problems
+
+
+def _a(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+# ---------------------------------------------------------------- loading
+
+
+class RecipeError(UserError):
+    """One or more recipe problems, each a `source: a.b.c: message` line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = problems
+        super().__init__("\n".join(problems))
+
+
+def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
+    """Read, override and validate a recipe file; raises RecipeError listing every problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise RecipeError([f"{path}: recipe file not found: check the path "
+                           "(`hftoolkit recipes` lists the shipped ones)"])
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise RecipeError([f"{path}: not UTF-8 text: save the recipe as UTF-8"]) from None
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise RecipeError([f"{path}: {where}YAML syntax error ({problem}): fix the YAML"]) from None
+    except RecursionError:  # PyYAML parses nesting recursively
+        raise RecipeError([f"{path}: the YAML is nested too deeply to read: "
+                           "a recipe is a few levels of sections"]) from None
+    if not isinstance(raw, dict):
+        raise RecipeError([f"{path}: a recipe is a YAML mapping of sections (name, task, model, data, ...), "
+                           f"got {type(raw).__name__}"])
+    overridden = apply_overrides(raw, overrides, path)
+    return validate_recipe(raw, str(path), overridden)
+
+
+def apply_overrides(raw: dict, overrides: list[str], source: Path | str = "--set") -> dict[tuple, str]:
+    """Apply `a.b.c=value` overrides in place (values parsed as YAML); returns {path: original text}."""
+    applied: dict[tuple, str] = {}
+    problems = []
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            problems.append(f"--set {item}: expected key=value, for example --set training.epochs=3")
+            continue
+        dotted = tuple(key.strip().split("."))
+        try:
+            value = yaml.safe_load(text) if text.strip() else ""
+        except (yaml.YAMLError, RecursionError):
+            value = text
+        if isinstance(value, dict) and not text.lstrip().startswith("{"):
+            value = text  # "translate English to German: " is a string, not a one-key mapping
+        node = raw
+        for part in dotted[:-1]:
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                problems.append(f"--set {key}: {'.'.join(dotted[:-1])} is not a section, "
+                                f"so it has no key {dotted[-1]!r}")
+                break
+            node = child
+        else:
+            node[dotted[-1]] = value
+            applied[dotted] = item
+    if problems:
+        raise RecipeError(problems)
+    return applied
+
+
+def validate_recipe(raw: dict, source: str = "recipe", overridden: dict[tuple, str] | None = None) -> Recipe:
+    """Validate a raw mapping; every error reported at once with its dotted path."""
+    try:
+        return Recipe.model_validate(raw)
+    except ValidationError as err:
+        problems = []
+        for e in err.errors():
+            loc = tuple(str(p) for p in e["loc"])
+            origin = next((f"--set {overridden[loc[:i]]}" for i in range(len(loc), 0, -1)
+                           if overridden and loc[:i] in overridden), source)
+            shown = ".".join(p if p.isprintable() else repr(p) for p in loc)  # a key may hold a line break
+            problems.append(f"{origin}: {shown or '(top level)'}: {_describe(e, loc)}")
+        raise RecipeError(problems) from None
+
+
+def _describe(error: dict, loc: tuple[str, ...]) -> str:
+    kind, msg = error["type"], error["msg"]
+    if kind == "extra_forbidden":
+        ours = FOREIGN_NAMES.get(loc[-1]) or FOREIGN_NAMES.get(str(loc[-1]).lower().replace("-", "_"))
+        if ours is not None and ours != ".".join(loc):
+            return f"unknown key: the recipe's name for {loc[-1]!r} is {ours!r}"
+        known = _fields_at(loc[:-1])
+        close = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else f"known keys: {', '.join(known)}"
+        return f"unknown key: {hint}"
+    if kind == "missing":
+        return "required key missing: add it"
+    if kind == "value_error":
+        return msg.removeprefix("Value error, ")
+    got = error.get("input")
+    shown = json.dumps(got, default=str) if not isinstance(got, dict) else "a mapping"
+    return f"{msg[0].lower()}{msg[1:]} (got {shown})"
+
+
+def _fields_at(loc: tuple[str, ...]) -> list[str]:
+    model: Any = Recipe
+    for part in loc:
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        model = field.annotation
+    return list(getattr(model, "model_fields", {}))
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

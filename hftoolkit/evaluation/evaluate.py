@@ -1,0 +1,112 @@
+"""The eval pass: a model scored on the eval split (loss, the task's metrics, prediction records).
+
+workflows/train.py calls `evaluate` once training ends; workflows/evaluate.py on a finished run, another
+split, or a recipe's untrained base checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import resource
+import time
+
+from hftoolkit import console
+from hftoolkit.config import tasks
+from hftoolkit.config.recipe import Recipe
+from hftoolkit.evaluation.generation import generate_everywhere
+from hftoolkit.models.families import label_records
+
+
+def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
+    """Eval loss and metrics on the eval split, plus up to eval.max_predictions prediction records.
+
+    Eval batches run shortest first, so they pad little; the metrics do not depend on the order, and
+    records are mapped back to the data's order. Classification and regression records come from that same
+    pass's probabilities or values; other tasks generate theirs (a text, tags or filled masks the loss pass
+    does not give).
+    """
+    console.phase(f"eval: {len(data['eval']):,} examples")
+    started = time.perf_counter()
+    task = tasks.spec(recipe.task)
+    column = task.columns[0]
+    raw = data["eval"]
+    count = len(raw) if task.scoring == "generation" else min(len(raw), recipe.eval.max_predictions)
+    eval_set, order = shortest_first(encoded["eval"])
+    outputs = None
+    if task.labels in ("class", "value"):
+        output = trainer.predict(eval_set, metric_key_prefix="eval")
+        trainer.log(output.metrics)  # as trainer.evaluate does: the eval lands in the log history
+        scored = output.metrics
+        predicted = output.predictions if order is None else output.predictions[order.argsort()]
+        outputs = _pass_records(task, predicted[:count], trainer.model.config.id2label)
+    else:
+        scored = trainer.evaluate(eval_set, metric_key_prefix="eval")
+    results = {k.removeprefix("eval_"): v for k, v in scored.items()
+               if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second", "_time"))}
+    if task.main_metric == "perplexity" and "loss" in results:
+        results["perplexity"] = math.exp(min(results["loss"], 50))
+    inputs = raw[column][:count]
+    if outputs is None:
+        prompt = {"prompt_fraction": task.prompt_fraction} if task.prompt_fraction < 1 else {}
+        outputs = generate_everywhere(family, recipe, trainer.model, processor, inputs, **prompt)  # shared by processes
+    if task.scoring == "generation":
+        results.update(scorer.compute([o["text"] for o in outputs], raw["target"]))
+    references = _references(recipe, raw, count)
+    pairs = raw["text_pair"][:count] if "text_pair" in raw.column_names else [None] * len(inputs)
+    predictions = [{"input": _show(x), **({"input_pair": p} if p is not None else {}),
+                    **({"reference": r} if r is not None else {}), **o}
+                   for x, p, r, o in zip(inputs, pairs, references, outputs)][:recipe.eval.max_predictions]
+    return results, predictions, time.perf_counter() - started
+
+
+def _pass_records(task, predicted, id2label: dict) -> list[dict]:
+    """Records from the eval pass's own outputs: label and probability (classes), or the predicted value."""
+    if task.labels == "value":
+        from hftoolkit.models.families.labels import value_records
+
+        return value_records(predicted)
+    return label_records(predicted, id2label)
+
+
+def _references(recipe: Recipe, raw, count: int) -> list:
+    if "target" in raw.column_names:
+        return raw["target"][:count]
+    if tasks.spec(recipe.task).labels == "value":
+        return [round(float(v), 4) for v in raw["label"][:count]]
+    if "label" in raw.column_names and recipe.data.label_names:
+        names = recipe.data.label_names
+        return [[names[i] for i in v] if isinstance(v, list) else names[v] for v in raw["label"][:count]]
+    return [None] * count
+
+
+def _show(value):
+    return value if isinstance(value, (str, list)) else f"<{type(value).__name__}>"
+
+
+def run_facts(recipe: Recipe, scorer) -> dict:
+    """What a run is, as metrics.json opens: name, family, task, checkpoint, quantization, LoRA rank, main metric."""
+    return {
+        "name": recipe.name, "family": recipe.family, "task": recipe.task, "checkpoint": recipe.model.checkpoint,
+        "quantization": recipe.model.quantization, "lora_rank": recipe.lora.r if recipe.lora.enabled else None,
+        "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better,
+    }
+
+
+def peak_memory_mb() -> float:
+    """Peak GPU memory allocated when on CUDA, else the process's peak resident set size."""
+    import torch
+
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+
+def shortest_first(dataset):
+    """(dataset sorted by its "length" column, the order taken), or (dataset, None) without one."""
+    if "length" not in dataset.column_names:
+        return dataset, None
+    import numpy as np
+
+    order = np.argsort(np.asarray(dataset["length"]), kind="stable")
+    return dataset.select(order), order

@@ -1,0 +1,276 @@
+"""Checkpoint loading, quantization and LoRA: the parts every family shares.
+
+A family's `load_model` picks the Auto class and the head; this module resolves
+where the checkpoint is, loads it (8-bit or 4-bit through bitsandbytes, with the
+task head kept out of quantization), and wraps it in a LoRA adapter whose
+targets come from the table below, checked against the model's own modules.
+"""
+
+from __future__ import annotations
+
+import sys
+from contextlib import contextmanager
+
+from hftoolkit.config.recipe import Recipe
+from hftoolkit.errors import UserError
+from hftoolkit.sources.checkpoint import checkpoint_errors, resolve_checkpoint
+
+# LoRA's default targets (the attention's query and value projections, as in the LoRA paper) come from
+# peft's own table, TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING; these are the model types it lacks.
+# Several candidates where releases renamed them: only those the model really has are used.
+LORA_TARGETS_PEFT_LACKS: dict[str, list[str]] = {
+    "distilbert": ["q_lin", "v_lin"], "albert": ["query", "value"], "camembert": ["query", "value"],
+    "mpnet": ["q", "v"], "modernbert": ["Wqkv"], "smollm3": ["q_proj", "v_proj"],
+    "mbart": ["q_proj", "v_proj"], "marian": ["q_proj", "v_proj"], "pegasus": ["q_proj", "v_proj"],
+    # transformers 5 names ViT's projections q_proj/v_proj; older releases said query/value.
+    "vit": ["q_proj", "v_proj", "query", "value"], "deit": ["q_proj", "v_proj", "query", "value"],
+    "beit": ["query", "value"], "dinov2": ["q_proj", "v_proj", "query", "value"],
+    "swin": ["query", "value"],
+}
+# Modules that are Conv1D (weight stored transposed): LoRA needs fan_in_fan_out=True.
+CONV1D_MODEL_TYPES = {"gpt2"}
+DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def resolve_family(recipe: Recipe) -> str:
+    """The recipe's family; for a hub id, read from its config (the recipe validator could not)."""
+    if recipe.family:
+        return recipe.family
+    from transformers import AutoConfig
+
+    from hftoolkit.config.recipe import MODEL_TYPE_FAMILIES, validate_recipe
+
+    try:
+        with checkpoint_errors(recipe):
+            config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
+                                                trust_remote_code=recipe.model.trust_remote_code)
+    except (OSError, ValueError) as err:  # config.json unreadable, or a model type transformers does not know
+        raise UserError(f"model.checkpoint: could not read the config of {recipe.model.checkpoint} "
+                        f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
+    family = MODEL_TYPE_FAMILIES.get(config.model_type)
+    if family is None:
+        raise UserError(f"model.checkpoint: model type {config.model_type!r} is not in hftoolkit's family table; "
+                        "set model.family to encoder, decoder, seq2seq or vision")
+    raw = recipe.model_dump()
+    raw["model"]["family"] = family
+    validate_recipe(raw, "model.checkpoint")  # the task/family check, now that the family is known
+    recipe.model.family = family
+    return family
+
+
+def load_task_model(auto_class, recipe: Recipe, task_type: str | None, with_head: bool = True, **kwargs):
+    """Load a checkpoint into `auto_class` and wrap it in LoRA; the task head stays full precision and trainable."""
+    head = task_head_of(auto_class, recipe, **kwargs) if with_head else []
+    with bitsandbytes_hidden(needed=recipe.model.quantization != "none"):
+        import peft  # noqa: F401  (imported first here, where bitsandbytes can be hidden from it)
+
+        model = load_pretrained(auto_class, recipe, keep_full_precision=head, **kwargs)
+        return apply_lora(model, recipe, task_type, modules_to_save=head)
+
+
+def task_head_of(auto_class, recipe: Recipe, **kwargs) -> list[str]:
+    """The head modules `auto_class` adds, read from a weightless (meta-device) copy of the model."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig
+
+    with checkpoint_errors(recipe):
+        config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
+                                            trust_remote_code=recipe.model.trust_remote_code, **kwargs)
+    with init_empty_weights():
+        return head_modules(auto_class.from_config(config, trust_remote_code=recipe.model.trust_remote_code))
+
+
+def load_pretrained(auto_class, recipe: Recipe, keep_full_precision: list[str] = (), **kwargs):
+    """from_pretrained with the recipe's dtype, quantization and remote-code policy."""
+    import torch
+
+    from_kwargs = dict(revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code, **kwargs)
+    if recipe.model.dtype != "auto":
+        from_kwargs["dtype"] = getattr(torch, DTYPES[recipe.model.dtype])
+    if recipe.model.attention != "auto":  # auto: transformers' choice (sdpa where the model has it)
+        if recipe.model.attention == "flash_attention_2":
+            from hftoolkit.training.arguments import hardware_problems
+
+            problems = [p for p in hardware_problems(recipe) if p.startswith("model.attention")]
+            if problems:
+                raise UserError(problems[0])
+        from_kwargs["attn_implementation"] = recipe.model.attention
+    quant = quantization_config(recipe, keep_full_precision)
+    if quant is not None:
+        from_kwargs.update(quantization_config=quant, device_map={"": _device()})
+    from safetensors import SafetensorError  # a truncated or damaged weights file
+
+    checkpoint = resolve_checkpoint(recipe)
+    try:
+        with checkpoint_errors(recipe):
+            model = auto_class.from_pretrained(checkpoint, **from_kwargs)
+    except (OSError, ValueError, SafetensorError) as err:
+        if recipe.model.attention != "auto" and recipe.model.attention in str(err):
+            raise UserError(f"model.attention: {recipe.model.checkpoint} can't run attention "
+                            f"{recipe.model.attention} ({str(err).splitlines()[0][:200]}): "
+                            "set model.attention to auto") from None
+        raise UserError(f"model.checkpoint: could not load {recipe.model.checkpoint} "
+                        f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
+    if quant is not None and _device() == "cpu":
+        _release_checkpoint_memory(model)
+    return model
+
+
+def _release_checkpoint_memory(model) -> None:
+    """After a quantized load on CPU: copy the unquantized tensors out of the checkpoint's memory map,
+    and hand the memory that quantizing freed back to the operating system.
+
+    Why: quantizing reads every weight through the safetensors file's memory map, and the tensors
+    left unquantized (embeddings, norms, the head) still point into it, so the whole file stays
+    resident; glibc also keeps the freed fp32 scratch. Together they lifted an 8-bit run's peak memory
+    above full fine-tuning's (benchmarks/memory.py measures it).
+    """
+    import ctypes
+    import gc
+    from itertools import chain
+
+    for tensor in chain(model.parameters(), model.buffers()):
+        if tensor.dtype.is_floating_point:  # (quantized weights are integer tensors, made in memory)
+            tensor.data = tensor.data.clone()
+    gc.collect()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc: nothing to trim
+        pass
+
+
+def quantization_config(recipe: Recipe, skip: list[str]):
+    if recipe.model.quantization == "none":
+        return None
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    # None, not []: transformers then skips its defaults (output embeddings, tied weights such as GPT-2's lm_head);
+    # an explicit list replaces them, and a quantized lm_head tied to the embeddings fails in its first forward.
+    skip = list(skip) or None
+    if recipe.model.quantization == "8bit":
+        return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
+    compute = recipe.model.compute_dtype
+    if compute == "auto":  # the dtype training computes in
+        from hftoolkit.training.arguments import resolve_precision
+
+        compute = {"bf16": "bfloat16", "fp16": "float16"}.get(resolve_precision(recipe), "float32")
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
+                              bnb_4bit_compute_dtype=getattr(torch, compute),
+                              bnb_4bit_use_double_quant=recipe.model.double_quant, llm_int8_skip_modules=skip)
+
+
+def head_modules(model) -> list[str]:
+    """Top-level modules outside the base model that hold weights: the task head (kept trainable, saved)."""
+    base = getattr(model, "base_model_prefix", "")
+    return [name for name, child in model.named_children()
+            if name != base and any(True for _ in child.parameters())]
+
+
+def lora_targets_for(model, recipe: Recipe, head: list[str] = ()) -> list[str]:
+    """The recipe's LoRA targets, checked against the model's modules.
+
+    auto: the model type's query and value projections (peft's table, then ours).
+    all-linear: every linear layer of the base model, as QLoRA does; the task head (trained in full)
+    and the output projection are left out. Returned as full module names, so that a name such as
+    `dense` can't also match a layer inside the head.
+    """
+    if recipe.lora.targets == "all-linear":
+        return _all_linear(model, head)
+    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    if recipe.lora.targets != "auto":
+        missing = [t for t in recipe.lora.targets if t not in names]
+        if missing:
+            raise UserError(f"lora.targets: {', '.join(map(repr, missing))} match no module of "
+                            f"{recipe.model.checkpoint}; linear layers it has: {', '.join(_linear_names(model))}")
+        return list(recipe.lora.targets)
+    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
+
+    model_type = model.config.model_type
+    candidates = PEFT_TARGETS.get(model_type) or LORA_TARGETS_PEFT_LACKS.get(model_type, [])
+    targets = [t for t in candidates if t in names]
+    if not targets:
+        raise UserError(f"lora.targets: no default targets for model type {model_type!r}; set lora.targets to some "
+                        f"of its linear layers: {', '.join(_linear_names(model))}")
+    return targets
+
+
+def _is_linear(module) -> bool:
+    import torch
+
+    return isinstance(module, torch.nn.Linear) or type(module).__name__ in ("Conv1D", "Linear8bitLt", "Linear4bit")
+
+
+def _linear_names(model) -> list[str]:
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _is_linear(m)})
+
+
+def _all_linear(model, head: list[str]) -> list[str]:
+    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    skipped = tuple(f"{h}." for h in head)
+    return [name for name, m in model.named_modules()
+            if _is_linear(m) and m is not output and name not in head and not name.startswith(skipped)]
+
+
+def apply_lora(model, recipe: Recipe, task_type: str | None, modules_to_save: list[str] = ()):
+    """Wrap `model` in a peft LoRA adapter (after kbit preparation when quantized); lora.variant picks
+    plain LoRA, DoRA (a trained magnitude vector per adapted layer) or rsLoRA (scaling alpha / sqrt(r))."""
+    if not recipe.lora.enabled:
+        return model
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+
+    targets = lora_targets_for(model, recipe, list(modules_to_save))
+    if recipe.model.quantization != "none":
+        # (With gradient checkpointing this also makes the embeddings' output require grad: needed by the
+        # reentrant variant only; the Trainer enables the non-reentrant one, as asked here.)
+        model = prepare_model_for_kbit_training(
+            model, use_gradient_checkpointing=recipe.training.gradient_checkpointing,
+            gradient_checkpointing_kwargs={"use_reentrant": False})
+    variant = recipe.lora.variant
+    config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+                        target_modules=targets, modules_to_save=list(modules_to_save) or None,
+                        use_dora=variant == "dora", use_rslora=variant == "rslora",
+                        fan_in_fan_out=model.config.model_type in CONV1D_MODEL_TYPES, task_type=task_type)
+    return get_peft_model(model, config)
+
+
+@contextmanager
+def bitsandbytes_hidden(needed: bool):
+    """Inside the block peft finds no bitsandbytes (unless it is `needed`, or imported already).
+
+    Why: peft imports bitsandbytes as it loads (peft/helpers.py; `from transformers import Trainer`
+    imports peft) and again as it wraps layers, and bitsandbytes imports torch's compiler, a cost every
+    run that quantizes nothing would pay. A None entry in sys.modules makes that import
+    fail and find_spec answer None. On the way out peft's and transformers' cached answers are
+    cleared, so a quantized model later in the same process finds bitsandbytes again.
+    """
+    if needed or "bitsandbytes" in sys.modules:
+        yield
+        return
+    sys.modules["bitsandbytes"] = None
+    try:
+        yield
+    finally:
+        sys.modules.pop("bitsandbytes", None)
+        from peft import import_utils
+        from transformers.utils import import_utils as transformers_imports
+
+        for answer in (import_utils.is_bnb_available, import_utils.is_bnb_4bit_available,
+                       transformers_imports.is_bitsandbytes_available):
+            answer.cache_clear()
+
+
+def count_parameters(model) -> tuple[int, int]:
+    """(trainable, total) parameters; 4-bit weights count as stored elements times two."""
+    trainable = total = 0
+    for p in model.parameters():
+        n = p.numel() * (2 if type(p).__name__ == "Params4bit" else 1)
+        total += n
+        trainable += n if p.requires_grad else 0
+    return trainable, total
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"

@@ -1,0 +1,268 @@
+"""Run directories -> comparison report (report.md, a self-contained report.html, PNG plots).
+
+Runs are read by `hftoolkit.runs.summary` (tolerant of incomplete and older run directories);
+matplotlib is imported only inside the plotting functions of `hftoolkit.runs.report_plots`.
+The best run of each task (by its main metric, respecting `greater_is_better`) is marked with a
+star; runs without a finished metrics.json are not ranked.
+
+Every task with two runs or more gets a same-task comparison: its main metric against trainable
+parameters, train time and peak memory (one figure, three panels), the Pareto-best runs of each
+panel marked, and a table that also states the family the course recommends for the task (tasks.py).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from hftoolkit.config import tasks
+from hftoolkit.runs.summary import (
+    BEST,
+    COSTS,
+    DASH,
+    ReportError,
+    RunSummary,
+    best_per_task,
+    format_count,
+    format_memory,
+    format_seconds,
+    format_value,
+    load_run,
+    lora_cell,
+    params_cell,
+    pareto_best,
+    same_task_groups,
+)
+
+PLOTS = (
+    ("loss.png", "Training loss"),
+    ("eval.png", "Eval main metric by task"),
+    ("params.png", "Trainable vs total parameters"),
+    ("resources.png", "Memory, throughput and wall time"),
+)
+
+
+def _order(runs: list[RunSummary]) -> list[RunSummary]:
+    """Group runs by task (tasks in order of first appearance), keeping input order within a task."""
+    first = {}
+    for run in runs:
+        first.setdefault(run.task, len(first))
+    return sorted(runs, key=lambda run: first[run.task])
+
+
+def _label(runs: list[RunSummary]) -> None:
+    seen: dict[str, int] = {}
+    for run in runs:
+        seen[run.name] = seen.get(run.name, 0) + 1
+        run.label = run.name if seen[run.name] == 1 else f"{run.name} ({seen[run.name]})"
+
+
+def summary_rows(runs: list[RunSummary]) -> list[dict[str, str]]:
+    """One dict of display strings per run, keys in column order (for the CLI's rich table)."""
+    if any(not run.label for run in runs):
+        _label(runs)
+    best = best_per_task(runs)
+    rows = []
+    for index, run in enumerate(runs):
+        metric = DASH
+        if run.main_metric:
+            arrow = "↑" if run.greater_is_better else "↓"
+            metric = f"{run.main_metric}={format_value(run.main_value)} {arrow}"
+            if run.main_value is not None and not run.eval_final:
+                metric += " (interim)"
+        rows.append({
+            "run": f"{run.label} {BEST}" if index in best else run.label,
+            "status": run.status or DASH, "family": run.family or DASH,
+            "checkpoint": run.checkpoint or DASH, "task": run.task or DASH,
+            "quant": run.quantization or DASH, "LoRA r": lora_cell(run),
+            "main metric": metric,
+            "trainable / total": params_cell(run), "peak mem": format_memory(run.peak_memory_mb),
+            "train time": format_seconds(run.train_seconds), "notes": "; ".join(run.notes),
+        })
+    return rows
+
+
+def _markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    cells = [[c.replace("|", "\\|").replace("\n", " ") for c in row] for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    lines = ["| " + " | ".join(c.ljust(w) for c, w in zip(row, widths)) + " |" for row in cells]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+def _eval_tables(runs: list[RunSummary]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """Per task: every eval metric any of its runs reported, one row per run."""
+    tables = []
+    for task in dict.fromkeys(run.task for run in runs):
+        members = [run for run in runs if run.task == task and run.eval]
+        names = sorted({k for run in members for k in run.eval}, key=lambda k: (k == "loss", k))
+        if names:
+            rows = [[run.label] + [format_value(run.eval.get(k)) for k in names] for run in members]
+            tables.append((task or "unknown task", ["run", *names], rows))
+    return tables
+
+
+@dataclass
+class SameTask:
+    """One task's same-task comparison: its runs, their Pareto-best costs, the course's advice, its figure."""
+
+    task: str | None
+    metric: str | None
+    greater_is_better: bool
+    members: list[int]  # indices into the report's runs
+    pareto: dict[str, set[int]]  # cost's short name -> Pareto-best run indices
+    advice: str
+    figure: str  # PNG file name
+
+    @property
+    def title(self) -> str:
+        return f"Same-task comparison: {self.task or 'unknown task'}"
+
+
+PARETO_NOTE = ("Pareto-best: no other run of the task reaches an equal or better {metric} with less of that "
+               "cost (trainable parameters, train time, peak memory); ringed in the figure.")
+
+
+def same_task_comparisons(runs: list[RunSummary]) -> list[SameTask]:
+    """A SameTask for every (task, main metric) that two runs or more share."""
+    best = best_per_task(runs)
+    found = []
+    for task, metric, members in same_task_groups(runs):
+        spec = tasks.BY_NAME.get(task or "")
+        advice = (f"The course recommends the {spec.recommended} family for {task}: {spec.why}." if spec
+                  else "This task is not in hftoolkit's task table, so no family is recommended.")
+        winners = [runs[i] for i in members if i in best]
+        if winners and spec:
+            fits = ", of the recommended family" if all(r.family == spec.recommended for r in winners) else ""
+            shown = ", ".join(f"{r.label} ({r.family or 'unknown family'})" for r in winners)
+            advice += f" Best {metric} here: {shown}{fits}."
+        safe = re.sub(r"[^A-Za-z0-9.]+", "-", f"{task or 'unknown'}-{metric or 'none'}").strip("-")
+        found.append(SameTask(task, metric, runs[members[0]].greater_is_better, members,
+                              {short: pareto_best(runs, members, attr) for attr, short, _ in COSTS}, advice,
+                              f"same-task-{safe}.png"))
+    return found
+
+
+def same_task_table(runs: list[RunSummary], comparison: SameTask) -> tuple[list[str], list[list[str]]]:
+    """Header and display rows: run, family, checkpoint, main metric, costs, Pareto-best."""
+    arrow = "↑" if comparison.greater_is_better else "↓"
+    spec = tasks.BY_NAME.get(comparison.task or "")
+    header = ["run", "family", "checkpoint", f"{comparison.metric or 'main metric'} {arrow}", "trainable params",
+              "train time", "peak memory", "Pareto-best"]
+    rows = []
+    for i in comparison.members:
+        run = runs[i]
+        family = run.family or DASH
+        if spec and run.family == spec.recommended:
+            family += " (recommended)"
+        ranked = run.eval_final and run.main_value is not None
+        metric = format_value(run.main_value) if ranked else (run.status if run.status != "complete" else None) or DASH
+        axes = [short for _, short, _ in COSTS if i in comparison.pareto[short]]
+        pareto = ("yes: " + ", ".join(axes) if axes else "no") if ranked else DASH
+        rows.append([run.label, family, run.checkpoint or DASH, metric, format_count(run.trainable_params),
+                     format_seconds(run.train_seconds), format_memory(run.peak_memory_mb), pareto])
+    return header, rows
+
+
+def render_markdown(runs: list[RunSummary], plots: list[str]) -> str:
+    rows = summary_rows(runs)
+    footnotes, body = [], []
+    for run, row in zip(runs, rows):
+        refs = []
+        for note in run.notes:
+            footnotes.append(f"{run.label}: {note}")
+            refs.append(f"[{len(footnotes)}]")
+        body.append([*list(row.values())[:-1], " ".join(refs)])
+    parts = ["# hftoolkit comparison report", "",
+             f"{len(runs)} run(s). {BEST} marks the best run of each task by its main metric "
+             "(↑ higher is better, ↓ lower is better); runs without a finished metrics.json are not ranked.",
+             "", _markdown_table(list(rows[0].keys()), body), ""]
+    if footnotes:
+        parts += ["Notes:", ""] + [f"[{i}] {note}" for i, note in enumerate(footnotes, 1)] + [""]
+    for task, header, table in _eval_tables(runs):
+        parts += [f"## Eval metrics: {task}", "", _markdown_table(header, table), ""]
+    for comparison in same_task_comparisons(runs):
+        header, table = same_task_table(runs, comparison)
+        parts += [f"## {comparison.title}", "", comparison.advice, "", _markdown_table(header, table), "",
+                  PARETO_NOTE.format(metric=comparison.metric), ""]
+        if comparison.figure in plots:
+            parts += [f"![{comparison.title}]({comparison.figure})", ""]
+    for filename, title in PLOTS:
+        if filename in plots:
+            parts += [f"## {title}", "", f"![{title}]({filename})", ""]
+    return "\n".join(parts)
+
+
+_CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
+th{background:#f0f0f0} td.cell{white-space:nowrap} tr.best td{background:#fff6d5}
+td.notes{font-size:12px;color:#555;min-width:13em;max-width:28em}
+img{max-width:100%;display:block;margin:1em 0}"""
+
+
+def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
+    """One self-contained page: inline CSS, images as base64 data URIs, nothing fetched."""
+    esc = html.escape
+    rows = summary_rows(runs)
+    best = best_per_task(runs)
+    head = "".join(f"<th>{esc(k)}</th>" for k in rows[0])
+    body = "".join(
+        f'<tr class="run{" best" if i in best else ""}">'
+        + "".join(f'<td class="cell">{esc(v)}</td>' for k, v in row.items() if k != "notes")
+        + f'<td class="notes">{"<br>".join(esc(note) for note in run.notes)}</td></tr>'
+        for i, (run, row) in enumerate(zip(runs, rows)))
+    parts = [f"<h2>Runs</h2><p>{len(runs)} run(s). {BEST} marks the best run of each task by its main metric "
+             "(↑ higher is better, ↓ lower is better); runs without a finished metrics.json are not ranked.</p>",
+             f'<table id="runs"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>']
+    for task, header, table in _eval_tables(runs):
+        parts.append(f"<h2>Eval metrics: {esc(task)}</h2><table><tr>"
+                     + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
+                     + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in table)
+                     + "</table>")
+    for comparison in same_task_comparisons(runs):
+        header, table = same_task_table(runs, comparison)
+        parts.append(f'<section class="same-task"><h2>{esc(comparison.title)}</h2><p>{esc(comparison.advice)}</p>'
+                     "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
+                     + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in table)
+                     + f"</table><p>{esc(PARETO_NOTE.format(metric=comparison.metric))}</p>")
+        if comparison.figure in plots:
+            parts.append(_image(out, comparison.figure, comparison.title))
+        parts.append("</section>")
+    for filename, title in PLOTS:
+        if filename in plots:
+            parts.append(f"<h2>{esc(title)}</h2>" + _image(out, filename, title))
+    csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{csp}">'
+            '<link rel="icon" href="data:,"><title>hftoolkit comparison report</title>'
+            f"<style>{_CSS}</style></head><body><h1>hftoolkit comparison report</h1>"
+            + "".join(parts) + "</body></html>\n")
+
+
+def _image(out: Path, filename: str, title: str) -> str:
+    data = base64.b64encode((out / filename).read_bytes()).decode("ascii")
+    return f'<img alt="{html.escape(title)}" src="data:image/png;base64,{data}">'
+
+
+def write_report(run_dirs: list[Path], out: Path) -> Path:
+    """Write report.md, report.html and the PNG plots for run_dirs into out; return report.md."""
+    if not run_dirs:
+        raise ReportError("no run directories were given; pass at least one, such as runs/<name>.")
+    runs = _order([load_run(path) for path in run_dirs])
+    _label(runs)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    from hftoolkit.runs import report_plots
+
+    plots = report_plots.write_plots(runs, out)
+    for comparison in same_task_comparisons(runs):
+        report_plots.plot_same_task(runs, comparison.members, comparison.pareto, out / comparison.figure)
+        plots.append(comparison.figure)
+    (out / "report.html").write_text(render_html(runs, out, plots), encoding="utf-8")
+    report = out / "report.md"
+    report.write_text(render_markdown(runs, plots), encoding="utf-8")
+    return report

@@ -1,0 +1,96 @@
+"""Where a checkpoint is: a hub id, a local folder, a .gguf file or `init:<arch>`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from hftoolkit.errors import UserError
+
+if TYPE_CHECKING:
+    from hftoolkit.config.recipe import Recipe
+
+
+def resolve_checkpoint(recipe: Recipe) -> str:
+    """A local path for init: and directories, else the hub id itself: whether it loads (online, from the cache
+    with HF_HUB_OFFLINE=1, through an HF_ENDPOINT mirror, at model.revision) is the libraries' call, and
+    `checkpoint_errors` turns their refusal into one line."""
+    from hftoolkit.sources.gguf import gguf_source, plain_checkpoint
+
+    ckpt = recipe.model.checkpoint
+    source = gguf_source(ckpt, recipe.model.gguf_file, recipe.model.revision)
+    if source is not None:  # converted once into a plain folder in the cache; trained on dequantized weights
+        return str(plain_checkpoint(source))
+    if ckpt.startswith("init:"):
+        from hftoolkit.sources.tiny import ensure_tiny
+
+        return str(ensure_tiny(ckpt.removeprefix("init:")))
+    try:
+        path = Path(ckpt).expanduser()
+    except RuntimeError:  # ~name of a user this machine does not know
+        raise UserError(f"model.checkpoint: {ckpt} starts with an unknown ~user: write the full path") from None
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UserError(f"model.checkpoint: {ckpt} has no config.json, so it is not a saved model; "
+                            "point it at a folder written by save_pretrained")
+        return str(path)
+    if not is_hub_id(ckpt):
+        raise UserError(f"model.checkpoint: checkpoint directory {ckpt} not found: check the path")
+    return ckpt
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` reads as a Hub repository id (`name` or `namespace/name`; dots allowed, as in
+    `Qwen/Qwen2.5-0.5B`) rather than a path: a path starts with . / or ~, or has more than one part."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    if name.startswith((".", "/", "~")) or name.count("/") > 1:
+        return False
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return False
+    return True
+
+
+def checkpoint_errors(recipe: Recipe):
+    """Around a load of the recipe's checkpoint: a hub id that the libraries refuse (not in the cache offline,
+    not found, gated, an unknown revision) becomes one line naming it and what to do."""
+    from contextlib import nullcontext
+
+    from hftoolkit.sources import hub
+
+    ckpt = recipe.model.checkpoint
+    if (ckpt.startswith("init:") or not is_hub_id(ckpt) or Path(ckpt).expanduser().exists()
+            or recipe.model.gguf_file or ckpt.endswith(".gguf")):  # (gguf.py explains its own hub errors)
+        return nullcontext()
+    return hub.explained("model.checkpoint", ckpt, "model", revision=recipe.model.revision)
+
+
+
+def model_type_of(checkpoint: str, gguf_file: str | None = None) -> str | None:
+    """model_type from `init:<arch>`, a local config.json or a local GGUF file's header; None for a hub id
+    (unknown offline)."""
+    if checkpoint.startswith("init:"):
+        return checkpoint.removeprefix("init:")
+    try:
+        path = Path(checkpoint).expanduser()
+        config = path / "config.json"
+    except RuntimeError:  # ~name of an unknown user: resolve_checkpoint names the problem
+        return None
+    gguf = path / gguf_file if gguf_file and path.is_dir() else path if path.suffix == ".gguf" else None
+    if gguf is not None and gguf.is_file():
+        from hftoolkit.sources.gguf import gguf_architecture
+
+        try:
+            return gguf_architecture(gguf)
+        except Exception:  # not a GGUF file after all: resolve_checkpoint names the problem
+            return None
+    if config.is_file():
+        try:
+            return json.loads(config.read_text()).get("model_type")
+        except (OSError, ValueError):
+            return None
+    return None

@@ -1,0 +1,394 @@
+"""Data sources and column mapping: local files, hub data sets and `builtin:` sets.
+
+`load_data(recipe)` returns a DatasetDict with "train" and "eval" splits whose
+columns carry canonical names, so families never see the user's column names:
+  text       the input text (a list of words for tagging; the source for seq2seq)
+  text_pair  the second text of a sentence pair (classification, regression; when data.text_pair_column is set)
+  label      a class id (classification, image-classification), a list of tag ids (tagging) or a float (regression)
+  target     the output text (translation, summarization)
+  image      a PIL image (image-classification)
+Label names found in the data are written back into `recipe.data.label_names`.
+Rows whose input or target is empty are dropped (and counted) as they are read: a model
+trained on an empty text learns nothing from it, and an empty target teaches it to stop.
+
+Hub data sets load as `datasets.load_dataset(id, data.config, split=..., revision=data.revision)` does: online,
+from the cache with HF_HUB_OFFLINE=1, or through an HF_ENDPOINT mirror, as the library decides; hub.py turns its
+refusals into one line. A column name with a dot (translation.de) reads a nested field: the set is flattened first.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from pathlib import Path
+
+from hftoolkit.config import tasks
+from hftoolkit.config.recipe import Recipe
+from hftoolkit.errors import UserError
+
+FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet",
+                 ".txt": "text", ".gz": "text"}
+
+
+def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
+    """Train and eval splits with canonical columns, checked, labels encoded.
+
+    `dropped`, when given, receives the number of rows dropped for an empty input or target, per
+    source ("train": data.train, before an eval split is held out of it; "eval": data.eval or data.eval_split).
+    """
+    import datasets
+
+    datasets.disable_progress_bars()
+    d = recipe.data
+    counts = {"train": 0, "eval": 0}
+    train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),
+                                        "data.train", d.train)
+    if d.eval:
+        evaluation, counts["eval"] = drop_empty(
+            _read(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target),
+            "data.eval", d.eval)
+    elif d.eval_split:
+        evaluation, counts["eval"] = drop_empty(_read(d.train, "data.eval_split", recipe, split=d.eval_split),
+                                                "data.eval_split", f"{d.train} (split {d.eval_split})")
+    else:
+        _check_not_empty(train, "data.train", d.train)
+        if len(train) < 2:
+            raise UserError(f"data.train: {d.train} has a single row, too few to hold out an eval split; add data")
+        parts = train.train_test_split(test_size=d.eval_fraction, seed=recipe.training.seed)
+        train, evaluation = parts["train"], parts["test"]
+    splits = {"train": (train, "data.train", d.train), "eval": (evaluation, "data.eval", d.eval or d.train)}
+    for ds, key, source in splits.values():
+        _check_not_empty(ds, key, source)
+    if tasks.spec(recipe.task).labels in ("class", "tags"):
+        train, evaluation = _encode_labels(recipe, train, evaluation)
+    elif tasks.spec(recipe.task).labels == "value":
+        train, evaluation = _float_labels(recipe, train, "data.train"), _float_labels(recipe, evaluation, "data.eval")
+    limit = {"train": d.max_train_samples, "eval": d.max_eval_samples}
+    out = {}
+    for split, ds in (("train", train), ("eval", evaluation)):
+        if limit[split] and len(ds) > limit[split]:
+            ds = ds.shuffle(seed=recipe.training.seed).select(range(limit[split]))
+        out[split] = ds
+    if dropped is not None:
+        dropped.update(counts)
+    return datasets.DatasetDict(out)
+
+
+def drop_empty(ds, key: str, source: str):
+    """(the rows whose texts and target are filled in, how many were dropped); refuses when none is left.
+
+    Empty means missing (an empty CSV cell), blank text, or an empty word list (tagging).
+    """
+    columns = [c for c in ("text", "text_pair", "target") if c in ds.column_names]
+    if not columns or len(ds) == 0:
+        return ds, 0
+    empty = {c: [i for i, value in enumerate(ds[c]) if not _filled(value)] for c in columns}
+    gone = sorted(set().union(*empty.values()))
+    if not gone:
+        return ds, 0
+    if len(gone) == len(ds):
+        what = " or ".join(c for c in columns if empty[c])
+        raise UserError(f"{key}: every row of {source} has an empty {what}, so nothing is left to use: "
+                        f"fill in the {what} column, or point {key} at other data")
+    drop = set(gone)
+    return ds.select([i for i in range(len(ds)) if i not in drop]), len(gone)
+
+
+def _filled(value) -> bool:
+    if isinstance(value, str):
+        return bool(value.strip())
+    if isinstance(value, (list, tuple)):
+        return len(value) > 0
+    return value is not None
+
+
+def fingerprint(data) -> str:
+    """A short hash of the data's content, for the manifest."""
+    h = hashlib.sha256()
+    for split in sorted(data):
+        h.update(split.encode())
+        h.update(str(data[split]._fingerprint).encode())
+    return h.hexdigest()[:16]
+
+
+# ---------------------------------------------------------------- sources
+
+
+def _read(source: str, key: str, recipe: Recipe, split: str | None = None, target: str | None = None):
+    import datasets
+
+    if key == "data.eval_split" and not is_hub_source(source):
+        raise UserError(f"data.eval_split: {split!r} names a split of a hub data set, but data.train ({source}) is "
+                        "not one: point data.eval at the examples to score, or set data.eval_split to null to hold "
+                        "out data.eval_fraction of data.train")
+    if source.startswith("builtin:"):
+        from hftoolkit.sources.builtin import BUILTIN
+
+        name = source.removeprefix("builtin:")
+        if name not in BUILTIN:
+            raise UserError(f"{key}: unknown built-in set {source!r}; choose one of "
+                            + ", ".join(f"builtin:{n}" for n in BUILTIN))
+        ds = datasets.Dataset.from_list(BUILTIN[name](seed=recipe.training.seed))
+        return _map_columns(ds, recipe, key, source, canonical=True)
+    path = _expand(source, key)
+    if path.is_dir():
+        ds = _load_builder("imagefolder", {"data_dir": str(path)}, key, source)
+        if "label" not in ds.column_names and "label" in tasks.spec(recipe.task).columns:
+            ds = _single_class(ds, path, key, source)
+        return _map_columns(ds, recipe, key, source, canonical=True)
+    if path.is_file() or path.suffix.lower() in FILE_BUILDERS or source.startswith((".", "/", "~")):
+        if not path.is_file():
+            raise UserError(f"{key}: data file {source} not found: check the path")
+        if target is not None:
+            return _aligned(path, _expand(target, key.replace("data.train", "data.train_target")
+                                                  .replace("data.eval", "data.eval_target")), key)
+        builder = FILE_BUILDERS.get(path.suffix.lower())
+        if builder is None:
+            raise UserError(f"{key}: {source} has an unsupported extension; use one of {', '.join(FILE_BUILDERS)}")
+        if builder == "text":
+            ds = datasets.Dataset.from_dict({"text": _lines(path, key)})
+        else:
+            kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
+            ds = _load_builder(builder, {"data_files": str(path), **kwargs}, key, source)
+        return _map_columns(ds, recipe, key, source)
+    return _read_hub(source, key, recipe, split or recipe.data.train_split)
+
+
+def is_hub_source(source: str) -> bool:
+    """Whether `source` is read as a hub data set id: what is neither builtin:, nor a folder, nor a file (by its
+    existence, extension or leading . / ~), exactly as `_read` dispatches."""
+    if source.startswith(("builtin:", ".", "/", "~")):
+        return False
+    path = Path(source)
+    return not (path.is_dir() or path.is_file() or path.suffix.lower() in FILE_BUILDERS)
+
+
+def _read_hub(source: str, key: str, recipe: Recipe, split: str):
+    """One split of a hub data set, at data.config and data.revision (both apply to every hub set of the recipe)."""
+    import datasets
+
+    from hftoolkit.sources import hub
+
+    d = recipe.data
+    with hub.explained(key, source, "dataset", config=d.config, revision=d.revision):
+        ds = datasets.load_dataset(source, d.config, split=split, revision=d.revision)
+    ds = _map_columns(ds, recipe, key, source)
+    _check_labelled(ds, key, source, split)
+    return ds
+
+
+def _check_labelled(ds, key: str, source: str, split: str) -> None:
+    """Benchmark test splits hide their labels (GLUE's test splits hold -1 in every row, ClassLabel's "no label"):
+    scoring them would compare predictions with a placeholder."""
+    from datasets import ClassLabel, Value
+
+    feature = ds.features.get("label")
+    hidden = (isinstance(feature, ClassLabel) and -1 in ds.unique("label")) or (
+        isinstance(feature, Value) and feature.dtype.startswith("float") and set(ds.unique("label")) == {-1.0})
+    if hidden:
+        raise UserError(f"{key}: split {split!r} of {source} has no labels (-1 marks a hidden label, as in GLUE's test "
+                        "splits): score a split with labels, such as validation")
+
+
+def use_split(recipe: Recipe, split: str, key: str = "--split") -> None:
+    """Point the recipe's eval at `split` of its hub data set: data.eval's when that is a hub id, else data.train's."""
+    d = recipe.data
+    if d.eval and is_hub_source(d.eval):
+        d.eval_split = split
+    elif is_hub_source(d.train):
+        d.eval, d.eval_target, d.eval_split = None, None, split
+    else:
+        sources = " and ".join(f"{k} ({v})" for k, v in (("data.train", d.train), ("data.eval", d.eval)) if v)
+        raise UserError(f"{key}: {split!r} names a split of a hub data set, but {sources} "
+                        f"{'are' if d.eval else 'is'} not one: score another file by pointing data.eval at it")
+
+
+def _expand(source: str, key: str) -> Path:
+    try:
+        return Path(source).expanduser()
+    except RuntimeError:  # ~name of a user this machine does not know
+        raise UserError(f"{key}: {source} starts with an unknown ~user: write the full path") from None
+
+
+def _load_builder(builder: str, kwargs: dict, key: str, source: str):
+    import datasets
+
+    split = kwargs.pop("split", "train")
+    try:
+        return datasets.load_dataset(builder, split=split, **kwargs)
+    except UnicodeDecodeError:
+        raise UserError(f"{key}: {source} is not UTF-8 text: convert it to UTF-8") from None
+    except Exception as err:  # datasets wraps parser errors in several types
+        cause = err.__cause__ or err
+        if isinstance(cause, UnicodeDecodeError):  # the csv reader's, wrapped by datasets
+            raise UserError(f"{key}: {source} is not UTF-8 text: convert it to UTF-8") from None
+        if "corresponds to no data" in str(cause):  # a header and no rows
+            raise UserError(f"{key}: {source} has no rows: point it at a data set with examples") from None
+        raise UserError(f"{key}: could not read {source} ({type(cause).__name__}: "
+                        f"{str(cause).splitlines()[0][:200]}): check its format") from None
+
+
+def _single_class(ds, path: Path, key: str, source: str):
+    """An image folder without a label column: the imagefolder builder labels images by their subfolder only
+    when there are two or more. An eval folder may hold one class (named by its subfolder); a train folder may not."""
+    classes = sorted(p.name for p in path.iterdir() if p.is_dir() and not p.name.startswith("."))
+    if len(classes) == 1 and key != "data.train":
+        return ds.add_column("label", [classes[0]] * len(ds))
+    found = f"a single class subfolder ({classes[0]})" if len(classes) == 1 else "no class subfolders"
+    raise UserError(f"{key}: image folder {source} has {found}, but image classification needs at least two "
+                    "classes: put each class's images in a subfolder named after it")
+
+
+def _lines(path: Path, key: str, keep_blank: bool = False) -> list[str]:
+    """The file's lines; blank ones are skipped, or kept (aligned files: line i must stay line i) but for
+    blank lines at the very end."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    try:
+        with opener(path, "rt", encoding="utf-8") as f:
+            lines = [line.rstrip("\r\n") for line in f if keep_blank or line.strip()]
+            while keep_blank and lines and not lines[-1].strip():
+                lines.pop()
+            return lines
+    except UnicodeDecodeError:
+        raise UserError(f"{key}: {path} is not UTF-8 text: convert it to UTF-8") from None
+    except (OSError, EOFError) as err:
+        raise UserError(f"{key}: could not read {path} ({err}): check the file") from None
+
+
+def _aligned(source: Path, target: Path, key: str):
+    """Two files aligned line by line (translation): line i of target translates line i of source."""
+    import datasets
+
+    if not target.is_file():
+        raise UserError(f"{key.replace('train', 'train_target').replace('eval', 'eval_target')}: "
+                        f"target file {target} not found: check the path")
+    src, tgt = _lines(source, key, keep_blank=True), _lines(target, key, keep_blank=True)
+    if len(src) != len(tgt):
+        raise UserError(f"{key}: aligned files differ in length ({source}: {len(src)} lines, {target}: {len(tgt)}): "
+                        "they must match line for line")
+    return datasets.Dataset.from_dict({"text": src, "target": tgt})
+
+
+def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = False):
+    """Rename the recipe's columns to canonical names and drop the rest; a dotted name reads a nested field."""
+    mapping = {}
+    for name in _columns(recipe):
+        field = tasks.COLUMN_KEYS[name]
+        if name == "text" and key == "data.eval" and recipe.data.eval_text_column:
+            field = "eval_text_column"
+        column = name if canonical and name in ds.column_names else getattr(recipe.data, field)
+        if column not in ds.column_names and "." in column and column.split(".")[0] in ds.column_names:
+            ds = ds.flatten()  # translation: {de, en} -> columns translation.de, translation.en
+        if column not in ds.column_names:
+            raise UserError(f"data.{field}: column {column!r} not found in {source}; columns found: "
+                            f"{', '.join(ds.column_names)}; set data.{field}")
+        mapping[column] = name
+    ds = ds.select_columns(list(mapping))
+    return ds.rename_columns({k: v for k, v in mapping.items() if k != v})
+
+
+def _columns(recipe: Recipe) -> list[str]:
+    """The canonical columns the recipe reads: the task's, plus text_pair when data.text_pair_column is set."""
+    task = tasks.spec(recipe.task)
+    if not recipe.data.text_pair_column:
+        return list(task.columns)
+    if not task.text_pairs:
+        pairs = ", ".join(t.name for t in tasks.TASKS if t.text_pairs)
+        raise UserError(f"data.text_pair_column: task {recipe.task!r} reads one text per example: remove "
+                        f"data.text_pair_column (sentence pairs are for {pairs})")
+    return [*task.columns, "text_pair"]
+
+
+def _check_not_empty(ds, key: str, source: str) -> None:
+    if len(ds) == 0:
+        raise UserError(f"{key}: {source} has no rows: point it at a data set with examples")
+
+
+# ---------------------------------------------------------------- labels
+
+
+def _encode_labels(recipe: Recipe, train, evaluation):
+    """Map label values to ids 0..n-1 in the order of `data.label_names` (found in the data if unset: a hub set's
+    or an image folder's own class names in their order, else the values seen, sorted)."""
+    from datasets import ClassLabel
+
+    feature = train.features["label"]
+    inner = getattr(feature, "feature", feature)  # a Sequence (tagging) holds its item feature
+    names = recipe.data.label_names
+    if isinstance(inner, ClassLabel):  # imagefolder and hub sets: ids -> their names first
+        names = names or list(inner.names)
+        train, evaluation = _as_names(train), _as_names(evaluation)
+    values = _flat(train["label"]) + _flat(evaluation["label"])
+    kinds = {type(v).__name__ for v in values}
+    if len(kinds) > 1 or not kinds <= {"int", "str"}:
+        raise UserError(f"data.label_column: labels in {recipe.data.train} are of types {', '.join(sorted(kinds))}: "
+                        "make every label a name or every label an integer id")
+    if names is None:
+        unique = sorted(set(values), key=lambda v: (str(type(v)), v))
+        names = [str(v) for v in unique] if kinds != {"int"} else [str(i) for i in range(max(unique) + 1)]
+    if recipe.task != "tagging" and len(set(_flat(train["label"]))) < 2:
+        raise UserError(f"data.train: only one class ({values[0]!r}) in {recipe.data.train}: "
+                        "classification needs examples of at least two labels")
+    index = {n: i for i, n in enumerate(names)}
+    for v in values:
+        if (str(v) if kinds != {"int"} else names[v] if 0 <= v < len(names) else None) not in index:
+            raise UserError(f"data.label_column: label {v!r} is not one of data.label_names ({', '.join(names)}): "
+                            "fix the data or add the label to data.label_names")
+    to_id = (lambda v: index[str(v)]) if kinds != {"int"} else (lambda v: v)
+    recipe.data.label_names = names
+    encode = lambda batch: {"label": [[to_id(v) for v in label] if isinstance(label, list) else to_id(label)
+                                      for label in batch["label"]]}
+    # The id column's type is given: map keeps a column's old type when it returns the same name, and ids
+    # stored as strings ("1", from a CSV's large_string column) would reach the collator as text.
+    return tuple(ds.map(encode, batched=True, features=_id_features(ds)) for ds in (train, evaluation))
+
+
+def _id_features(ds):
+    from datasets import List, Value
+
+    features = ds.features.copy()
+    features["label"] = List(Value("int64")) if hasattr(features["label"], "feature") else Value("int64")
+    return features
+
+
+def _float_labels(recipe: Recipe, ds, key: str):
+    """Regression targets as float32 (MSE needs float labels; a CSV of whole scores reads as integers)."""
+    from datasets import ClassLabel, Value
+
+    source = recipe.data.eval if key == "data.eval" and recipe.data.eval else recipe.data.train
+    if isinstance(ds.features["label"], ClassLabel):
+        raise UserError(f"data.label_column: {source} labels each example with a class "
+                        f"({', '.join(ds.features['label'].names[:5])}): use task classification, or a column of "
+                        "numbers for regression")
+    try:
+        return ds.cast_column("label", Value("float32"))
+    except (ValueError, TypeError) as err:  # pyarrow's ArrowInvalid is a ValueError
+        raise UserError(f"data.label_column: regression needs one number per example, but {source} holds labels "
+                        f"that are not numbers ({str(err).splitlines()[0][:120]}): point data.label_column at "
+                        "a numeric column") from None
+
+
+def _as_names(ds):
+    """Class ids -> the split's own class names; map is told the new feature, else it keeps ClassLabel (ids again)."""
+    from datasets import ClassLabel, List, Value
+
+    feature = ds.features["label"]
+    inner = getattr(feature, "feature", feature)
+    if not isinstance(inner, ClassLabel):
+        return ds
+    features = ds.features.copy()
+    features["label"] = List(Value("string")) if inner is not feature else Value("string")
+    return ds.map(lambda r: {"label": _names(r["label"], inner.names)}, features=features)
+
+
+def _names(label, names):
+    return [names[i] for i in label] if isinstance(label, list) else names[label]
+
+
+def _flat(column) -> list:
+    return [v for item in column for v in (item if isinstance(item, list) else [item])]
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

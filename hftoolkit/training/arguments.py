@@ -1,0 +1,159 @@
+"""A recipe's training settings as the Trainer takes them, decided for the machine at hand.
+
+- `training_arguments`: TrainingArguments from the recipe (batch split over processes, precision,
+  optimizer, schedule, checkpointing, eval and save strategies, data loader, trackers).
+- `resolve_precision`: training.precision auto made concrete (bf16, fp16 or fp32).
+- `hardware_problems` / `check_hardware`: keys that ask this machine for what it lacks
+  (flash attention, TF32), refused when training starts; `validate` stays machine-independent.
+- `run_record`: what metrics.json says about how the run trained (precision, best step).
+
+Imports no torch at module level (launch.py's checks use `resolve_precision` before any relaunch).
+"""
+
+from __future__ import annotations
+
+from hftoolkit.config.recipe import Recipe
+from hftoolkit.errors import UserError
+from hftoolkit.runs.rundir import RunDirectory
+
+# training.optimizer -> the Trainer's `optim` name.
+OPTIMIZERS = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit",
+              "paged_adamw_8bit": "paged_adamw_8bit", "adafactor": "adafactor", "sgd": "sgd"}
+# Model types whose activations overflow fp16 (training.precision auto never picks fp16 for them).
+NO_FP16 = ("t5", "mt5", "umt5", "longt5")
+# The trackers that read their project from the environment, and the variable each reads.
+PROJECT_VARIABLES = {"wandb": "WANDB_PROJECT", "mlflow": "MLFLOW_EXPERIMENT_NAME", "comet_ml": "COMET_PROJECT_NAME"}
+
+
+def training_arguments(recipe: Recipe, run: RunDirectory, model, encoded, scorer):
+    """TrainingArguments for `recipe`; `model` decides what auto precision means (T5 never takes fp16)."""
+    import torch
+    from accelerate import PartialState
+    from transformers import TrainingArguments
+
+    t, cuda = recipe.training, torch.cuda.is_available()
+    precision = resolve_precision(recipe, model.config.model_type)
+    if t.gradient_checkpointing and not getattr(model, "supports_gradient_checkpointing", False):
+        raise UserError(f"training.gradient_checkpointing: {type(model).__name__} has no activation checkpointing "
+                        "in transformers: set training.gradient_checkpointing to false")
+    _tracker_project(t)
+    return TrainingArguments(
+        output_dir=str(run / "checkpoints"),
+        num_train_epochs=t.epochs, max_steps=t.max_steps or -1,
+        # training.batch_size is the step's batch over all processes; eval.batch_size is per process.
+        per_device_train_batch_size=per_process_batch(t.batch_size, PartialState().num_processes),
+        per_device_eval_batch_size=recipe.eval.batch_size,
+        gradient_accumulation_steps=t.gradient_accumulation, learning_rate=t.learning_rate,
+        lr_scheduler_type=t.scheduler, optim=OPTIMIZERS[t.optimizer],
+        # An int counts steps, a float below 1 is a share of all steps (transformers 5).
+        warmup_steps=t.warmup_steps if t.warmup_steps is not None else t.warmup_ratio, weight_decay=t.weight_decay,
+        max_grad_norm=t.max_grad_norm, label_smoothing_factor=t.label_smoothing, seed=t.seed,
+        bf16=precision == "bf16", fp16=precision == "fp16", use_cpu=not cuda,
+        tf32=t.tf32 if cuda else None,  # (a run evaluated again on a CPU: nothing to switch)
+        activation_checkpointing=t.gradient_checkpointing,
+        # Non-reentrant checkpointing needs no input that requires grad, so it works under frozen LoRA bases.
+        activation_checkpointing_kwargs={"use_reentrant": False} if t.gradient_checkpointing else None,
+        torch_compile=t.compile,
+        logging_steps=t.logging_steps, logging_first_step=True, report_to=list(t.report_to) or "none",
+        run_name=recipe.name, **({"project": t.project} if t.project else {}),
+        # Retention is AtomicCheckpoints' (by step, the best kept): the Trainer's own would delete non-atomically.
+        save_total_limit=None, save_only_model=False,
+        **_eval_and_save_arguments(recipe, scorer),
+        # Without a "length" column (images: all one size) the sampler would decode every example to measure it.
+        train_sampling_strategy="random" if t.sampling == "group_by_length"
+        and "length" not in encoded["train"].column_names else t.sampling,
+        remove_unused_columns=False,  # our collator drops "length"; the sampler needs it first
+        dataloader_num_workers=recipe.data.num_workers, dataloader_pin_memory=cuda,
+        disable_tqdm=False, logging_nan_inf_filter=False,
+    )
+
+
+def _eval_and_save_arguments(recipe: Recipe, scorer) -> dict:
+    """TrainingArguments for eval during training, early stopping and keep_best (which saves at every eval)."""
+    t, every = recipe.training, recipe.eval.every
+    save = {"save_strategy": "steps" if t.save_steps else "no", "save_steps": t.save_steps or 500}
+    if every == "none":
+        return {"eval_strategy": "no", **save}
+    strategy = "epoch" if every == "epoch" else "steps"
+    # Perplexity is exp(eval loss): the loss ranks checkpoints the same way and is always there.
+    metric = "loss" if scorer.main == "perplexity" else scorer.main
+    if recipe.eval.keep_best:
+        save = {"save_strategy": strategy, "save_steps": every if strategy == "steps" else 500}
+    return {"eval_strategy": strategy, "eval_steps": every if strategy == "steps" else None, **save,
+            "metric_for_best_model": metric, "greater_is_better": scorer.greater_is_better,
+            "load_best_model_at_end": recipe.eval.keep_best,
+            # The early-stopping count lives in the checkpoint's trainer state: a resumed run goes on counting.
+            "restore_callback_states_from_checkpoint": recipe.eval.early_stopping is not None}
+
+
+def resolve_precision(recipe: Recipe, model_type: str | None = None) -> str:
+    """training.precision with auto decided for this machine: bf16 on a GPU that has it, else fp16 (fp32 for
+    models that overflow in fp16, such as T5), fp32 on a CPU (autocast on a CPU is slower than fp32 there)."""
+    if recipe.training.precision != "auto":
+        return recipe.training.precision
+    import torch
+
+    if not torch.cuda.is_available():
+        return "fp32"
+    if torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32" if (model_type or recipe.model_type) in NO_FP16 else "fp16"
+
+
+def hardware_problems(recipe: Recipe) -> list[str]:
+    """What this recipe asks of the machine that the machine lacks, one `key: what: what to do` line each.
+    Imports torch only when the recipe asks for something that needs a GPU."""
+    import importlib.util
+
+    t, m = recipe.training, recipe.model
+    if not (m.attention == "flash_attention_2" or t.tf32):
+        return []
+    import torch
+
+    cuda, problems = torch.cuda.is_available(), []
+    if m.attention == "flash_attention_2":
+        if not cuda:
+            problems.append("model.attention: flash_attention_2 runs on NVIDIA GPUs only and this machine has no "
+                            "CUDA device: use sdpa (the default, auto, picks it)")
+        elif importlib.util.find_spec("flash_attn") is None:
+            problems.append("model.attention: flash_attention_2 needs the flash-attn package, which is not installed: "
+                            "pip install flash-attn --no-build-isolation, or use sdpa")
+    if t.tf32 and not (cuda and torch.cuda.get_device_capability()[0] >= 8):
+        problems.append("training.tf32: TF32 matmuls need an NVIDIA Ampere or newer GPU, which this machine lacks: "
+                        "set training.tf32 to false")
+    return problems
+
+
+def check_hardware(recipe: Recipe) -> None:
+    """Refuse, before anything is loaded, a recipe that asks this machine for what it lacks (`validate`
+    does not: a recipe for a GPU server validates anywhere)."""
+    problems = hardware_problems(recipe)
+    if problems:
+        raise UserError("\n".join(problems))
+
+
+def run_record(recipe: Recipe, trainer) -> dict:
+    """What metrics.json says about how the run trained: the precision used and, with eval.keep_best,
+    the step (and metric) of the checkpoint whose weights the run kept."""
+    record = {"precision": resolve_precision(recipe, trainer.model.config.model_type)}
+    if recipe.eval.keep_best:
+        record.update(best_step=trainer.state.best_global_step, best_metric=trainer.state.best_metric)
+    return record
+
+
+def _tracker_project(training) -> None:
+    """training.project for the trackers that read it from the environment (trackio reads TrainingArguments')."""
+    import os
+
+    if training.project:
+        for tracker in training.report_to:
+            if tracker in PROJECT_VARIABLES:
+                os.environ[PROJECT_VARIABLES[tracker]] = training.project
+
+
+def per_process_batch(batch_size: int, num_processes: int) -> int:
+    """training.batch_size split over the processes (launch.check has refused a batch that does not divide)."""
+    if batch_size % num_processes:
+        raise UserError(f"training.batch_size: {batch_size} does not split evenly over {num_processes} processes: "
+                        f"set it to a multiple of {num_processes}")
+    return batch_size // num_processes

@@ -1,0 +1,53 @@
+"""The order examples are batched in: similar lengths together, so that batches pad little.
+
+- Training with training.sampling=group_by_length (the default for text): `LengthBucketSampler`.
+  Examples are shuffled, sorted by length (ties keep their shuffled order), cut into batches, and
+  the batches shuffled, so each batch holds examples of nearly one length. transformers' own
+  sampler only sorts within "megabatches" of 50 batches, so it pads more; benchmarks/classification.py
+  measures both.
+  The order is drawn from seed + epoch, not from the global torch RNG, whose state at the start of
+  epoch 2 differs between an uninterrupted run and a resumed one: a resumed run sees the same batches.
+- Eval: `shortest_first` sorts the eval set by length before the Trainer reads it, in order (the
+  Trainer would otherwise shuffle a group_by_length eval set too, and predictions would no longer
+  line up with the data); callers map results back with the order it returns.
+
+The Trainer mixin that installs the sampler is `trainer.LengthBatching`.
+"""
+
+from __future__ import annotations
+
+
+class LengthBucketSampler:
+    """Indices in batches of nearly equal length, in an order drawn from seed + epoch.
+
+    The batch holding the longest example comes first, as in transformers' sampler, so a batch
+    too large for memory fails at step 1 rather than hours in. A last, smaller batch stays last:
+    the data loader cuts this index stream into batches in order, and a short batch in the middle
+    would shift every later cut.
+    """
+
+    def __init__(self, lengths: list[int], batch_size: int, seed: int):
+        self.lengths, self.batch_size, self.seed, self.epoch = list(lengths), batch_size, seed, 0
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Called by the Trainer (and by accelerate on every process) before each epoch."""
+        self.epoch = epoch
+
+    def __iter__(self):
+        import torch
+
+        if not self.lengths:
+            return iter([])
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        shuffled = torch.randperm(len(self.lengths), generator=generator)
+        lengths = torch.tensor(self.lengths)[shuffled]
+        by_length = shuffled[torch.sort(lengths, descending=True, stable=True).indices]
+        batches = list(by_length.split(self.batch_size))
+        last = [batches.pop()] if len(batches) > 1 and len(batches[-1]) < self.batch_size else []
+        middle = [batches[i] for i in (torch.randperm(len(batches) - 1, generator=generator) + 1).tolist()]
+        return iter(torch.cat(batches[:1] + middle + last).tolist())
+
+

@@ -1,0 +1,242 @@
+"""Training on several processes: starting them, refusing what cannot work, and the parts of
+training that must know how many processes there are.
+
+- `hftoolkit train RECIPE --num-processes N` (or `--accelerate-config FILE`, or a recipe's
+  training.accelerate_config) starts itself again under `accelerate launch`; a process that a
+  launcher already started (accelerate, torchrun, mpirun) never relaunches.
+- `check` refuses, with a reason, combinations that cannot work: a batch that does not split
+  evenly over the processes, 8-bit/4-bit weights under DeepSpeed ZeRO-3 or FSDP, and so on.
+- `generate_everywhere` runs generation-based eval once per example across the processes.
+
+training.batch_size is the batch of one optimizer step over all processes (before gradient
+accumulation), so a recipe trains the same way on 1 or N processes; eval.batch_size is per
+process (a memory knob: it does not change which examples are scored).
+Imports no torch at module level: the launching process stays light.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from hftoolkit.config.recipe import Recipe, RecipeError
+from hftoolkit.console import under_launcher
+from hftoolkit.errors import UserError
+
+# The command the user typed, handed to the relaunched processes for manifest.json.
+COMMAND_VARIABLE = "HFTOOLKIT_COMMAND"
+LAUNCH_OPTIONS = ("--num-processes", "--accelerate-config")
+
+
+@dataclass
+class LaunchPlan:
+    """How the training processes run: how many, and how the model is spread over them."""
+
+    num_processes: int = 1
+    distributed: str = "NO"  # NO, MULTI_GPU (DDP), MULTI_CPU, DEEPSPEED, FSDP, as accelerate names them
+    zero_stage: int | None = None
+    mixed_precision: str = "no"
+    config: Path | None = None  # the accelerate config file, when one was named
+    source: str = "--num-processes"  # what to name in an error message
+    launched: bool = False  # already running under a launcher
+
+    @property
+    def shards_parameters(self) -> bool:
+        """FSDP and ZeRO-3 split every weight across the processes: a forward pass needs all of them."""
+        return self.distributed == "FSDP" or (self.distributed == "DEEPSPEED" and self.zero_stage == 3)
+
+    @property
+    def relaunch(self) -> bool:
+        return not self.launched and (self.config is not None or self.num_processes > 1)
+
+
+# ---------------------------------------------------------------- where we run
+
+
+def command_line() -> list[str]:
+    """The command as the user typed it (before a relaunch), for manifest.json."""
+    recorded = os.environ.get(COMMAND_VARIABLE)
+    return json.loads(recorded) if recorded else list(sys.argv)
+
+
+def plan_launch(recipe: Recipe, num_processes: int | None, accelerate_config: Path | None,
+                source: str = "recipe") -> LaunchPlan:
+    """The plan for this `hftoolkit train` call, checked against the recipe (raises RecipeError)."""
+    if under_launcher():
+        plan = plan_from_environment()
+        if accelerate_config is not None:
+            raise UserError(f"--accelerate-config: this process was started by a launcher already (one of "
+                            f"{plan.num_processes}); give the config to that launcher, or drop --accelerate-config")
+        if num_processes not in (None, plan.num_processes):
+            raise UserError(f"--num-processes {num_processes}: this process is one of {plan.num_processes} that a "
+                            "launcher started already; drop --num-processes or launch that many")
+    else:
+        config = accelerate_config or (Path(recipe.training.accelerate_config)
+                                       if recipe.training.accelerate_config else None)
+        origin = "--accelerate-config" if accelerate_config else "training.accelerate_config"
+        plan = plan_from_config(config, num_processes, origin if config else "--num-processes")
+    problems = check(recipe, plan)
+    if problems:
+        raise RecipeError([f"{source}: {p}" for p in problems])
+    return plan
+
+
+def plan_from_config(config: Path | None, num_processes: int | None, source: str = "--accelerate-config"):
+    """The plan an accelerate config file (or none) describes; `num_processes` overrides the file's."""
+    if config is None:
+        return LaunchPlan(num_processes=num_processes or 1, distributed="MULTI_GPU" if (num_processes or 1) > 1
+                          else "NO", source=source)
+    import yaml
+
+    config = Path(config)
+    if not config.is_file():
+        raise RecipeError([f"{source}: accelerate config {config} not found: check the path "
+                           "(the shipped ones are in recipes/accelerate/)"])
+    try:
+        data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    except yaml.YAMLError as err:
+        raise RecipeError([f"{source}: {config} is not valid YAML ({err}): fix it or regenerate it with "
+                           "`accelerate config`"]) from None
+    if not isinstance(data, dict):
+        raise RecipeError([f"{source}: {config} is not a mapping of accelerate settings: "
+                           "write it with `accelerate config`"])
+    deepspeed = data.get("deepspeed_config") or {}
+    return LaunchPlan(num_processes=num_processes or int(data.get("num_processes") or 1),
+                      distributed=str(data.get("distributed_type", "NO")).upper(),
+                      zero_stage=deepspeed.get("zero_stage"), mixed_precision=str(data.get("mixed_precision", "no")),
+                      config=config, source=f"{source} {config}")
+
+
+def plan_from_environment() -> LaunchPlan:
+    """The plan of a process a launcher started, read from the variables accelerate and torchrun set."""
+    env = os.environ
+    world = int(env.get("WORLD_SIZE") or env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE") or 1)
+    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
+        distributed = "DEEPSPEED"
+    elif env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        distributed = "FSDP"
+    else:
+        distributed = "MULTI_GPU" if world > 1 else "NO"
+    stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    return LaunchPlan(num_processes=world, distributed=distributed, zero_stage=int(stage) if stage else None,
+                      mixed_precision=env.get("ACCELERATE_MIXED_PRECISION", "no"), source="the launcher",
+                      launched=True)
+
+
+# ---------------------------------------------------------------- what cannot work
+
+
+def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
+    """Every reason this recipe cannot train as planned, each a `key: what, why, what to do` sentence."""
+    problems = []
+    n, t = plan.num_processes, recipe.training
+    if t.batch_size % n:
+        problems.append(f"training.batch_size: {t.batch_size} examples per step do not split evenly over {n} "
+                        f"processes ({plan.source}): set it to a multiple of {n}, each process then takes "
+                        f"batch_size / {n}")
+    quantized = recipe.model.quantization != "none"
+    if quantized and plan.shards_parameters:
+        how = "FSDP" if plan.distributed == "FSDP" else "DeepSpeed ZeRO-3"
+        problems.append(f"model.quantization: {recipe.model.quantization} (bitsandbytes) weights cannot be sharded "
+                        f"across processes, which {how} ({plan.source}) does to every weight: use DDP "
+                        "(--num-processes N or recipes/accelerate/ddp.yaml) or DeepSpeed ZeRO-2, or set "
+                        "model.quantization to none")
+    if plan.mixed_precision != "no":  # (auto is resolved, importing torch, only when there is something to compare)
+        from hftoolkit.training.arguments import resolve_precision
+
+        precision = resolve_precision(recipe)
+        wanted = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[precision]
+        if plan.mixed_precision != wanted:
+            auto = "" if t.precision == precision else f" (auto picks {precision} on this machine)"
+            problems.append(f"training.precision: {precision} disagrees with mixed_precision "
+                            f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
+                            "config (the recipe's training.precision decides)")
+    if plan.distributed == "DEEPSPEED" and not plan.launched and not _installed("deepspeed"):
+        problems.append(f"{plan.source} uses DeepSpeed, which is not installed: "
+                        "pip install 'hftoolkit[deepspeed]', or use ddp.yaml or fsdp.yaml")
+    return problems
+
+
+def _installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None
+
+
+# ---------------------------------------------------------------- relaunching
+
+
+def launch_command(plan: LaunchPlan, argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str]]:
+    """`accelerate launch` of `hftoolkit <argv minus the launch options>`, and the environment to give it."""
+    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    if plan.config is not None:
+        cmd += ["--config_file", str(plan.config)]
+    cmd += ["--num_processes", str(plan.num_processes)]
+    if plan.config is None:
+        # Plain DDP on this machine; port 0 lets accelerate pick a free one (two runs can share a machine).
+        cmd += ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", "0"]
+    elif plan.distributed == "MULTI_CPU" and plan.num_processes > 1:
+        # accelerate 1.15 starts a MULTI_CPU config's processes only through mpirun; torchrun does it
+        # too, and ACCELERATE_USE_CPU below keeps each process on the CPU with gloo.
+        cmd += ["--multi_gpu"]
+    cmd += ["-m", "hftoolkit", *strip_launch_options(argv)]
+    env = {**os.environ, COMMAND_VARIABLE: json.dumps(["hftoolkit", *argv])}
+    if not cuda:
+        env["ACCELERATE_USE_CPU"] = "true"  # without it the processes look for GPUs (and each thinks it is rank 0)
+    return cmd, env
+
+
+def strip_launch_options(argv: list[str]) -> list[str]:
+    """argv without --num-processes and --accelerate-config (the relaunched processes must not relaunch)."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in LAUNCH_OPTIONS:
+            skip = True
+        elif not arg.startswith(tuple(f"{o}=" for o in LAUNCH_OPTIONS)):
+            out.append(arg)
+    return out
+
+
+def relaunch(plan: LaunchPlan, argv: list[str]) -> int:
+    """Run the training processes under accelerate's launcher; returns their exit status."""
+    import torch
+
+    cuda = torch.cuda.is_available()
+    if cuda and plan.config is None and plan.num_processes > torch.cuda.device_count():
+        raise UserError(f"--num-processes {plan.num_processes}: this machine has {torch.cuda.device_count()} GPU(s), "
+                        "one process each: lower --num-processes, or use recipes/accelerate/multi-node.yaml")
+    cmd, env = launch_command(plan, argv, cuda)
+    print(f"launching {plan.num_processes} processes: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    process = subprocess.Popen(cmd, env=env)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:  # the launcher got the same Ctrl-C and stops its processes
+        return process.wait()
+
+
+def end_processes() -> None:
+    """Wait for every process, then close the process group.
+
+    Closing it explicitly matters on gloo: left to interpreter exit, its threads sometimes
+    abort the process (SIGABRT, seen in about 2 of 5 two-process CPU runs).
+    """
+    if "torch" not in sys.modules:
+        return
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- inside the training processes
+
+

@@ -1,0 +1,185 @@
+"""`eval`: a finished run's weights scored again, on its eval split or another split, or a recipe's
+untrained base checkpoint (the baseline); `load_trained` rebuilds a run's model from its recipe and weights."""
+
+from __future__ import annotations
+
+import re
+import tempfile
+from pathlib import Path
+
+from hftoolkit import console
+from hftoolkit.config.recipe import Recipe, load_recipe
+from hftoolkit.errors import UserError
+from hftoolkit.evaluation.evaluate import evaluate, peak_memory_mb, run_facts
+from hftoolkit.models.families import family_module
+from hftoolkit.runs.rundir import RunDirectory
+
+
+def load_trained(run_dir: Path, full_precision: bool = False):
+    """(recipe, family module, model, processor) of a finished run, ready for eval or predict.
+
+    full_precision loads an 8-bit or 4-bit base unquantized (for merging the adapter into it).
+    """
+    run = RunDirectory(run_dir)
+    if not (run / "recipe.yaml").is_file():
+        raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
+    weights = run.weights_dir()
+    recipe = load_recipe(run / "recipe.yaml")
+    if full_precision:
+        recipe.model.quantization = "none"
+    from hftoolkit.models.loading import resolve_family
+
+    family = family_module(resolve_family(recipe))
+    if weights.name == "model":
+        recipe.model.checkpoint = str(weights)
+        model, processor = family.load_model(recipe)
+    else:
+        from peft import set_peft_model_state_dict
+        from safetensors.torch import load_file
+
+        model, processor = family.load_model(recipe)
+        set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
+        model.eval()
+        # The processor the run trained with, saved beside its adapter (a rebuilt init: tokenizer may differ).
+        processor = type(processor).from_pretrained(weights)
+    from hftoolkit.models.loading import count_parameters
+
+    console.phase(console.model_line(str(weights), None, count_parameters(model)[1], recipe.model.quantization,
+                                     recipe.lora.r if weights.name == "adapter" else None))
+    return recipe, family, model, processor
+
+
+def reevaluate(run_dir: Path) -> dict:
+    """Score the run's saved weights on its eval split again; metrics.json's eval part is replaced.
+
+    A run whose eval pass failed after training ("trained, eval failed", or killed during it) is completed:
+    metrics.json (what training measured, kept, plus the eval), predictions.jsonl, the model card, and the
+    status "complete". A run without metrics.json gets what can be known without training again.
+    """
+    from hftoolkit.models.loading import count_parameters
+    from hftoolkit.runs.card import model_card
+    from hftoolkit.sources.data import load_data
+    from hftoolkit.training.throughput import TokenCounter
+    from hftoolkit.training.trainer import build_trainer
+
+    recipe, family, model, processor = load_trained(run_dir)
+    run = RunDirectory(run_dir)
+    data = load_data(recipe)
+    console.phase(console.data_line({"eval": len(data["eval"])}))
+    encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
+    scorer = family.metrics(recipe, processor)
+    # The run's own Trainer settings; with saving off, an evaluate-only Trainer writes nothing there.
+    trainer = build_trainer(recipe, run, model, processor, encoded,
+                            TokenCounter(family.collator(recipe, processor)), scorer)
+    results, predictions, seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
+    trainable, total = count_parameters(model)
+    metrics = {**run_facts(recipe, scorer), "trainable_params": trainable, "total_params": total,
+               "hftoolkit_version": __import__("hftoolkit").__version__, **run.metrics(),
+               "eval": results, "eval_seconds": round(seconds, 3)}
+    run.write_jsonl("predictions.jsonl", predictions)
+    run.write_json("metrics.json", metrics)
+    run.write_text("README.md", model_card(recipe, metrics))
+    if run.manifest().get("status") != "complete":
+        run.finish("complete")
+    return metrics
+
+
+def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | None = None, overwrite: bool = False,
+                    command: list[str] = ()) -> dict:
+    """The recipe's base checkpoint scored on its eval split (or `split` of its hub data set), untrained.
+
+    The zero-shot or untrained baseline a comparison report shows beside the fine-tuned runs: the model is
+    loaded as training would load it, with no adapter and unquantized (the Trainer refuses a quantized model
+    without an adapter); a new task head is initialised from training.seed, so the baseline of a classifier
+    is that of a random head. Data, preprocessing and metrics are exactly training's. Nothing is written
+    unless `output` names a run directory: it then holds recipe.yaml (as evaluated), manifest.json,
+    metrics.json ("trained": false, no train figures) and predictions.jsonl, no weights, and `hftoolkit
+    runs` and `compare` read it like any run.
+    """
+    from accelerate.utils import set_seed
+
+    from hftoolkit.job.preflight import prepare
+    from hftoolkit.models.loading import count_parameters, resolve_family
+    from hftoolkit.sources.data import use_split
+
+    if split:
+        use_split(recipe, split)
+    recipe.lora.enabled, recipe.model.quantization = False, "none"
+    run = RunDirectory(output) if output else None
+    if run is not None:
+        run.claim(overwrite=overwrite)
+    try:
+        family = family_module(resolve_family(recipe))
+        data, findings = prepare(recipe)  # the checks training runs: lengths clamped, empty rows dropped
+        for line in findings.notes:
+            console.note(f"preflight: {line}")
+        console.phase(console.data_line({"eval": len(data["eval"])}))
+        set_seed(recipe.training.seed)  # the new head's initialisation
+        model, processor = family.load_model(recipe)
+        console.phase(console.model_line(recipe.model.checkpoint, None, count_parameters(model)[1]))
+        scorer, results, predictions, seconds = _score(recipe, family, model, processor, data)
+    except BaseException:
+        if run is not None and not any(run.path.iterdir()):
+            run.path.rmdir()  # bad input: leave no empty run directory behind
+        raise
+    from hftoolkit.config.recipe import recipe_to_yaml
+
+    metrics = {
+        "name": f"{recipe.name}-untrained", "family": recipe.family, "task": recipe.task,
+        "checkpoint": recipe.model.checkpoint, "quantization": "none", "lora_rank": None, "trained": False,
+        "split": split or recipe.data.eval_split, "main_metric": scorer.main,
+        "greater_is_better": scorer.greater_is_better, "eval": results, "train_seconds": None,
+        "eval_seconds": round(seconds, 3), "samples_per_second": None, "tokens_per_second": None,
+        "peak_memory_mb": peak_memory_mb(), "trainable_params": 0, "total_params": count_parameters(model)[1],
+        "hftoolkit_version": __import__("hftoolkit").__version__,
+    }
+    if run is not None:
+        console.attach(run / "train.log")  # the libraries' output so far, kept with the scores
+        run.start(recipe_to_yaml(recipe), list(command), recipe.training.seed)
+        run.update_manifest(preflight=findings.record)
+        run.write_json("metrics.json", metrics)
+        run.write_jsonl("predictions.jsonl", predictions)
+        run.finish("complete")
+    return metrics
+
+
+def reevaluate_split(run_dir: Path, split: str) -> dict:
+    """Score the run's saved weights on `split` of its hub data set (a test split, a mismatched validation set).
+
+    metrics.json keeps its eval part and gains splits[split]; the records go to predictions-<split>.jsonl.
+    Returns metrics.json's content.
+    """
+    from hftoolkit.sources.data import load_data, use_split
+
+    if not re.fullmatch(r"\w+(\.\w+)*", split):  # datasets' own rule for split names
+        raise UserError(f"--split: {split!r} is not a split name (letters, digits and _): name a split such as test")
+    recipe, family, model, processor = load_trained(run_dir)
+    use_split(recipe, split)
+    data = load_data(recipe)
+    console.phase(console.data_line({split: len(data["eval"])}))
+    scorer, results, predictions, seconds = _score(recipe, family, model, processor, data)
+    run = RunDirectory(run_dir)
+    metrics = run.metrics()
+    metrics["splits"] = {**metrics.get("splits", {}), split: results}
+    run.write_json("metrics.json", metrics)
+    run.write_jsonl(f"predictions-{split}.jsonl", predictions)
+    return metrics
+
+
+def _score(recipe: Recipe, family, model, processor, data):
+    """(scorer, results, records, seconds) of `model` on data["eval"], through a Trainer that trains nothing.
+
+    Only the eval split is preprocessed (it also stands in for the train split the Trainer is built with),
+    and the Trainer's output folder is a temporary one: nothing is written anywhere else.
+    """
+    from hftoolkit.training.throughput import TokenCounter
+    from hftoolkit.training.trainer import build_trainer
+
+    encoded_eval = family.preprocess(recipe, processor, data["eval"])
+    encoded = {"train": encoded_eval, "eval": encoded_eval}
+    scorer = family.metrics(recipe, processor)
+    with tempfile.TemporaryDirectory(prefix="hftoolkit-eval-") as tmp:
+        trainer = build_trainer(recipe, RunDirectory(tmp), model, processor, encoded,
+                                TokenCounter(family.collator(recipe, processor)), scorer)
+        results, predictions, seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
+    return scorer, results, predictions, seconds

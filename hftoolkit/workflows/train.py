@@ -1,0 +1,185 @@
+"""Train, evaluate and write the run directory: the one path every recipe takes.
+
+recipe -> preflight.prepare (data, config and processor checked together, no weights) -> family.load_model /
+preprocess / collator -> HF Trainer -> weights saved -> evaluate (loss, metrics, predictions) -> run directory.
+Only the main process writes. The weights are written as soon as training ends, before anything else can
+fail: a run whose eval pass fails keeps them, says "trained, eval failed", and `hftoolkit eval` completes it.
+"""
+
+from __future__ import annotations
+
+import gc
+import shutil
+import time
+from pathlib import Path
+
+from hftoolkit import console
+from hftoolkit.config.recipe import Recipe, recipe_to_yaml
+from hftoolkit.errors import UserError
+from hftoolkit.evaluation.evaluate import evaluate, peak_memory_mb, run_facts
+from hftoolkit.job.preflight import prepare
+from hftoolkit.models import loading as modeling
+from hftoolkit.models.families import family_module
+from hftoolkit.runs.card import model_card
+from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory
+from hftoolkit.sources.data import fingerprint
+from hftoolkit.training.throughput import TokenCounter, efficiency
+
+
+def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False,
+          verbosity: console.Verbosity | None = None) -> dict:
+    """Run one recipe end to end; returns metrics.json's content.
+
+    What the libraries say goes to the run directory's train.log (and to the console only when verbosity is
+    VERBOSE); the console shows the toolkit's phases and one progress bar (console.py, progress.py).
+
+    resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py).
+    Bad input found before training starts (preflight: every problem at once) removes the run directory
+    this call created; a run that fails once training has started keeps its log and says "failed" in
+    manifest.json, or "trained, eval failed" once its weights are saved.
+    """
+    gc.disable()  # until the model is loaded: see _startup_done
+    try:
+        with console.capture(verbosity=verbosity) as log:
+            return _train(recipe, run_dir, command, overwrite, resume, log)
+    finally:
+        gc.unfreeze()  # what the run left behind is collectable again (a caller may go on: tests, notebooks)
+        gc.enable()
+
+
+def _startup_done() -> None:
+    """The objects of the startup set aside from garbage collection while training, none collected.
+
+    Importing torch, transformers and peft and loading the model leave hundreds of thousands of
+    long-lived objects, which every full collection would walk again (benchmarks/classification.py
+    shows the cost); frozen, no collection walks them until the run ends.
+    """
+    gc.freeze()
+    gc.enable()
+
+
+def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool, log) -> dict:
+    import torch
+    from accelerate import PartialState
+
+    from hftoolkit.training import checkpoints
+    from hftoolkit.training.arguments import check_hardware, run_record
+    from hftoolkit.training.trainer import build_trainer
+
+    # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
+    # would otherwise each run alone as rank 0, and all write the run directory.
+    state = PartialState(cpu=not torch.cuda.is_available())
+    run = RunDirectory(run_dir)
+    if state.is_main_process:
+        run.claim(overwrite=overwrite, resume=resume)
+    state.wait_for_everyone()
+    started = time.perf_counter()
+    existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
+    written, trainer, resume_from, trained = False, None, None, False
+    try:
+        check_hardware(recipe)  # flash attention or TF32 asked of a machine without them
+        family = family_module(modeling.resolve_family(recipe))
+        with state.main_process_first():  # read once, on the main process; the others read its cache
+            data, findings = prepare(recipe)  # clamps lengths in the recipe: before recipe.yaml is written
+        for line in findings.notes:
+            console.note(f"preflight: {line}")
+        console.phase(console.data_line({split: len(ds) for split, ds in data.items()}))
+        if resume:
+            resume_from = checkpoints.resume_point(run, recipe_to_yaml(recipe))
+        if state.is_main_process:
+            if resume:
+                checkpoints.clear_results(run)
+            log.attach(run / "train.log")  # the run is accepted: its log starts with what was said so far
+            run.start(recipe_to_yaml(recipe), command, recipe.training.seed)
+            written = True
+            run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
+                                data_fingerprint=fingerprint(data), preflight=findings.record)
+        set_seed(recipe.training.seed)
+        with state.main_process_first():  # an init: checkpoint or a hub download is made once, by the main process
+            model, processor = family.load_model(recipe)
+        console.phase(console.model_line(recipe.model.checkpoint, *modeling.count_parameters(model),
+                                         recipe.model.quantization, recipe.lora.r if recipe.lora.enabled else None))
+        with state.main_process_first():
+            encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
+        counter = TokenCounter(family.collator(recipe, processor))
+        scorer = family.metrics(recipe, processor)
+        trainer = build_trainer(recipe, run, model, processor, encoded, counter, scorer, data=data)
+        _startup_done()
+        setup_seconds = time.perf_counter() - started
+        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        train_seconds = time.perf_counter() - started - setup_seconds
+        train_counts = counter.snapshot()  # before eval batches pass through the same collator
+        save_weights(recipe, trainer, processor, run)  # every process: sharded weights are gathered first
+        trained = True
+        metrics = summarize(recipe, trainer.model, scorer, None, train_counts, train_seconds, None,
+                            processes=state.num_processes)
+        metrics["setup_seconds"] = round(setup_seconds, 3)
+        metrics.update(run_record(recipe, trainer))  # precision used; with eval.keep_best, the best step
+        if state.is_main_process:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
+            run.write_jsonl("log_history.jsonl", trainer.state.log_history)
+            run.write_json("metrics.json", {k: v for k, v in metrics.items() if k not in ("eval", "eval_seconds")})
+        trainer.model.eval()
+        evaluation, predictions, eval_seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
+        metrics.update(eval=evaluation, eval_seconds=round(eval_seconds, 3))
+        if state.is_main_process:
+            run.write_jsonl("log_history.jsonl", trainer.state.log_history)
+            run.write_jsonl("predictions.jsonl", predictions)
+            run.write_json("metrics.json", metrics)
+            run.write_text("README.md", model_card(recipe, metrics))
+            run.finish("complete")
+        return metrics
+    except BaseException as err:
+        if state.is_main_process and isinstance(err, UserError) and not existed and trainer is None:
+            shutil.rmtree(run.path, ignore_errors=True)  # bad input, found before training: leave nothing
+        elif state.is_main_process and written:  # (a refused --resume has written nothing)
+            if trainer is not None:  # a failed run keeps its log
+                run.write_jsonl("log_history.jsonl", trainer.state.log_history)
+            message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+            run.finish(TRAINED_EVAL_FAILED if trained else "failed", error=message or type(err).__name__)
+            if trained:
+                console.error(f"the run trained, then failed: its weights are saved in {run.weights_dir()}; once the "
+                              f"problem below is fixed, `hftoolkit eval {run.path}` evaluates them and completes "
+                              "the run")
+        elif state.is_main_process and run.path.is_dir() and not any(p.name != "train.log" for p in run.path.iterdir()):
+            shutil.rmtree(run.path)  # nothing but the log was written: leave no run directory behind
+        raise
+
+
+def set_seed(seed: int) -> None:
+    """Seed python, numpy and torch (on every device), as transformers.set_seed does; accelerate's
+    copy, because importing transformers' imports peft, before modeling.bitsandbytes_hidden can act."""
+    from accelerate.utils import set_seed as seed_everything
+
+    seed_everything(seed)
+
+
+def summarize(recipe, model, scorer, evaluation, counts, train_seconds, eval_seconds, processes: int = 1) -> dict:
+    """metrics.json's content; `counts` are this process's token counts (see throughput.efficiency)."""
+    trainable, total = modeling.count_parameters(model)
+    return {
+        **run_facts(recipe, scorer), "eval": evaluation,
+        "train_seconds": round(train_seconds, 3),
+        "eval_seconds": None if eval_seconds is None else round(eval_seconds, 3),
+        "samples_per_second": round(processes * counts["samples"] / train_seconds, 3),
+        **efficiency(model, counts, train_seconds, lora=recipe.lora.enabled, processes=processes),
+        "peak_memory_mb": peak_memory_mb(), "trainable_params": trainable, "total_params": total,
+        "hftoolkit_version": __import__("hftoolkit").__version__,
+    }
+
+
+def save_weights(recipe: Recipe, trainer, processor, run: RunDirectory) -> None:
+    """The adapter (LoRA) or the whole model (full fine-tuning), as safetensors, with the processor.
+
+    Called on every process. Under FSDP or DeepSpeed each process holds only shards of the weights:
+    the Trainer's save_model gathers them (a collective call) and writes on the main process alone.
+    Not exercised on these CPU machines; DDP and single-process runs take the plain path.
+    """
+    target = run / ("adapter" if recipe.lora.enabled else "model")
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        trainer.save_model(str(target))
+        if trainer.accelerator.is_main_process:
+            (target / "training_args.bin").unlink(missing_ok=True)  # pickled arguments: not weights, not kept
+    elif trainer.accelerator.is_main_process:
+        trainer.model.save_pretrained(target, safe_serialization=True)
+    if trainer.accelerator.is_main_process:
+        processor.save_pretrained(target)
