@@ -17,6 +17,7 @@ from huggingface_hub.repocard_data import model_index_to_eval_results
 from hftoolkit.config.recipe import recipe_to_yaml, validate_recipe
 from hftoolkit.errors import UserError
 from hftoolkit.runs import publish
+from hftoolkit.runs.card import check_card
 from tests.conftest import run_cli
 
 SENTINEL = "hf_SENTINELtoken0123456789abcdefABCDEF"
@@ -84,7 +85,7 @@ def hub(monkeypatch):
 
 
 def front_matter(card: str):
-    return publish.check_card(card)
+    return check_card(card)
 
 
 # ---------------------------------------------------------------- what is uploaded
@@ -169,15 +170,15 @@ def test_card_is_deterministic_and_leaves_non_finite_values_out_of_the_model_ind
 
 def test_check_card_fails_on_what_the_hub_would_reject():
     with pytest.raises(ValueError, match="front matter"):
-        publish.check_card("# a card without metadata\n")
+        check_card("# a card without metadata\n")
     broken_index = ("---\nmodel-index:\n- name: x\n  results:\n  - task:\n      type: text-classification\n"
                     "    metrics:\n    - type: accuracy\n      value: 0.5\n---\n# x\n")  # no dataset
     with pytest.raises(ValueError, match="model_index"):
-        publish.check_card(broken_index)
+        check_card(broken_index)
     with pytest.raises(ValueError):
-        publish.check_card("---\nbase_model: not//an id\n---\n# x\n")
+        check_card("---\nbase_model: not//an id\n---\n# x\n")
     with pytest.raises(ValueError, match="serialize back"):  # an empty value huggingface_hub would drop
-        publish.check_card("---\nlicense:\nlibrary_name: peft\n---\n# x\n")
+        check_card("---\nlicense:\nlibrary_name: peft\n---\n# x\n")
 
 
 # ---------------------------------------------------------------- refusals
@@ -290,6 +291,6 @@ def test_cli_dry_run_prints_the_files_then_the_card_and_never_the_token(tmp_path
     assert out.index("adapter_model.safetensors") < out.index(card)
     assert all(f"  {name}\n" in out for name in files)
     assert SENTINEL not in out
-    assert publish.check_card(out[out.index("---\n"):]).base_model == "google-bert/bert-base-uncased"
+    assert check_card(out[out.index("---\n"):]).base_model == "google-bert/bert-base-uncased"
     result = run_cli("push", run, "--repo-id", "alice/a/b", "--dry-run", expect=2)
     assert "--repo-id" in result.output

@@ -115,14 +115,13 @@ def test_flash_attention_without_its_package_is_refused_on_a_gpu(monkeypatch):
 def test_precision_auto_follows_the_machine(monkeypatch, cuda, bf16, checkpoint, expected):
     import torch
 
-    from hftoolkit.training.arguments import resolve_precision
+    from hftoolkit.job.resolve import resolve_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
-    recipe = recipe_with(f"model.checkpoint={checkpoint}")
-    assert recipe.training.precision == "auto"  # the default
-    assert resolve_precision(recipe) == expected
-    assert resolve_precision(recipe_with("training.precision=fp32")) == "fp32"
+    assert recipe_with(f"model.checkpoint={checkpoint}").training.precision == "auto"  # the default
+    assert resolve_precision("auto", checkpoint.removeprefix("init:")) == expected
+    assert resolve_precision("fp32", checkpoint.removeprefix("init:")) == "fp32"
 
 
 def test_launcher_mixed_precision_is_compared_with_what_auto_resolves_to():

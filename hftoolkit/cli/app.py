@@ -106,7 +106,7 @@ def train(
 
     metrics = run_training(parsed, run_dir, command=launch.command_line(), overwrite=overwrite, resume=resume,
                            verbosity=verbosity)
-    if launch.is_main_process():
+    if console.is_main_process():
         stdout.show_result(metrics, run_dir, as_json, verbosity)
     launch.end_processes()
 
@@ -129,7 +129,7 @@ def eval_(
     """Score a trained run again (metrics.json updated), or a recipe's base checkpoint with no training and no
     adapter; --split scores another split (a run directory keeps it under metrics.json's "splits")."""
     from hftoolkit import console
-    from hftoolkit.evaluation import evaluate as evaluation
+    from hftoolkit.workflows import evaluate as evaluation
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     if target.is_dir():
@@ -209,6 +209,8 @@ def validate(
 ):
     """Check recipes without loading any model; lists every problem at once."""
     from hftoolkit import console
+    from hftoolkit.config import tasks
+    from hftoolkit.config.families import static_family
     from hftoolkit.config.recipe import RecipeError, load_recipe
     from hftoolkit.training.distributed import plan_launch
 
@@ -218,17 +220,19 @@ def validate(
             parsed = load_recipe(path, set_ or [])
             if parsed.training.accelerate_config:  # the launcher config it names, checked against it
                 plan_launch(parsed, None, None, source=str(path))
-            notes = []
+            notes, family = [], static_family(parsed.model.checkpoint, parsed.model.family)
             if data:
-                from hftoolkit.job.preflight import prepare
+                from hftoolkit.job.resolve import resolve_job
 
                 try:
                     with console.capture(verbosity=console.verbosity_from_flags(verbose, False)):
-                        notes = prepare(parsed)[1].notes
+                        job = resolve_job(parsed)
+                    notes, family = job.findings.notes, job.family
                 except RecipeError as err:  # (preflight's lines name recipe keys; say which recipe)
                     raise RecipeError([f"{path}: {line}" for line in err.problems]) from None
             typer.echo(f"ok: {path}")
-            for line in ([parsed.advice] if parsed.advice else []) + notes:
+            advice = tasks.advice(parsed.task, family)
+            for line in ([advice] if advice else []) + notes:
                 typer.echo(f"note: {line}")
         except RecipeError as err:
             problems += err.problems
@@ -371,7 +375,7 @@ def sweep(
     verbosity = console.verbosity_from_flags(verbose, quiet)
     result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
                        command=launch.command_line(), echo=console.phase, verbosity=verbosity)
-    if launch.is_main_process():
+    if console.is_main_process():
         _say_report(result.report, verbosity)
     launch.end_processes()
     if result.failed:

@@ -17,20 +17,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hftoolkit.config import tasks
+from hftoolkit.config.families import FAMILIES, static_family
 from hftoolkit.errors import UserError
 
 Task = Literal[tasks.NAMES]
-Family = Literal["encoder", "decoder", "seq2seq", "vision"]
-
-# model_type (config.json) -> family. Kept as data; extend by adding a line.
-MODEL_TYPE_FAMILIES: dict[str, str] = {
-    **dict.fromkeys(["bert", "roberta", "distilbert", "electra", "deberta", "deberta-v2", "albert", "xlm-roberta",
-                     "mpnet", "camembert", "modernbert"], "encoder"),
-    **dict.fromkeys(["gpt2", "gpt_neo", "gptj", "llama", "mistral", "qwen2", "qwen3", "opt", "phi", "gemma",
-                     "smollm3"], "decoder"),
-    **dict.fromkeys(["t5", "mt5", "bart", "mbart", "marian", "pegasus"], "seq2seq"),
-    **dict.fromkeys(["vit", "deit", "beit", "swin", "convnext", "dinov2"], "vision"),
-}
+FamilyName = Literal[FAMILIES]
 
 # Names users bring from TrainingArguments, peft and the HF example scripts -> the recipe key that says the same.
 # An unknown key found here is answered with our key, wherever in the recipe it was written.
@@ -64,13 +55,13 @@ FOREIGN_NAMES: dict[str, str] = {
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)  # validated once; a run's findings live on its Job
 
 
 class ModelSection(Section):
     checkpoint: str = Field(min_length=1, description="hub id, local directory, a .gguf file, or init:<arch>")
     gguf_file: str | None = Field(None, description="a GGUF file inside the checkpoint folder or hub repository")
-    family: Family | None = Field(None, description="only needed for a hub id whose type can't be read offline")
+    family: FamilyName | None = Field(None, description="only needed where transformers' tables do not tell the family")
     quantization: Literal["none", "8bit", "4bit"] = "none"
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "float32"
     revision: str | None = None
@@ -241,18 +232,10 @@ class Recipe(Section):
     output: OutputSection = OutputSection()
 
     @model_validator(mode="after")
-    def _family_fits_task(self):
-        family, task = self.family, tasks.spec(self.task)
-        if family is not None and family not in task.families:
-            raise ValueError(
-                f"task {self.task!r} can't be done by {self.model.checkpoint!r}, {_a(family)} {family} model, "
-                f"because transformers has no {family} head for it: use {_a(task.families[0])} "
-                f"{' or '.join(task.families)} checkpoint (the course recommends {task.recommended}: {task.why})"
-            )
-        if self.task == "denoise" and self.model_type not in (None, "bart", "mbart"):
-            raise ValueError("task 'denoise' is BART's text-infilling objective: use a bart checkpoint")
-        if self.model_type in ("t5", "mt5") and self.training.precision == "fp16":
-            raise ValueError("T5 overflows in fp16 and trains to NaN losses: set training.precision to bf16 or fp32")
+    def _settings_fit_together(self):
+        family, task = static_family(self.model.checkpoint, self.model.family), tasks.spec(self.task)
+        if family is not None and family not in task.families:  # (a checkpoint's own family is checked on resolve)
+            raise ValueError(tasks.no_head(self.task, self.model.checkpoint, family))
         if self.model.quantization != "none" and not self.lora.enabled:
             raise ValueError(f"{self.model.quantization} weights can't be trained directly: "
                              "set lora.enabled to true, or model.quantization to none for full fine-tuning")
@@ -263,28 +246,6 @@ class Recipe(Section):
             raise ValueError(f"task {self.task!r} reports perplexity, which a label-smoothed loss would distort: "
                              "set training.label_smoothing to 0")
         return self
-
-    @property
-    def advice(self) -> str | None:
-        """The course's advice when the recipe pairs its task with another family than the one it recommends."""
-        task = tasks.spec(self.task)
-        if self.family is None or self.family == task.recommended:
-            return None
-        return (f"task {self.task!r} on the {self.family} family: the course recommends the {task.recommended} "
-                f"family ({task.why}); fine for comparing architectures")
-
-    @property
-    def model_type(self) -> str | None:
-        from hftoolkit.sources.checkpoint import model_type_of
-
-        return model_type_of(self.model.checkpoint, self.model.gguf_file)
-
-    @property
-    def family(self) -> str | None:
-        """The model family, known from the checkpoint where possible without loading it."""
-        if self.model.family:
-            return self.model.family
-        return MODEL_TYPE_FAMILIES.get(self.model_type or "")
 
     @property
     def run_dir(self) -> Path:
@@ -303,10 +264,6 @@ def _training_rules(recipe: Recipe) -> list[str]:
         problems.append(f"eval.keep_best saves a checkpoint at every eval (eval.every {e.every}), and "
                         f"training.save_steps {t.save_steps} asks for others: leave training.save_steps unset")
     return problems
-
-
-def _a(word: str) -> str:
-    return "an" if word[:1] in "aeiou" else "a"
 
 
 # ---------------------------------------------------------------- loading
@@ -423,3 +380,15 @@ def _fields_at(loc: tuple[str, ...]) -> list[str]:
 
 def recipe_to_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+def replaced(recipe: Recipe, values: dict[str, Any], source: str = "recipe") -> Recipe:
+    """A new recipe with the dotted keys in `values` set, validated again (a recipe is never changed in place)."""
+    raw = recipe.model_dump()
+    for key, value in values.items():
+        *path, last = key.split(".")
+        node = raw
+        for part in path:
+            node = node[part]
+        node[last] = value
+    return validate_recipe(raw, source)

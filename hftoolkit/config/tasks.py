@@ -102,3 +102,24 @@ COLUMN_KEYS = {"text": "text_column", "label": "label_column", "target": "target
 
 def spec(task: str) -> TaskSpec:
     return BY_NAME[task]
+
+
+def advice(task: str, family: str | None) -> str | None:
+    """The course's advice when a task is paired with another family than the one it recommends."""
+    s = spec(task)
+    if family is None or family == s.recommended:
+        return None
+    return (f"task {task!r} on the {family} family: the course recommends the {s.recommended} family ({s.why}); "
+            "fine for comparing architectures")
+
+
+def no_head(task: str, checkpoint: str, family: str) -> str:
+    """Why `checkpoint`, of `family`, can't do `task`, and which families can."""
+    s = spec(task)
+    return (f"task {task!r} can't be done by {checkpoint!r}, {_a(family)} {family} model, because transformers has "
+            f"no {family} head for it: use {_a(s.families[0])} {' or '.join(s.families)} checkpoint (the course "
+            f"recommends {s.recommended}: {s.why})")
+
+
+def _a(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"

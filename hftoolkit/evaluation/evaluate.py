@@ -12,12 +12,12 @@ import time
 
 from hftoolkit import console
 from hftoolkit.config import tasks
-from hftoolkit.config.recipe import Recipe
 from hftoolkit.evaluation.generation import generate_everywhere
+from hftoolkit.job.spec import Job
 from hftoolkit.models.families import label_records
 
 
-def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
+def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
     """Eval loss and metrics on the eval split, plus up to eval.max_predictions prediction records.
 
     Eval batches run shortest first, so they pad little; the metrics do not depend on the order, and
@@ -27,10 +27,10 @@ def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
     """
     console.phase(f"eval: {len(data['eval']):,} examples")
     started = time.perf_counter()
-    task = tasks.spec(recipe.task)
+    task = tasks.spec(job.recipe.task)
     column = task.columns[0]
     raw = data["eval"]
-    count = len(raw) if task.scoring == "generation" else min(len(raw), recipe.eval.max_predictions)
+    count = len(raw) if task.scoring == "generation" else min(len(raw), job.recipe.eval.max_predictions)
     eval_set, order = shortest_first(encoded["eval"])
     outputs = None
     if task.labels in ("class", "value"):
@@ -48,14 +48,15 @@ def evaluate(recipe: Recipe, family, trainer, processor, data, encoded, scorer):
     inputs = raw[column][:count]
     if outputs is None:
         prompt = {"prompt_fraction": task.prompt_fraction} if task.prompt_fraction < 1 else {}
-        outputs = generate_everywhere(family, recipe, trainer.model, processor, inputs, **prompt)  # shared by processes
+        sharded = trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled
+        outputs = generate_everywhere(form, job, trainer.model, processor, inputs, sharded, **prompt)  # shared
     if task.scoring == "generation":
         results.update(scorer.compute([o["text"] for o in outputs], raw["target"]))
-    references = _references(recipe, raw, count)
+    references = _references(job, raw, count)
     pairs = raw["text_pair"][:count] if "text_pair" in raw.column_names else [None] * len(inputs)
     predictions = [{"input": _show(x), **({"input_pair": p} if p is not None else {}),
                     **({"reference": r} if r is not None else {}), **o}
-                   for x, p, r, o in zip(inputs, pairs, references, outputs)][:recipe.eval.max_predictions]
+                   for x, p, r, o in zip(inputs, pairs, references, outputs)][:job.recipe.eval.max_predictions]
     return results, predictions, time.perf_counter() - started
 
 
@@ -68,13 +69,13 @@ def _pass_records(task, predicted, id2label: dict) -> list[dict]:
     return label_records(predicted, id2label)
 
 
-def _references(recipe: Recipe, raw, count: int) -> list:
+def _references(job: Job, raw, count: int) -> list:
     if "target" in raw.column_names:
         return raw["target"][:count]
-    if tasks.spec(recipe.task).labels == "value":
+    if tasks.spec(job.recipe.task).labels == "value":
         return [round(float(v), 4) for v in raw["label"][:count]]
-    if "label" in raw.column_names and recipe.data.label_names:
-        names = recipe.data.label_names
+    if "label" in raw.column_names and job.label_names:
+        names = job.label_names
         return [[names[i] for i in v] if isinstance(v, list) else names[v] for v in raw["label"][:count]]
     return [None] * count
 
@@ -83,11 +84,12 @@ def _show(value):
     return value if isinstance(value, (str, list)) else f"<{type(value).__name__}>"
 
 
-def run_facts(recipe: Recipe, scorer) -> dict:
+def run_facts(job: Job, scorer) -> dict:
     """What a run is, as metrics.json opens: name, family, task, checkpoint, quantization, LoRA rank, main metric."""
+    r = job.recipe
     return {
-        "name": recipe.name, "family": recipe.family, "task": recipe.task, "checkpoint": recipe.model.checkpoint,
-        "quantization": recipe.model.quantization, "lora_rank": recipe.lora.r if recipe.lora.enabled else None,
+        "name": r.name, "family": job.family, "task": job.task, "checkpoint": r.model.checkpoint,
+        "quantization": r.model.quantization, "lora_rank": r.lora.r if r.lora.enabled else None,
         "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better,
     }
 

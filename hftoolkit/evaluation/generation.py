@@ -2,27 +2,27 @@
 
 from __future__ import annotations
 
-from hftoolkit.config.recipe import Recipe
-from hftoolkit.training.distributed import plan_from_environment
+from hftoolkit.job.spec import Job
 
 
-def generate_everywhere(family, recipe: Recipe, model, processor, inputs: list, **options) -> list[dict]:
-    """family.generate over `inputs`, each input generated once; every process gets all outputs, in order.
+def generate_everywhere(form, job: Job, model, processor, inputs: list, sharded: bool = False,
+                        **options) -> list[dict]:
+    """form.generate over `inputs`, each input generated once; every process gets all outputs, in order.
 
     Under DDP every process holds the whole model, so each generates a contiguous share and the
     shares are gathered: N processes finish in 1/N of the time, and none sits in a collective
     while the main process generates alone (gloo and NCCL give up on a wait after 30 and 10
     minutes, which a long generation eval can exceed). Under FSDP and ZeRO-3 a forward pass needs
-    every process (each holds a slice of every weight), so there all processes generate all inputs
-    in step, with identical results.
+    every process (each holds a slice of every weight), so there (`sharded`) all processes generate all
+    inputs in step, with identical results.
     """
     from accelerate import PartialState
 
     state = PartialState()
-    if state.num_processes == 1 or plan_from_environment().shards_parameters:
-        return family.generate(recipe, model, processor, inputs, **options) if len(inputs) else []
+    if state.num_processes == 1 or sharded:
+        return form.generate(job, model, processor, inputs, **options) if len(inputs) else []
     from accelerate.utils import gather_object
 
     with state.split_between_processes(list(inputs)) as share:
-        outputs = family.generate(recipe, model, processor, share, **options) if len(share) else []
+        outputs = form.generate(job, model, processor, share, **options) if len(share) else []
     return gather_object(outputs)

@@ -1,6 +1,6 @@
 """Preflight: the recipe, the data and the model checked together, before any weights load or step runs.
 
-`prepare(recipe)` loads the data, the checkpoint's config and its tokenizer or image processor (no
+`resolve.resolve_job` loads the data, the checkpoint's config and its tokenizer or image processor (no
 weights) and runs `preflight` on them. Every problem found is raised at once as one `RecipeError`
 of `where: what is wrong: what to do` lines, so a data set and a checkpoint that do not fit cost
 seconds, not a training run. `hftoolkit validate --data` runs the same checks without training.
@@ -9,23 +9,23 @@ What can be settled without asking is settled and said, never silently:
 - a length beyond the model's position table is clamped to it, as transformers' example scripts clamp
   max_seq_length to the tokenizer's model_max_length (run_glue.py, run_translation.py);
 - rows whose input or target is empty are dropped as the data is read (data.drop_empty).
-Both come back as `Findings.notes` (one printed line each) and `Findings.record`, which train.py
-keeps in manifest.json under "preflight".
+Both come back as `Findings.notes` (one printed line each), `Findings.record`, which the run keeps in
+manifest.json under "preflight", and `Findings.lengths`, which the `Job` reads: the recipe is not written.
 
-One rule, one `check_*` function; `CHECKS` is their order. Each takes (recipe, data, config,
-processor, findings) and skips what it cannot see (validate reports a data set that failed to load
-beside the checkpoint's problems, so data may be None, and config and processor too).
+One rule, one `check_*` function; `CHECKS` is their order. Each takes a `Subject` (the recipe, the resolved
+model, the data and its label names) and the findings, and skips what it cannot see (a data set that failed
+to load is reported beside the checkpoint's problems, so data may be None, and the model too).
 """
 
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
+from typing import Any
 
 from hftoolkit.config import tasks
-from hftoolkit.config.recipe import MODEL_TYPE_FAMILIES, Recipe, RecipeError
-from hftoolkit.errors import UserError
+from hftoolkit.config.recipe import Recipe
+from hftoolkit.job.spec import Findings, ResolvedModel
 
 # The transformers Auto class each task's formulation loads (families/*.py, FORMULATIONS).
 HEADS = {"classification": "AutoModelForSequenceClassification", "regression": "AutoModelForSequenceClassification",
@@ -49,43 +49,34 @@ FIXED_IMAGE_SIZE = {"vit", "deit", "beit"}
 NO_LIMIT = 10**9
 
 
-@dataclass
-class Findings:
-    problems: list[str] = field(default_factory=list)  # `where: what: what to do`, all raised together
-    notes: list[str] = field(default_factory=list)  # what preflight changed, one printed line each
-    record: dict = field(default_factory=dict)  # the same, for manifest.json's "preflight"
+@dataclass(frozen=True)
+class Subject:
+    """What the checks look at together; model and data are None where they failed to load."""
+
+    recipe: Recipe
+    model: ResolvedModel | None
+    data: Any
+    label_names: list[str] | None
+
+    @property
+    def family(self) -> str | None:
+        return self.model.family if self.model else None
+
+    @property
+    def config(self):
+        return self.model.config if self.model else None
+
+    @property
+    def processor(self):
+        return self.model.processor if self.model else None
 
 
-def prepare(recipe: Recipe):
-    """(data, findings): the recipe's data, its checkpoint's config and processor (no weights), checked
-    together. Lengths in `recipe` are clamped in place. Raises RecipeError listing every problem."""
-    from hftoolkit.models.loading import resolve_family
-    from hftoolkit.sources.data import load_data
-
-    problems, dropped = [], {}
-    data = config = processor = None
-    try:
-        resolve_family(recipe)  # a hub id's family comes from its config
-        config = load_config(recipe)
-        processor = load_processor(recipe)
-    except UserError as err:
-        problems += _lines(err)
-    try:
-        data = load_data(recipe, dropped)
-    except UserError as err:
-        problems += _lines(err)
-    found = preflight(recipe, data, config, processor, dropped)
-    found.problems[:0] = problems
-    if found.problems:
-        raise RecipeError(found.problems)
-    return data, found
-
-
-def preflight(recipe: Recipe, data, config, processor, dropped: dict[str, int] | None = None) -> Findings:
-    """Every check on the recipe, its data and its model together; clamps lengths in `recipe`."""
-    found = Findings()
+def preflight(recipe: Recipe, model: ResolvedModel | None, data, label_names: list[str] | None,
+              dropped: dict[str, int] | None = None) -> Findings:
+    """Every check on the recipe, its data and its model together; what was clamped is in `lengths`."""
+    found, subject = Findings(), Subject(recipe, model, data, label_names)
     for check in CHECKS:
-        check(recipe, data, config, processor, found)
+        check(subject, found)
     if dropped is not None:
         found.record["dropped_empty"] = dict(dropped)
         for split, count in dropped.items():
@@ -96,102 +87,23 @@ def preflight(recipe: Recipe, data, config, processor, dropped: dict[str, int] |
     return found
 
 
-def _lines(err: UserError) -> list[str]:
-    return list(getattr(err, "problems", None) or [err.message])
-
-
-# ---------------------------------------------------------------- loading (no weights)
-
-
-def load_config(recipe: Recipe):
-    from transformers import AutoConfig
-
-    from hftoolkit.models import loading as modeling
-
-    checkpoint = modeling.resolve_checkpoint(recipe)
-    try:
-        with modeling.checkpoint_errors(recipe):
-            return AutoConfig.from_pretrained(checkpoint, revision=recipe.model.revision,
-                                              trust_remote_code=recipe.model.trust_remote_code)
-    except (OSError, ValueError) as err:  # config.json unreadable, or a model type transformers does not know
-        raise UserError(f"model.checkpoint: could not read the config of {recipe.model.checkpoint} "
-                        f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
-
-
-def load_processor(recipe: Recipe):
-    """The tokenizer training uses (families.load_tokenizer: pad = eos where there is no pad token), or the
-    image processor; a folder without their files is refused, naming them."""
-    from hftoolkit.models import loading as modeling
-
-    ckpt = recipe.model.checkpoint
-    if recipe.family == "vision":
-        from transformers import AutoImageProcessor
-
-        checkpoint = modeling.resolve_checkpoint(recipe)
-        folder = _local_folder(recipe)
-        if folder is not None and not (folder / "preprocessor_config.json").is_file():
-            raise UserError(f"model.checkpoint: {ckpt} has no image processor file (preprocessor_config.json): "
-                            "save the processor of the model it was trained from into it (processor.save_pretrained)")
-        try:
-            with modeling.checkpoint_errors(recipe):
-                return AutoImageProcessor.from_pretrained(checkpoint, revision=recipe.model.revision)
-        except (OSError, ValueError) as err:
-            raise UserError(f"model.checkpoint: could not load the image processor of {ckpt} "
-                            f"({str(err).splitlines()[0][:200]}): check its preprocessor_config.json") from None
-    from hftoolkit.models.families import load_tokenizer
-
-    try:
-        tokenizer = load_tokenizer(recipe)
-    except (OSError, ValueError, TypeError) as err:
-        raise UserError(f"model.checkpoint: could not load the tokenizer of {ckpt} "
-                        f"({str(err).splitlines()[0][:200]}): save the tokenizer of the model it was trained from "
-                        "into it (tokenizer.save_pretrained)") from None
-    folder = _local_folder(recipe)
-    if folder is not None:
-        _check_tokenizer_files(recipe, folder, tokenizer)
-    return tokenizer
-
-
-def _local_folder(recipe: Recipe) -> Path | None:
-    """The checkpoint's folder for init: and local checkpoints; None for a hub id (the libraries decide)."""
-    from hftoolkit.models import loading as modeling
-
-    ckpt = recipe.model.checkpoint
-    if not ckpt.startswith("init:") and modeling.is_hub_id(ckpt) and not Path(ckpt).expanduser().exists():
-        return None
-    return Path(modeling.resolve_checkpoint(recipe))
-
-
-def _check_tokenizer_files(recipe: Recipe, folder: Path, tokenizer) -> None:
-    """tokenizer.json, or every vocabulary file the tokenizer's class reads. Without them transformers builds
-    an empty tokenizer of the model type's class (a BertTokenizer of its 5 special tokens) that reads
-    every word as unknown, and the run trains on nothing but [UNK]."""
-    names = dict(getattr(type(tokenizer), "vocab_files_names", {}) or {})
-    fast = names.pop("tokenizer_file", "tokenizer.json")
-    slow = sorted(set(names.values()))
-    if (folder / fast).is_file() or (slow and all((folder / n).is_file() for n in slow)):
-        return
-    expected = fast + (f", or {' + '.join(slow)}" if slow else "")
-    raise UserError(f"model.checkpoint: {recipe.model.checkpoint} has config.json but no tokenizer files "
-                    f"(expected {expected}): save the tokenizer of the model it was trained from into it "
-                    "(tokenizer.save_pretrained)")
-
-
 # ---------------------------------------------------------------- checks
 
 
-def check_head(recipe: Recipe, data, config, processor, found: Findings) -> None:
+def check_head(s: Subject, found: Findings) -> None:
     """The task's head exists for the checkpoint's type, and a head it already has fits the data's labels."""
+    recipe, config = s.recipe, s.config
     if config is None or getattr(config, "auto_map", None):  # remote code brings its own classes
         return
     import transformers
 
-    name = (DECODER_HEADS if recipe.family == "decoder" else {}).get(recipe.task) or HEADS[recipe.task]
+    name = (DECODER_HEADS if s.family == "decoder" else {}).get(recipe.task) or HEADS[recipe.task]
     auto = getattr(transformers, name)
     if type(config) not in auto._model_mapping:
+        from hftoolkit.sources.tiny import ARCHS
+
         known = auto._model_mapping._model_mapping  # model_type -> class name
-        fits = [t for t, f in MODEL_TYPE_FAMILIES.items() if t in known and f in tasks.spec(recipe.task).families]
-        others = ([t for t in fits if MODEL_TYPE_FAMILIES[t] == recipe.family] or fits)[:4]
+        others = [t for t in ARCHS if t in known]  # the course's architectures that have the head
         found.problems.append(
             f"model.checkpoint: {recipe.model.checkpoint} is {'an' if config.model_type[:1] in 'aeiou' else 'a'} "
             f"{config.model_type} model, and transformers has no "
@@ -199,7 +111,7 @@ def check_head(recipe: Recipe, data, config, processor, found: Findings) -> None
             f"checkpoint of a type that has one" + (f", such as {', '.join(others)}" if others else ""))
         return
     suffix = TRAINED_HEADS.get(recipe.task)
-    names = ["value"] if tasks.spec(recipe.task).labels == "value" else recipe.data.label_names  # regression: 1
+    names = ["value"] if tasks.spec(recipe.task).labels == "value" else s.label_names  # regression: 1
     if suffix and names and any(a.endswith(suffix) for a in getattr(config, "architectures", None) or []):
         if config.num_labels != len(names):
             trained = ", ".join(str(v) for _, v in sorted((getattr(config, "id2label", None) or {}).items()))
@@ -211,10 +123,11 @@ def check_head(recipe: Recipe, data, config, processor, found: Findings) -> None
                 "checkpoint it was fine-tuned from, or use data with its labels")
 
 
-def check_tokenizer(recipe: Recipe, data, config, processor, found: Findings) -> None:
+def check_tokenizer(s: Subject, found: Findings) -> None:
     """The tokenizer belongs to the checkpoint (its vocabulary fits the embedding table) and has the special
     tokens the task needs."""
-    if config is None or processor is None or recipe.family == "vision":
+    recipe, config, processor = s.recipe, s.config, s.processor
+    if config is None or processor is None or s.family == "vision":
         return
     ckpt, text = recipe.model.checkpoint, config.get_text_config()
     vocab, size = getattr(text, "vocab_size", None), len(processor)
@@ -231,7 +144,7 @@ def check_tokenizer(recipe: Recipe, data, config, processor, found: Findings) ->
     needs = []
     if processor.pad_token is None:
         needs.append(("pad", "batches of different lengths are padded with it (or with eos, which it lacks too)"))
-    if recipe.family == "decoder" and recipe.task in ("clm", *PROMPTED) \
+    if s.family == "decoder" and recipe.task in ("clm", *PROMPTED) \
             and processor.eos_token is None:
         needs.append(("eos", f"task {recipe.task!r} on a decoder ends each text with it"))
     if recipe.task in ("mlm", "denoise") and processor.mask_token is None:
@@ -242,16 +155,17 @@ def check_tokenizer(recipe: Recipe, data, config, processor, found: Findings) ->
                               "save the tokenizer into the checkpoint")
 
 
-def check_lengths(recipe: Recipe, data, config, processor, found: Findings) -> None:
+def check_lengths(s: Subject, found: Findings) -> None:
     """Lengths within the model's position table, clamped to it where they are not."""
-    if config is None or recipe.family == "vision":
+    recipe, config, processor = s.recipe, s.config, s.processor
+    if config is None or s.family == "vision":
         return
     limit = position_limit(config, processor)
     if limit is None:  # relative positions (T5): no table to run past
         return
     d, ckpt = recipe.data, recipe.model.checkpoint
     where = f"more than {ckpt} takes ({limit} positions)"
-    if recipe.family == "decoder" and recipe.task in PROMPTED:
+    if s.family == "decoder" and recipe.task in PROMPTED:
         if d.max_length + d.max_target_length > limit:  # prompt and target are one sequence
             target = min(d.max_target_length, max(limit - d.max_length, limit // 2))
             source = min(d.max_length, limit - target)
@@ -260,12 +174,12 @@ def check_lengths(recipe: Recipe, data, config, processor, found: Findings) -> N
             for attr, used in (("max_length", source), ("max_target_length", target)):
                 if getattr(d, attr) != used:
                     found.record[attr] = {"asked": getattr(d, attr), "used": used}
-                    setattr(d, attr, used)
+                    found.lengths[attr] = used
     else:
         _clamp(found, d, "max_length", "data.max_length", limit, where)
-        if recipe.family == "seq2seq" and recipe.task in PROMPTED:
+        if s.family == "seq2seq" and recipe.task in PROMPTED:
             _clamp(found, d, "max_target_length", "data.max_target_length", limit, where)
-    if recipe.family in ("decoder", "seq2seq") and tasks.spec(recipe.task).labels is None:
+    if s.family in ("decoder", "seq2seq") and tasks.spec(recipe.task).labels is None:
         # Text generated for the eval's prediction records: a decoder's prompt and new tokens share its positions.
         _clamp(found, recipe.eval.generation, "max_new_tokens", "eval.generation.max_new_tokens", limit - 1,
                f"more than {ckpt} can add ({limit} positions, one of them for the prompt or the start token)")
@@ -274,7 +188,7 @@ def check_lengths(recipe: Recipe, data, config, processor, found: Findings) -> N
 def _clamp(found: Findings, section, attr: str, key: str, limit: int, where: str) -> None:
     asked = getattr(section, attr)
     if asked > limit:
-        setattr(section, attr, limit)
+        found.lengths[attr] = limit
         found.record[attr] = {"asked": asked, "used": limit}
         found.notes.append(f"{key}: {asked} tokens is {where}: using {limit}, as transformers' example scripts do")
 
@@ -295,10 +209,11 @@ def position_limit(config, processor) -> int | None:
     return limit
 
 
-def check_labels(recipe: Recipe, data, config, processor, found: Findings) -> None:
+def check_labels(s: Subject, found: Findings) -> None:
     """Every label the eval split holds occurs in the train split; data.label_names lists each label once."""
+    recipe, data = s.recipe, s.data
     spec = tasks.spec(recipe.task)
-    names = recipe.data.label_names
+    names = s.label_names or recipe.data.label_names
     if spec.labels in ("class", "tags") and names and len(set(names)) < len(names):
         twice = sorted({n for n in names if names.count(n) > 1})
         found.problems.append(f"data.label_names: {', '.join(map(repr, twice))} listed more than once, so two "
@@ -334,10 +249,11 @@ def _counts(column) -> dict[int, int]:
     return counts
 
 
-def check_images(recipe: Recipe, data, config, processor, found: Findings) -> None:
+def check_images(s: Subject, found: Findings) -> None:
     """Every image decodes in full (a truncated file passes a header check, then fails mid-run), and the
     processor makes what the model takes: its channels, and its size where position embeddings fix it.
     Decoding every image costs about one epoch of image decoding, spread over threads."""
+    recipe, data, config, processor = s.recipe, s.data, s.config, s.processor
     if data is None or recipe.task != "image-classification" or "image" not in data["train"].column_names:
         return
     import os

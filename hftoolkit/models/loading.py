@@ -11,9 +11,9 @@ from __future__ import annotations
 import sys
 from contextlib import contextmanager
 
-from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
-from hftoolkit.sources.checkpoint import checkpoint_errors, resolve_checkpoint
+from hftoolkit.job.spec import Job
+from hftoolkit.sources.checkpoint import checkpoint_errors
 
 # LoRA's default targets (the attention's query and value projections, as in the LoRA paper) come from
 # peft's own table, TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING; these are the model types it lacks.
@@ -32,84 +32,68 @@ CONV1D_MODEL_TYPES = {"gpt2"}
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
-def resolve_family(recipe: Recipe) -> str:
-    """The recipe's family; for a hub id, read from its config (the recipe validator could not)."""
-    if recipe.family:
-        return recipe.family
-    from transformers import AutoConfig
-
-    from hftoolkit.config.recipe import MODEL_TYPE_FAMILIES, validate_recipe
-
-    try:
-        with checkpoint_errors(recipe):
-            config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
-                                                trust_remote_code=recipe.model.trust_remote_code)
-    except (OSError, ValueError) as err:  # config.json unreadable, or a model type transformers does not know
-        raise UserError(f"model.checkpoint: could not read the config of {recipe.model.checkpoint} "
-                        f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
-    family = MODEL_TYPE_FAMILIES.get(config.model_type)
-    if family is None:
-        raise UserError(f"model.checkpoint: model type {config.model_type!r} is not in hftoolkit's family table; "
-                        "set model.family to encoder, decoder, seq2seq or vision")
-    raw = recipe.model_dump()
-    raw["model"]["family"] = family
-    validate_recipe(raw, "model.checkpoint")  # the task/family check, now that the family is known
-    recipe.model.family = family
-    return family
-
-
-def load_task_model(auto_class, recipe: Recipe, task_type: str | None, with_head: bool = True, **kwargs):
+def load_task_model(auto_class, job: Job, task_type: str | None, with_head: bool = True, **kwargs):
     """Load a checkpoint into `auto_class` and wrap it in LoRA; the task head stays full precision and trainable."""
-    head = task_head_of(auto_class, recipe, **kwargs) if with_head else []
-    with bitsandbytes_hidden(needed=recipe.model.quantization != "none"):
+    head = task_head_of(auto_class, job, **kwargs) if with_head else []
+    with bitsandbytes_hidden(needed=job.recipe.model.quantization != "none"):
         import peft  # noqa: F401  (imported first here, where bitsandbytes can be hidden from it)
 
-        model = load_pretrained(auto_class, recipe, keep_full_precision=head, **kwargs)
-        return apply_lora(model, recipe, task_type, modules_to_save=head)
+        model = load_pretrained(auto_class, job, keep_full_precision=head, **kwargs)
+        return apply_lora(model, job, task_type, modules_to_save=head)
 
 
-def task_head_of(auto_class, recipe: Recipe, **kwargs) -> list[str]:
+def task_head_of(auto_class, job: Job, **kwargs) -> list[str]:
     """The head modules `auto_class` adds, read from a weightless (meta-device) copy of the model."""
     from accelerate import init_empty_weights
-    from transformers import AutoConfig
 
-    with checkpoint_errors(recipe):
-        config = AutoConfig.from_pretrained(resolve_checkpoint(recipe), revision=recipe.model.revision,
-                                            trust_remote_code=recipe.model.trust_remote_code, **kwargs)
     with init_empty_weights():
-        return head_modules(auto_class.from_config(config, trust_remote_code=recipe.model.trust_remote_code))
+        return head_modules(auto_class.from_config(configured(job, kwargs)[0],
+                                                   trust_remote_code=job.recipe.model.trust_remote_code))
 
 
-def load_pretrained(auto_class, recipe: Recipe, keep_full_precision: list[str] = (), **kwargs):
+def configured(job: Job, kwargs: dict) -> tuple:
+    """(the job's config with the attributes in `kwargs` set, the kwargs left for from_pretrained): the config
+    is loaded once per run, and each load takes a copy with its task's labels."""
+    import copy
+
+    config = copy.deepcopy(job.model.config)
+    settings = {k: v for k, v in kwargs.items() if hasattr(config, k) or k in ("id2label", "label2id")}
+    config.update(settings)
+    return config, {k: v for k, v in kwargs.items() if k not in settings}
+
+
+def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), **kwargs):
     """from_pretrained with the recipe's dtype, quantization and remote-code policy."""
     import torch
 
-    from_kwargs = dict(revision=recipe.model.revision, trust_remote_code=recipe.model.trust_remote_code, **kwargs)
-    if recipe.model.dtype != "auto":
-        from_kwargs["dtype"] = getattr(torch, DTYPES[recipe.model.dtype])
-    if recipe.model.attention != "auto":  # auto: transformers' choice (sdpa where the model has it)
-        if recipe.model.attention == "flash_attention_2":
+    config, kwargs = configured(job, kwargs)
+    m = job.recipe.model
+    from_kwargs = dict(config=config, revision=m.revision, trust_remote_code=m.trust_remote_code, **kwargs)
+    if job.recipe.model.dtype != "auto":
+        from_kwargs["dtype"] = getattr(torch, DTYPES[job.recipe.model.dtype])
+    if job.recipe.model.attention != "auto":  # auto: transformers' choice (sdpa where the model has it)
+        if job.recipe.model.attention == "flash_attention_2":
             from hftoolkit.training.arguments import hardware_problems
 
-            problems = [p for p in hardware_problems(recipe) if p.startswith("model.attention")]
+            problems = [p for p in hardware_problems(job.recipe) if p.startswith("model.attention")]
             if problems:
                 raise UserError(problems[0])
-        from_kwargs["attn_implementation"] = recipe.model.attention
-    quant = quantization_config(recipe, keep_full_precision)
+        from_kwargs["attn_implementation"] = job.recipe.model.attention
+    quant = quantization_config(job, keep_full_precision)
     if quant is not None:
         from_kwargs.update(quantization_config=quant, device_map={"": _device()})
     from safetensors import SafetensorError  # a truncated or damaged weights file
 
-    checkpoint = resolve_checkpoint(recipe)
+    checkpoint = job.model.path
     try:
-        with checkpoint_errors(recipe):
+        with checkpoint_errors(job.recipe):
             model = auto_class.from_pretrained(checkpoint, **from_kwargs)
     except (OSError, ValueError, SafetensorError) as err:
-        if recipe.model.attention != "auto" and recipe.model.attention in str(err):
-            raise UserError(f"model.attention: {recipe.model.checkpoint} can't run attention "
-                            f"{recipe.model.attention} ({str(err).splitlines()[0][:200]}): "
+        if job.recipe.model.attention != "auto" and job.recipe.model.attention in str(err):
+            raise UserError(f"model.attention: {job.recipe.model.checkpoint} can't run attention "
+                            f"{job.recipe.model.attention} ({str(err).splitlines()[0][:200]}): "
                             "set model.attention to auto") from None
-        raise UserError(f"model.checkpoint: could not load {recipe.model.checkpoint} "
+        raise UserError(f"model.checkpoint: could not load {job.recipe.model.checkpoint} "
                         f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
     if quant is not None and _device() == "cpu":
         _release_checkpoint_memory(model)
@@ -139,8 +123,8 @@ def _release_checkpoint_memory(model) -> None:
         pass
 
 
-def quantization_config(recipe: Recipe, skip: list[str]):
-    if recipe.model.quantization == "none":
+def quantization_config(job: Job, skip: list[str]):
+    if job.recipe.model.quantization == "none":
         return None
     import torch
     from transformers import BitsAndBytesConfig
@@ -148,16 +132,14 @@ def quantization_config(recipe: Recipe, skip: list[str]):
     # None, not []: transformers then skips its defaults (output embeddings, tied weights such as GPT-2's lm_head);
     # an explicit list replaces them, and a quantized lm_head tied to the embeddings fails in its first forward.
     skip = list(skip) or None
-    if recipe.model.quantization == "8bit":
+    if job.recipe.model.quantization == "8bit":
         return BitsAndBytesConfig(load_in_8bit=True, llm_int8_skip_modules=skip)
-    compute = recipe.model.compute_dtype
+    compute = job.recipe.model.compute_dtype
     if compute == "auto":  # the dtype training computes in
-        from hftoolkit.training.arguments import resolve_precision
-
-        compute = {"bf16": "bfloat16", "fp16": "float16"}.get(resolve_precision(recipe), "float32")
+        compute = {"bf16": "bfloat16", "fp16": "float16"}.get(job.precision, "float32")
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                               bnb_4bit_compute_dtype=getattr(torch, compute),
-                              bnb_4bit_use_double_quant=recipe.model.double_quant, llm_int8_skip_modules=skip)
+                              bnb_4bit_use_double_quant=job.recipe.model.double_quant, llm_int8_skip_modules=skip)
 
 
 def head_modules(model) -> list[str]:
@@ -167,7 +149,7 @@ def head_modules(model) -> list[str]:
             if name != base and any(True for _ in child.parameters())]
 
 
-def lora_targets_for(model, recipe: Recipe, head: list[str] = ()) -> list[str]:
+def lora_targets_for(model, job: Job, head: list[str] = ()) -> list[str]:
     """The recipe's LoRA targets, checked against the model's modules.
 
     auto: the model type's query and value projections (peft's table, then ours).
@@ -175,15 +157,15 @@ def lora_targets_for(model, recipe: Recipe, head: list[str] = ()) -> list[str]:
     and the output projection are left out. Returned as full module names, so that a name such as
     `dense` can't also match a layer inside the head.
     """
-    if recipe.lora.targets == "all-linear":
+    if job.recipe.lora.targets == "all-linear":
         return _all_linear(model, head)
     names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    if recipe.lora.targets != "auto":
-        missing = [t for t in recipe.lora.targets if t not in names]
+    if job.recipe.lora.targets != "auto":
+        missing = [t for t in job.recipe.lora.targets if t not in names]
         if missing:
             raise UserError(f"lora.targets: {', '.join(map(repr, missing))} match no module of "
-                            f"{recipe.model.checkpoint}; linear layers it has: {', '.join(_linear_names(model))}")
-        return list(recipe.lora.targets)
+                            f"{job.recipe.model.checkpoint}; linear layers it has: {', '.join(_linear_names(model))}")
+        return list(job.recipe.lora.targets)
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
 
     model_type = model.config.model_type
@@ -212,24 +194,24 @@ def _all_linear(model, head: list[str]) -> list[str]:
             if _is_linear(m) and m is not output and name not in head and not name.startswith(skipped)]
 
 
-def apply_lora(model, recipe: Recipe, task_type: str | None, modules_to_save: list[str] = ()):
+def apply_lora(model, job: Job, task_type: str | None, modules_to_save: list[str] = ()):
     """Wrap `model` in a peft LoRA adapter (after kbit preparation when quantized); lora.variant picks
     plain LoRA, DoRA (a trained magnitude vector per adapted layer) or rsLoRA (scaling alpha / sqrt(r))."""
-    if not recipe.lora.enabled:
+    if not job.recipe.lora.enabled:
         return model
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
-    targets = lora_targets_for(model, recipe, list(modules_to_save))
-    if recipe.model.quantization != "none":
+    targets = lora_targets_for(model, job, list(modules_to_save))
+    if job.recipe.model.quantization != "none":
         # (With gradient checkpointing this also makes the embeddings' output require grad: needed by the
         # reentrant variant only; the Trainer enables the non-reentrant one, as asked here.)
         model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=recipe.training.gradient_checkpointing,
+            model, use_gradient_checkpointing=job.recipe.training.gradient_checkpointing,
             gradient_checkpointing_kwargs={"use_reentrant": False})
-    variant = recipe.lora.variant
-    config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+    lora = job.recipe.lora
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=targets, modules_to_save=list(modules_to_save) or None,
-                        use_dora=variant == "dora", use_rslora=variant == "rslora",
+                        use_dora=lora.variant == "dora", use_rslora=lora.variant == "rslora",
                         fan_in_fan_out=model.config.model_type in CONV1D_MODEL_TYPES, task_type=task_type)
     return get_peft_model(model, config)
 

@@ -50,7 +50,10 @@ def model_card(recipe: Recipe, metrics: dict, license: str | None = None) -> str
 
 
 def _tags(recipe: Recipe, metrics: dict) -> list[str]:
-    tags = ["hftoolkit", recipe.task, recipe.family or metrics.get("family"), recipe.model_type]
+    from hftoolkit.sources.checkpoint import model_type_of
+
+    family = recipe.model.family or metrics.get("family")
+    tags = ["hftoolkit", recipe.task, family, model_type_of(recipe.model.checkpoint, recipe.model.gguf_file)]
     if recipe.lora.enabled:
         tags.append("qlora" if recipe.model.quantization == "4bit" else "lora")
     if recipe.model.quantization != "none":  # the base was loaded quantized for training
@@ -60,7 +63,8 @@ def _tags(recipe: Recipe, metrics: dict) -> list[str]:
 
 def _body(recipe: Recipe, metrics: dict) -> str:
     ckpt = recipe.model.checkpoint
-    base = f"`{ckpt}` ({recipe.family or metrics.get('family')}), quantization: {recipe.model.quantization}"
+    family = recipe.model.family or metrics.get("family")
+    base = f"`{ckpt}` ({family}), quantization: {recipe.model.quantization}"
     if ckpt.startswith("init:"):
         base += f"; a tiny random model that `hftoolkit init-model {ckpt.removeprefix('init:')}` builds, not on the Hub"
     method = f"LoRA r={recipe.lora.r}, alpha={recipe.lora.alpha:g}" if recipe.lora.enabled else "full fine-tuning"
@@ -77,7 +81,7 @@ def _body(recipe: Recipe, metrics: dict) -> str:
         f"# {recipe.name}", "",
         recipe.description or f"{recipe.task} fine-tuned with hftoolkit.", "",
         f"- Base checkpoint: {base}",
-        *([f"- Note: {recipe.advice}"] if recipe.advice else []),
+        *([f"- Note: {advice}"] if (advice := tasks.advice(recipe.task, family)) else []),
         f"- Method: {method}",
         f"- Data: {data}; seed {recipe.training.seed}",
     ]

@@ -287,13 +287,10 @@ def pareto_best(runs: list[RunSummary], members: list[int], cost: str) -> set[in
 
 
 def family_of_checkpoint(checkpoint: str | None) -> str | None:
-    """The family an init: checkpoint or a local folder's config.json names (the recipe's own rule), or None."""
-    if not checkpoint:
-        return None
-    from hftoolkit.config.recipe import MODEL_TYPE_FAMILIES
-    from hftoolkit.sources.checkpoint import model_type_of
+    """The family of an init: checkpoint, for a run that recorded none (a run records the family it resolved)."""
+    from hftoolkit.config.families import static_family
 
-    return MODEL_TYPE_FAMILIES.get(model_type_of(checkpoint) or "")
+    return static_family(checkpoint) if checkpoint else None
 
 
 def format_value(value: float | None) -> str:

@@ -154,10 +154,6 @@ BUILTIN: dict[str, Callable[..., list[dict]]] = {
 }
 
 
-def describe() -> dict[str, str]:
-    return {name: (fn.__doc__ or "").strip().splitlines()[0] for name, fn in BUILTIN.items()}
-
-
 def corpus() -> str:
     """The package's own text, on which init-model trains its tokenizers."""
     parts = [row["text"] for row in sentiment(400) + text(400) + summarization(200)]

@@ -7,7 +7,7 @@ columns carry canonical names, so families never see the user's column names:
   label      a class id (classification, image-classification), a list of tag ids (tagging) or a float (regression)
   target     the output text (translation, summarization)
   image      a PIL image (image-classification)
-Label names found in the data are written back into `recipe.data.label_names`.
+Label names found in the data are returned beside it (the job keeps them; the recipe is not written).
 Rows whose input or target is empty are dropped (and counted) as they are read: a model
 trained on an empty text learns nothing from it, and an empty target teaches it to stop.
 
@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import gzip
 import hashlib
-import json
 from pathlib import Path
 
 from hftoolkit.config import tasks
@@ -32,7 +31,7 @@ FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"
 
 
 def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
-    """Train and eval splits with canonical columns, checked, labels encoded.
+    """(train and eval splits with canonical columns, checked, labels encoded; the label names, or None).
 
     `dropped`, when given, receives the number of rows dropped for an empty input or target, per
     source ("train": data.train, before an eval split is held out of it; "eval": data.eval or data.eval_split).
@@ -60,8 +59,9 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     splits = {"train": (train, "data.train", d.train), "eval": (evaluation, "data.eval", d.eval or d.train)}
     for ds, key, source in splits.values():
         _check_not_empty(ds, key, source)
+    names = None
     if tasks.spec(recipe.task).labels in ("class", "tags"):
-        train, evaluation = _encode_labels(recipe, train, evaluation)
+        train, evaluation, names = _encode_labels(recipe, train, evaluation)
     elif tasks.spec(recipe.task).labels == "value":
         train, evaluation = _float_labels(recipe, train, "data.train"), _float_labels(recipe, evaluation, "data.eval")
     limit = {"train": d.max_train_samples, "eval": d.max_eval_samples}
@@ -72,7 +72,7 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
         out[split] = ds
     if dropped is not None:
         dropped.update(counts)
-    return datasets.DatasetDict(out)
+    return datasets.DatasetDict(out), names
 
 
 def drop_empty(ds, key: str, source: str):
@@ -191,13 +191,16 @@ def _check_labelled(ds, key: str, source: str, split: str) -> None:
                         "splits): score a split with labels, such as validation")
 
 
-def use_split(recipe: Recipe, split: str, key: str = "--split") -> None:
-    """Point the recipe's eval at `split` of its hub data set: data.eval's when that is a hub id, else data.train's."""
+def use_split(recipe: Recipe, split: str, key: str = "--split") -> Recipe:
+    """The recipe with its eval pointed at `split` of its hub data set: data.eval's when that is a hub id, else
+    data.train's."""
+    from hftoolkit.config.recipe import replaced
+
     d = recipe.data
     if d.eval and is_hub_source(d.eval):
-        d.eval_split = split
+        return replaced(recipe, {"data.eval_split": split})
     elif is_hub_source(d.train):
-        d.eval, d.eval_target, d.eval_split = None, None, split
+        return replaced(recipe, {"data.eval": None, "data.eval_target": None, "data.eval_split": split})
     else:
         sources = " and ".join(f"{k} ({v})" for k, v in (("data.train", d.train), ("data.eval", d.eval)) if v)
         raise UserError(f"{key}: {split!r} names a split of a hub data set, but {sources} "
@@ -336,12 +339,11 @@ def _encode_labels(recipe: Recipe, train, evaluation):
             raise UserError(f"data.label_column: label {v!r} is not one of data.label_names ({', '.join(names)}): "
                             "fix the data or add the label to data.label_names")
     to_id = (lambda v: index[str(v)]) if kinds != {"int"} else (lambda v: v)
-    recipe.data.label_names = names
     encode = lambda batch: {"label": [[to_id(v) for v in label] if isinstance(label, list) else to_id(label)
                                       for label in batch["label"]]}
     # The id column's type is given: map keeps a column's old type when it returns the same name, and ids
     # stored as strings ("1", from a CSV's large_string column) would reach the collator as text.
-    return tuple(ds.map(encode, batched=True, features=_id_features(ds)) for ds in (train, evaluation))
+    return (*(ds.map(encode, batched=True, features=_id_features(ds)) for ds in (train, evaluation)), names)
 
 
 def _id_features(ds):
@@ -388,7 +390,3 @@ def _names(label, names):
 
 def _flat(column) -> list:
     return [v for item in column for v in (item if isinstance(item, list) else [item])]
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

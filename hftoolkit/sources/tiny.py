@@ -16,7 +16,9 @@ import string
 import tempfile
 from pathlib import Path
 
-ARCHS = ("bert", "gpt2", "t5", "bart", "vit")
+from hftoolkit.config.families import INIT_FAMILIES
+
+ARCHS = tuple(INIT_FAMILIES)
 VOCAB_SIZE = 1024
 WIDTH = dict(hidden=64, layers=2, heads=4, ffn=128)
 

@@ -2,37 +2,35 @@
 
 - `training_arguments`: TrainingArguments from the recipe (batch split over processes, precision,
   optimizer, schedule, checkpointing, eval and save strategies, data loader, trackers).
-- `resolve_precision`: training.precision auto made concrete (bf16, fp16 or fp32).
 - `hardware_problems` / `check_hardware`: keys that ask this machine for what it lacks
   (flash attention, TF32), refused when training starts; `validate` stays machine-independent.
 - `run_record`: what metrics.json says about how the run trained (precision, best step).
 
-Imports no torch at module level (launch.py's checks use `resolve_precision` before any relaunch).
+Imports no torch at module level.
 """
 
 from __future__ import annotations
 
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
+from hftoolkit.job.spec import Job
 from hftoolkit.runs.rundir import RunDirectory
 
 # training.optimizer -> the Trainer's `optim` name.
 OPTIMIZERS = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw_8bit": "adamw_bnb_8bit",
               "paged_adamw_8bit": "paged_adamw_8bit", "adafactor": "adafactor", "sgd": "sgd"}
-# Model types whose activations overflow fp16 (training.precision auto never picks fp16 for them).
-NO_FP16 = ("t5", "mt5", "umt5", "longt5")
 # The trackers that read their project from the environment, and the variable each reads.
 PROJECT_VARIABLES = {"wandb": "WANDB_PROJECT", "mlflow": "MLFLOW_EXPERIMENT_NAME", "comet_ml": "COMET_PROJECT_NAME"}
 
 
-def training_arguments(recipe: Recipe, run: RunDirectory, model, encoded, scorer):
-    """TrainingArguments for `recipe`; `model` decides what auto precision means (T5 never takes fp16)."""
+def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
+    """TrainingArguments for the job, in the precision it resolved."""
     import torch
     from accelerate import PartialState
     from transformers import TrainingArguments
 
+    recipe, precision = job.recipe, job.precision
     t, cuda = recipe.training, torch.cuda.is_available()
-    precision = resolve_precision(recipe, model.config.model_type)
     if t.gradient_checkpointing and not getattr(model, "supports_gradient_checkpointing", False):
         raise UserError(f"training.gradient_checkpointing: {type(model).__name__} has no activation checkpointing "
                         "in transformers: set training.gradient_checkpointing to false")
@@ -86,20 +84,6 @@ def _eval_and_save_arguments(recipe: Recipe, scorer) -> dict:
             "restore_callback_states_from_checkpoint": recipe.eval.early_stopping is not None}
 
 
-def resolve_precision(recipe: Recipe, model_type: str | None = None) -> str:
-    """training.precision with auto decided for this machine: bf16 on a GPU that has it, else fp16 (fp32 for
-    models that overflow in fp16, such as T5), fp32 on a CPU (autocast on a CPU is slower than fp32 there)."""
-    if recipe.training.precision != "auto":
-        return recipe.training.precision
-    import torch
-
-    if not torch.cuda.is_available():
-        return "fp32"
-    if torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "fp32" if (model_type or recipe.model_type) in NO_FP16 else "fp16"
-
-
 def hardware_problems(recipe: Recipe) -> list[str]:
     """What this recipe asks of the machine that the machine lacks, one `key: what: what to do` line each.
     Imports torch only when the recipe asks for something that needs a GPU."""
@@ -132,11 +116,11 @@ def check_hardware(recipe: Recipe) -> None:
         raise UserError("\n".join(problems))
 
 
-def run_record(recipe: Recipe, trainer) -> dict:
+def run_record(job: Job, trainer) -> dict:
     """What metrics.json says about how the run trained: the precision used and, with eval.keep_best,
     the step (and metric) of the checkpoint whose weights the run kept."""
-    record = {"precision": resolve_precision(recipe, trainer.model.config.model_type)}
-    if recipe.eval.keep_best:
+    record = {"precision": job.precision}
+    if job.recipe.eval.keep_best:
         record.update(best_step=trainer.state.best_global_step, best_metric=trainer.state.best_metric)
     return record
 

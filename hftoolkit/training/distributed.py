@@ -147,9 +147,11 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
                         "(--num-processes N or recipes/accelerate/ddp.yaml) or DeepSpeed ZeRO-2, or set "
                         "model.quantization to none")
     if plan.mixed_precision != "no":  # (auto is resolved, importing torch, only when there is something to compare)
-        from hftoolkit.training.arguments import resolve_precision
+        from hftoolkit.job.resolve import resolve_precision
+        from hftoolkit.sources.checkpoint import model_type_of
 
-        precision = resolve_precision(recipe)
+        # Before the relaunch nothing is loaded: a local checkpoint's type is read from its files, a hub id's not.
+        precision = resolve_precision(t.precision, model_type_of(recipe.model.checkpoint, recipe.model.gguf_file))
         wanted = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[precision]
         if plan.mixed_precision != wanted:
             auto = "" if t.precision == precision else f" (auto picks {precision} on this machine)"

@@ -39,41 +39,41 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hftoolkit.config import tasks
-from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation.evaluate import shortest_first
+from hftoolkit.job.spec import Job
 from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.training.batching import LengthBucketSampler
 from hftoolkit.training.checkpoints import PICKLED_ARGS, STAGING_PREFIX, commit, latest_checkpoint, rotate, test_pause
 from hftoolkit.training.progress import use_progress
 
 
-def build_trainer(recipe: Recipe, run: RunDirectory, model, processor, encoded, counter, scorer, data=None):
+def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counter, scorer, data=None):
     """The Trainer for `recipe`. `data` (the raw splits) lets eval during training score generated text."""
     from transformers import Trainer
 
     from hftoolkit.training.arguments import training_arguments
 
-    t = recipe.training
+    t = job.recipe.training
     trainer = toolkit_trainer(Trainer)(
-        model=model, args=training_arguments(recipe, run, model, encoded, scorer), train_dataset=encoded["train"],
+        model=model, args=training_arguments(job, run, model, encoded, scorer), train_dataset=encoded["train"],
         eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
         data_collator=counter, processing_class=processor,
-        compute_metrics=scorer.compute if tasks.spec(recipe.task).scoring == "logits" else None,
+        compute_metrics=scorer.compute if tasks.spec(job.recipe.task).scoring == "logits" else None,
         preprocess_logits_for_metrics=scorer.reduce_logits)
     use_progress(trainer)  # one progress bar instead of the Trainer's tqdm bars and printed log dicts
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
-    trainer.keep_last, trainer.keep_best = t.keep_last, recipe.eval.keep_best
-    trainer.eval_context = EvalContext(recipe, processor, scorer, counter, data["eval"] if data else None)
-    trainer.counts_on_main = recipe.data.num_workers > 0  # (the collator then runs in the worker processes)
+    trainer.keep_last, trainer.keep_best = t.keep_last, job.recipe.eval.keep_best
+    trainer.eval_context = EvalContext(job, processor, scorer, counter, data["eval"] if data else None)
+    trainer.counts_on_main = job.recipe.data.num_workers > 0  # (the collator then runs in the worker processes)
     if hasattr(counter.collate, "epoch"):  # a collator whose randomness depends on the epoch (MLM masking)
         trainer.add_callback(epoch_to_collator(counter.collate))
-    if recipe.eval.early_stopping is not None:
+    if job.recipe.eval.early_stopping is not None:
         from transformers import EarlyStoppingCallback
 
-        stop = recipe.eval.early_stopping
+        stop = job.recipe.eval.early_stopping
         trainer.add_callback(EarlyStoppingCallback(stop.patience, stop.threshold))
-    if recipe.eval.keep_best:
+    if job.recipe.eval.keep_best:
         trainer.add_callback(best_checkpoint_found())
     _tensorboard_into(trainer, run / "tensorboard")
     return trainer
@@ -366,7 +366,7 @@ class EvalContext:
     """What eval during training needs beyond the Trainer's own pass: `raw_eval` is the eval split before
     preprocessing (its texts and targets, for generation-scored tasks)."""
 
-    recipe: Recipe
+    job: Job
     processor: object
     scorer: object
     counter: object
@@ -416,20 +416,21 @@ class EvalDuringTraining:
         return output
 
     def _task_metrics(self, context: EvalContext, metrics: dict, prefix: str) -> dict:
-        task = tasks.spec(context.recipe.task)
+        task = tasks.spec(context.job.recipe.task)
         if task.main_metric == "perplexity" and f"{prefix}_loss" in metrics:
             return {f"{prefix}_perplexity": math.exp(min(metrics[f"{prefix}_loss"], 50))}
         if task.scoring != "generation" or context.raw_eval is None:
             return {}
         from hftoolkit.evaluation.generation import generate_everywhere
-        from hftoolkit.models.families import family_module
+        from hftoolkit.models.families import formulation
 
         raw, model = context.raw_eval, self.model
         was_training = model.training
         model.eval()
         try:
-            outputs = generate_everywhere(family_module(context.recipe.family), context.recipe, model,
-                                          context.processor, raw[task.columns[0]])
+            sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
+            outputs = generate_everywhere(formulation(context.job), context.job, model, context.processor,
+                                          raw[task.columns[0]], sharded)
         finally:
             model.train(was_training)
         scores = context.scorer.compute([o["text"] for o in outputs], raw["target"])

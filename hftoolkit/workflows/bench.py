@@ -32,10 +32,10 @@ BENCH = (
 
 def bench_variants(families: list[str] | None, recipes_dir: Path, overrides: list[str] = ()) -> list:
     """The bench's runs as sweep variants, only those of `families` when given (encoder, decoder, seq2seq, vision)."""
-    from hftoolkit.config.recipe import MODEL_TYPE_FAMILIES
+    from hftoolkit.config.families import FAMILIES, INIT_FAMILIES
     from hftoolkit.workflows.sweep import Variant
 
-    known = sorted(set(MODEL_TYPE_FAMILIES.values()))
+    known = sorted(FAMILIES)
     unknown = [f for f in families or () if f not in known]
     if unknown:
         raise UserError(f"--families: unknown {', '.join(unknown)}; choose from {', '.join(known)}")
@@ -43,7 +43,7 @@ def bench_variants(families: list[str] | None, recipes_dir: Path, overrides: lis
     for prefix, recipe, checkpoints, settings in BENCH:
         for checkpoint in checkpoints:
             arch = checkpoint.removeprefix("init:")
-            if families and MODEL_TYPE_FAMILIES[arch] not in families:
+            if families and INIT_FAMILIES[arch] not in families:
                 continue
             variants.append(Variant(f"{prefix}-{arch}", recipes_dir / recipe,
                                     [*settings, f"model.checkpoint={checkpoint}", *overrides]))

@@ -8,45 +8,45 @@ import tempfile
 from pathlib import Path
 
 from hftoolkit import console
-from hftoolkit.config.recipe import Recipe, load_recipe
+from hftoolkit.config.recipe import Recipe, load_recipe, replaced
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation.evaluate import evaluate, peak_memory_mb, run_facts
-from hftoolkit.models.families import family_module
+from hftoolkit.job.spec import Job
+from hftoolkit.models.families import formulation
 from hftoolkit.runs.rundir import RunDirectory
+from hftoolkit.sources.data import use_split
 
 
-def load_trained(run_dir: Path, full_precision: bool = False):
-    """(recipe, family module, model, processor) of a finished run, ready for eval or predict.
+def load_trained(run_dir: Path, full_precision: bool = False, data: bool = False, split: str | None = None):
+    """(job, formulation, model, processor) of a finished run, ready for eval or predict; the job reads the
+    run's data (its eval split, or `split` of its hub data set) when `data` is True.
 
     full_precision loads an 8-bit or 4-bit base unquantized (for merging the adapter into it).
     """
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.loading import count_parameters
+
     run = RunDirectory(run_dir)
     if not (run / "recipe.yaml").is_file():
         raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
     weights = run.weights_dir()
     recipe = load_recipe(run / "recipe.yaml")
     if full_precision:
-        recipe.model.quantization = "none"
-    from hftoolkit.models.loading import resolve_family
-
-    family = family_module(resolve_family(recipe))
-    if weights.name == "model":
-        recipe.model.checkpoint = str(weights)
-        model, processor = family.load_model(recipe)
-    else:
+        recipe = replaced(recipe, {"model.quantization": "none"})
+    if split:
+        recipe = use_split(recipe, split)
+    job = resolve_job(recipe, data=data, weights=weights)  # processor and config (full models) from the run's
+    form = formulation(job)
+    model, processor = form.load_model(job)
+    if weights.name == "adapter":
         from peft import set_peft_model_state_dict
         from safetensors.torch import load_file
 
-        model, processor = family.load_model(recipe)
         set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
         model.eval()
-        # The processor the run trained with, saved beside its adapter (a rebuilt init: tokenizer may differ).
-        processor = type(processor).from_pretrained(weights)
-    from hftoolkit.models.loading import count_parameters
-
     console.phase(console.model_line(str(weights), None, count_parameters(model)[1], recipe.model.quantization,
                                      recipe.lora.r if weights.name == "adapter" else None))
-    return recipe, family, model, processor
+    return job, form, model, processor
 
 
 def reevaluate(run_dir: Path) -> dict:
@@ -58,27 +58,24 @@ def reevaluate(run_dir: Path) -> dict:
     """
     from hftoolkit.models.loading import count_parameters
     from hftoolkit.runs.card import model_card
-    from hftoolkit.sources.data import load_data
     from hftoolkit.training.throughput import TokenCounter
     from hftoolkit.training.trainer import build_trainer
 
-    recipe, family, model, processor = load_trained(run_dir)
-    run = RunDirectory(run_dir)
-    data = load_data(recipe)
+    job, form, model, processor = load_trained(run_dir, data=True)
+    run, data = RunDirectory(run_dir), job.data
     console.phase(console.data_line({"eval": len(data["eval"])}))
-    encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
-    scorer = family.metrics(recipe, processor)
+    encoded = {split: form.preprocess(job, processor, ds) for split, ds in data.items()}
+    scorer = form.metrics(job, processor)
     # The run's own Trainer settings; with saving off, an evaluate-only Trainer writes nothing there.
-    trainer = build_trainer(recipe, run, model, processor, encoded,
-                            TokenCounter(family.collator(recipe, processor)), scorer)
-    results, predictions, seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
+    trainer = build_trainer(job, run, model, processor, encoded, TokenCounter(form.collator(job, processor)), scorer)
+    results, predictions, seconds = evaluate(job, form, trainer, processor, data, encoded, scorer)
     trainable, total = count_parameters(model)
-    metrics = {**run_facts(recipe, scorer), "trainable_params": trainable, "total_params": total,
+    metrics = {**run_facts(job, scorer), "trainable_params": trainable, "total_params": total,
                "hftoolkit_version": __import__("hftoolkit").__version__, **run.metrics(),
                "eval": results, "eval_seconds": round(seconds, 3)}
     run.write_jsonl("predictions.jsonl", predictions)
     run.write_json("metrics.json", metrics)
-    run.write_text("README.md", model_card(recipe, metrics))
+    run.write_text("README.md", model_card(job.recorded_recipe(), metrics))
     if run.manifest().get("status") != "complete":
         run.finish("complete")
     return metrics
@@ -98,26 +95,25 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     """
     from accelerate.utils import set_seed
 
-    from hftoolkit.job.preflight import prepare
-    from hftoolkit.models.loading import count_parameters, resolve_family
-    from hftoolkit.sources.data import use_split
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.loading import count_parameters
 
     if split:
-        use_split(recipe, split)
-    recipe.lora.enabled, recipe.model.quantization = False, "none"
+        recipe = use_split(recipe, split)
+    recipe = replaced(recipe, {"lora.enabled": False, "model.quantization": "none"})
     run = RunDirectory(output) if output else None
     if run is not None:
         run.claim(overwrite=overwrite)
     try:
-        family = family_module(resolve_family(recipe))
-        data, findings = prepare(recipe)  # the checks training runs: lengths clamped, empty rows dropped
-        for line in findings.notes:
+        job = resolve_job(recipe)  # the checks training runs: lengths clamped, empty rows dropped
+        for line in job.findings.notes:
             console.note(f"preflight: {line}")
-        console.phase(console.data_line({"eval": len(data["eval"])}))
+        console.phase(console.data_line({"eval": len(job.data["eval"])}))
         set_seed(recipe.training.seed)  # the new head's initialisation
-        model, processor = family.load_model(recipe)
+        form = formulation(job)
+        model, processor = form.load_model(job)
         console.phase(console.model_line(recipe.model.checkpoint, None, count_parameters(model)[1]))
-        scorer, results, predictions, seconds = _score(recipe, family, model, processor, data)
+        scorer, results, predictions, seconds = _score(job, form, model, processor, job.data)
     except BaseException:
         if run is not None and not any(run.path.iterdir()):
             run.path.rmdir()  # bad input: leave no empty run directory behind
@@ -125,7 +121,7 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     from hftoolkit.config.recipe import recipe_to_yaml
 
     metrics = {
-        "name": f"{recipe.name}-untrained", "family": recipe.family, "task": recipe.task,
+        "name": f"{recipe.name}-untrained", "family": job.family, "task": recipe.task,
         "checkpoint": recipe.model.checkpoint, "quantization": "none", "lora_rank": None, "trained": False,
         "split": split or recipe.data.eval_split, "main_metric": scorer.main,
         "greater_is_better": scorer.greater_is_better, "eval": results, "train_seconds": None,
@@ -135,8 +131,8 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     }
     if run is not None:
         console.attach(run / "train.log")  # the libraries' output so far, kept with the scores
-        run.start(recipe_to_yaml(recipe), list(command), recipe.training.seed)
-        run.update_manifest(preflight=findings.record)
+        run.start(recipe_to_yaml(job.recorded_recipe()), list(command), recipe.training.seed)
+        run.update_manifest(preflight=job.findings.record)
         run.write_json("metrics.json", metrics)
         run.write_jsonl("predictions.jsonl", predictions)
         run.finish("complete")
@@ -149,15 +145,11 @@ def reevaluate_split(run_dir: Path, split: str) -> dict:
     metrics.json keeps its eval part and gains splits[split]; the records go to predictions-<split>.jsonl.
     Returns metrics.json's content.
     """
-    from hftoolkit.sources.data import load_data, use_split
-
     if not re.fullmatch(r"\w+(\.\w+)*", split):  # datasets' own rule for split names
         raise UserError(f"--split: {split!r} is not a split name (letters, digits and _): name a split such as test")
-    recipe, family, model, processor = load_trained(run_dir)
-    use_split(recipe, split)
-    data = load_data(recipe)
-    console.phase(console.data_line({split: len(data["eval"])}))
-    scorer, results, predictions, seconds = _score(recipe, family, model, processor, data)
+    job, form, model, processor = load_trained(run_dir, data=True, split=split)
+    console.phase(console.data_line({split: len(job.data["eval"])}))
+    scorer, results, predictions, seconds = _score(job, form, model, processor, job.data)
     run = RunDirectory(run_dir)
     metrics = run.metrics()
     metrics["splits"] = {**metrics.get("splits", {}), split: results}
@@ -166,7 +158,7 @@ def reevaluate_split(run_dir: Path, split: str) -> dict:
     return metrics
 
 
-def _score(recipe: Recipe, family, model, processor, data):
+def _score(job: Job, form, model, processor, data):
     """(scorer, results, records, seconds) of `model` on data["eval"], through a Trainer that trains nothing.
 
     Only the eval split is preprocessed (it also stands in for the train split the Trainer is built with),
@@ -175,11 +167,11 @@ def _score(recipe: Recipe, family, model, processor, data):
     from hftoolkit.training.throughput import TokenCounter
     from hftoolkit.training.trainer import build_trainer
 
-    encoded_eval = family.preprocess(recipe, processor, data["eval"])
+    encoded_eval = form.preprocess(job, processor, data["eval"])
     encoded = {"train": encoded_eval, "eval": encoded_eval}
-    scorer = family.metrics(recipe, processor)
+    scorer = form.metrics(job, processor)
     with tempfile.TemporaryDirectory(prefix="hftoolkit-eval-") as tmp:
-        trainer = build_trainer(recipe, RunDirectory(tmp), model, processor, encoded,
-                                TokenCounter(family.collator(recipe, processor)), scorer)
-        results, predictions, seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
+        trainer = build_trainer(job, RunDirectory(tmp), model, processor, encoded,
+                                TokenCounter(form.collator(job, processor)), scorer)
+        results, predictions, seconds = evaluate(job, form, trainer, processor, data, encoded, scorer)
     return scorer, results, predictions, seconds

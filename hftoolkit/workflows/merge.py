@@ -24,8 +24,8 @@ def merge_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--output: {out} is not empty: choose a new folder")
-    recipe, _, model, processor = load_trained(run_dir, full_precision=True)
-    if not recipe.lora.enabled:
+    job, _, model, processor = load_trained(run_dir, full_precision=True)
+    if not job.recipe.lora.enabled:
         raise UserError(f"{run_dir}: this run fine-tuned the whole model, so there is no adapter to merge; "
                         f"its model/ folder is already a plain checkpoint")
     merged = model.merge_and_unload()

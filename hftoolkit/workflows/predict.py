@@ -17,26 +17,24 @@ def predict(run_dir: Path, given: str, generation: dict, batch_size: int | None 
     generation overrides eval.generation (--strategy and friends), batch_size eval.batch_size: the inputs go
     through the model in batches of that many.
     """
-    recipe, family, model, processor = load_trained(run_dir)
-    if generation:  # --strategy and friends, validated like the recipe's own eval.generation
-        from hftoolkit.config.recipe import validate_recipe
+    import dataclasses
 
-        raw = recipe.model_dump()
-        raw["eval"]["generation"].update(generation)
-        recipe.eval.generation = validate_recipe(raw, "predict options").eval.generation
+    from hftoolkit.config.recipe import replaced
+
+    job, form, model, processor = load_trained(run_dir)
+    # --strategy and friends, and --batch-size, validated like the recipe's own eval section
+    values = {f"eval.generation.{k}": v for k, v in generation.items()}
     if batch_size is not None:
-        recipe.eval.batch_size = batch_size
+        values["eval.batch_size"] = batch_size
+    if values:
+        job = dataclasses.replace(job, recipe=replaced(job.recipe, values, "predict options"))
+    recipe = job.recipe
     given_lines = input_lines(given, recipe.task)
     inputs = parse_inputs(given_lines, recipe.task, pairs=bool(recipe.data.text_pair_column))
-    outputs = family.generate(recipe, model, processor, inputs)
+    outputs = form.generate(job, model, processor, inputs)
     shown = ["\t".join(x) if isinstance(x, tuple) else x if isinstance(x, str) else line
              for line, x in zip(given_lines, inputs)]
     return [{"input": x, **o} for x, o in zip(shown, outputs)]
-
-
-def read_inputs(given: str, task: str, pairs: bool = False) -> list:
-    """The model inputs `--input` names: see `input_lines` and `parse_inputs`."""
-    return parse_inputs(input_lines(given, task), task, pairs)
 
 
 def input_lines(given: str, task: str) -> list[str]:

@@ -1,7 +1,8 @@
 """Train, evaluate and write the run directory: the one path every recipe takes.
 
-recipe -> preflight.prepare (data, config and processor checked together, no weights) -> family.load_model /
-preprocess / collator -> HF Trainer -> weights saved -> evaluate (loss, metrics, predictions) -> run directory.
+recipe -> resolve_job (checkpoint, config, processor, data and preflight, once; no weights) -> the formulation's
+load_model / preprocess / collator -> HF Trainer -> weights saved -> evaluate (loss, metrics, predictions) -> run
+directory.
 Only the main process writes. The weights are written as soon as training ends, before anything else can
 fail: a run whose eval pass fails keeps them, says "trained, eval failed", and `hftoolkit eval` completes it.
 """
@@ -17,9 +18,10 @@ from hftoolkit import console
 from hftoolkit.config.recipe import Recipe, recipe_to_yaml
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation.evaluate import evaluate, peak_memory_mb, run_facts
-from hftoolkit.job.preflight import prepare
+from hftoolkit.job.resolve import resolve_job
+from hftoolkit.job.spec import Job
 from hftoolkit.models import loading as modeling
-from hftoolkit.models.families import family_module
+from hftoolkit.models.families import formulation
 from hftoolkit.runs.card import model_card
 from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory
 from hftoolkit.sources.data import fingerprint
@@ -62,9 +64,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     import torch
     from accelerate import PartialState
 
-    from hftoolkit.training import checkpoints
-    from hftoolkit.training.arguments import check_hardware, run_record
-    from hftoolkit.training.trainer import build_trainer
+    from hftoolkit.training.arguments import check_hardware
 
     # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
     # would otherwise each run alone as rank 0, and all write the run directory.
@@ -75,74 +75,110 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     state.wait_for_everyone()
     started = time.perf_counter()
     existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
-    written, trainer, resume_from, trained = False, None, None, False
+    progress = Progress()
     try:
         check_hardware(recipe)  # flash attention or TF32 asked of a machine without them
-        family = family_module(modeling.resolve_family(recipe))
-        with state.main_process_first():  # read once, on the main process; the others read its cache
-            data, findings = prepare(recipe)  # clamps lengths in the recipe: before recipe.yaml is written
-        for line in findings.notes:
+        with state.main_process_first():  # resolved on the main process first; the others read its caches
+            job = resolve_job(recipe)
+        for line in job.findings.notes:
             console.note(f"preflight: {line}")
-        console.phase(console.data_line({split: len(ds) for split, ds in data.items()}))
-        if resume:
-            resume_from = checkpoints.resume_point(run, recipe_to_yaml(recipe))
-        if state.is_main_process:
-            if resume:
-                checkpoints.clear_results(run)
-            log.attach(run / "train.log")  # the run is accepted: its log starts with what was said so far
-            run.start(recipe_to_yaml(recipe), command, recipe.training.seed)
-            written = True
-            run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
-                                data_fingerprint=fingerprint(data), preflight=findings.record)
-        set_seed(recipe.training.seed)
-        with state.main_process_first():  # an init: checkpoint or a hub download is made once, by the main process
-            model, processor = family.load_model(recipe)
-        console.phase(console.model_line(recipe.model.checkpoint, *modeling.count_parameters(model),
-                                         recipe.model.quantization, recipe.lora.r if recipe.lora.enabled else None))
-        with state.main_process_first():
-            encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
-        counter = TokenCounter(family.collator(recipe, processor))
-        scorer = family.metrics(recipe, processor)
-        trainer = build_trainer(recipe, run, model, processor, encoded, counter, scorer, data=data)
-        _startup_done()
-        setup_seconds = time.perf_counter() - started
-        trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
-        train_seconds = time.perf_counter() - started - setup_seconds
-        train_counts = counter.snapshot()  # before eval batches pass through the same collator
-        save_weights(recipe, trainer, processor, run)  # every process: sharded weights are gathered first
-        trained = True
-        metrics = summarize(recipe, trainer.model, scorer, None, train_counts, train_seconds, None,
-                            processes=state.num_processes)
-        metrics["setup_seconds"] = round(setup_seconds, 3)
-        metrics.update(run_record(recipe, trainer))  # precision used; with eval.keep_best, the best step
-        if state.is_main_process:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
-            run.write_jsonl("log_history.jsonl", trainer.state.log_history)
-            run.write_json("metrics.json", {k: v for k, v in metrics.items() if k not in ("eval", "eval_seconds")})
-        trainer.model.eval()
-        evaluation, predictions, eval_seconds = evaluate(recipe, family, trainer, processor, data, encoded, scorer)
-        metrics.update(eval=evaluation, eval_seconds=round(eval_seconds, 3))
-        if state.is_main_process:
-            run.write_jsonl("log_history.jsonl", trainer.state.log_history)
-            run.write_jsonl("predictions.jsonl", predictions)
-            run.write_json("metrics.json", metrics)
-            run.write_text("README.md", model_card(recipe, metrics))
-            run.finish("complete")
-        return metrics
+        console.phase(console.data_line({split: len(ds) for split, ds in job.data.items()}))
+        resume_from = _open_run(job, run, state, command, resume, log, progress)
+        return _run(job, run, state, resume_from, started, progress)
     except BaseException as err:
-        if state.is_main_process and isinstance(err, UserError) and not existed and trainer is None:
-            shutil.rmtree(run.path, ignore_errors=True)  # bad input, found before training: leave nothing
-        elif state.is_main_process and written:  # (a refused --resume has written nothing)
-            if trainer is not None:  # a failed run keeps its log
-                run.write_jsonl("log_history.jsonl", trainer.state.log_history)
-            message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
-            run.finish(TRAINED_EVAL_FAILED if trained else "failed", error=message or type(err).__name__)
-            if trained:
-                console.error(f"the run trained, then failed: its weights are saved in {run.weights_dir()}; once the "
-                              f"problem below is fixed, `hftoolkit eval {run.path}` evaluates them and completes "
-                              "the run")
-        elif state.is_main_process and run.path.is_dir() and not any(p.name != "train.log" for p in run.path.iterdir()):
-            shutil.rmtree(run.path)  # nothing but the log was written: leave no run directory behind
+        _fail(err, run, state, existed, progress)
         raise
+
+
+class Progress:
+    """How far a run got, for what a failure leaves behind."""
+
+    written = trained = False
+    trainer = None
+
+
+def _open_run(job: Job, run: RunDirectory, state, command: list[str], resume: bool, log, progress: Progress):
+    """Accept the run: recipe.yaml and manifest.json written (main process); the checkpoint --resume continues."""
+    from hftoolkit.training import checkpoints
+
+    recorded = recipe_to_yaml(job.recorded_recipe())
+    resume_from = checkpoints.resume_point(run, recorded) if resume else None
+    if state.is_main_process:
+        if resume:
+            checkpoints.clear_results(run)
+        log.attach(run / "train.log")  # the run is accepted: its log starts with what was said so far
+        run.start(recorded, command, job.recipe.training.seed)
+        progress.written = True
+        run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
+                            data_fingerprint=fingerprint(job.data), preflight=job.findings.record,
+                            resolved=resolved_record(job))
+    return resume_from
+
+
+def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progress: Progress) -> dict:
+    """Load, train, save the weights, evaluate, and write the results."""
+    from hftoolkit.training.arguments import run_record
+    from hftoolkit.training.trainer import build_trainer
+
+    recipe, form = job.recipe, formulation(job)
+    set_seed(recipe.training.seed)
+    with state.main_process_first():  # (a quantized load prepares its weights once)
+        model, processor = form.load_model(job)
+    console.phase(console.model_line(recipe.model.checkpoint, *modeling.count_parameters(model),
+                                     recipe.model.quantization, recipe.lora.r if recipe.lora.enabled else None))
+    with state.main_process_first():
+        encoded = {split: form.preprocess(job, processor, ds) for split, ds in job.data.items()}
+    counter = TokenCounter(form.collator(job, processor))
+    scorer = form.metrics(job, processor)
+    trainer = progress.trainer = build_trainer(job, run, model, processor, encoded, counter, scorer, data=job.data)
+    _startup_done()
+    setup_seconds = time.perf_counter() - started
+    trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+    train_seconds = time.perf_counter() - started - setup_seconds
+    train_counts = counter.snapshot()  # before eval batches pass through the same collator
+    save_weights(job, trainer, processor, run)  # every process: sharded weights are gathered first
+    progress.trained = True
+    metrics = summarize(job, trainer.model, scorer, None, train_counts, train_seconds, None,
+                        processes=state.num_processes)
+    metrics["setup_seconds"] = round(setup_seconds, 3)
+    metrics.update(run_record(job, trainer))  # precision used; with eval.keep_best, the best step
+    if state.is_main_process:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
+        run.write_jsonl("log_history.jsonl", trainer.state.log_history)
+        run.write_json("metrics.json", {k: v for k, v in metrics.items() if k not in ("eval", "eval_seconds")})
+    trainer.model.eval()
+    evaluation, predictions, eval_seconds = evaluate(job, form, trainer, processor, job.data, encoded, scorer)
+    metrics.update(eval=evaluation, eval_seconds=round(eval_seconds, 3))
+    if state.is_main_process:
+        run.write_jsonl("log_history.jsonl", trainer.state.log_history)
+        run.write_jsonl("predictions.jsonl", predictions)
+        run.write_json("metrics.json", metrics)
+        run.write_text("README.md", model_card(job.recorded_recipe(), metrics))
+        run.finish("complete")
+    return metrics
+
+
+def _fail(err: BaseException, run: RunDirectory, state, existed: bool, progress: Progress) -> None:
+    """What a failed run leaves: nothing for bad input found before training, else its log and status."""
+    if not state.is_main_process:
+        return
+    if isinstance(err, UserError) and not existed and progress.trainer is None:
+        shutil.rmtree(run.path, ignore_errors=True)  # bad input, found before training: leave nothing
+    elif progress.written:  # (a refused --resume has written nothing)
+        if progress.trainer is not None:  # a failed run keeps its log
+            run.write_jsonl("log_history.jsonl", progress.trainer.state.log_history)
+        message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
+        run.finish(TRAINED_EVAL_FAILED if progress.trained else "failed", error=message or type(err).__name__)
+        if progress.trained:
+            console.error(f"the run trained, then failed: its weights are saved in {run.weights_dir()}; once the "
+                          f"problem below is fixed, `hftoolkit eval {run.path}` evaluates them and completes the run")
+    elif run.path.is_dir() and not any(p.name != "train.log" for p in run.path.iterdir()):
+        shutil.rmtree(run.path)  # nothing but the log was written: leave no run directory behind
+
+
+def resolved_record(job: Job) -> dict:
+    """What the run resolved, for manifest.json: the checkpoint's type and family, and the precision."""
+    return {"model_type": job.model.model_type, "family": job.family, "precision": job.precision,
+            "label_names": list(job.label_names) if job.label_names is not None else None}
 
 
 def set_seed(seed: int) -> None:
@@ -153,28 +189,28 @@ def set_seed(seed: int) -> None:
     seed_everything(seed)
 
 
-def summarize(recipe, model, scorer, evaluation, counts, train_seconds, eval_seconds, processes: int = 1) -> dict:
+def summarize(job: Job, model, scorer, evaluation, counts, train_seconds, eval_seconds, processes: int = 1) -> dict:
     """metrics.json's content; `counts` are this process's token counts (see throughput.efficiency)."""
     trainable, total = modeling.count_parameters(model)
     return {
-        **run_facts(recipe, scorer), "eval": evaluation,
+        **run_facts(job, scorer), "eval": evaluation,
         "train_seconds": round(train_seconds, 3),
         "eval_seconds": None if eval_seconds is None else round(eval_seconds, 3),
         "samples_per_second": round(processes * counts["samples"] / train_seconds, 3),
-        **efficiency(model, counts, train_seconds, lora=recipe.lora.enabled, processes=processes),
+        **efficiency(model, counts, train_seconds, lora=job.recipe.lora.enabled, processes=processes),
         "peak_memory_mb": peak_memory_mb(), "trainable_params": trainable, "total_params": total,
         "hftoolkit_version": __import__("hftoolkit").__version__,
     }
 
 
-def save_weights(recipe: Recipe, trainer, processor, run: RunDirectory) -> None:
+def save_weights(job: Job, trainer, processor, run: RunDirectory) -> None:
     """The adapter (LoRA) or the whole model (full fine-tuning), as safetensors, with the processor.
 
     Called on every process. Under FSDP or DeepSpeed each process holds only shards of the weights:
     the Trainer's save_model gathers them (a collective call) and writes on the main process alone.
     Not exercised on these CPU machines; DDP and single-process runs take the plain path.
     """
-    target = run / ("adapter" if recipe.lora.enabled else "model")
+    target = run / ("adapter" if job.recipe.lora.enabled else "model")
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
         trainer.save_model(str(target))
         if trainer.accelerator.is_main_process:

@@ -10,17 +10,17 @@ them by one inside its loss) and reports perplexity; prompt + target trains on t
 
 from __future__ import annotations
 
-from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
+from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
-from hftoolkit.models.families import decoding_options, labels, load_tokenizer, sync_pad_token
+from hftoolkit.models.families import decoding_options, labels, sync_pad_token
 
 IGNORE_INDEX = labels.IGNORE_INDEX
 # Between the source and the target of a prompt + target sequence (after data.source_prefix + text).
 PROMPT_END = "\n"
 
 
-def _load_causal_lm(recipe: Recipe):
+def _load_causal_lm(job: Job):
     """Tokenizer (pad = eos where the checkpoint has none, as GPT-2) and causal-LM model with LoRA.
 
     The LM head is tied to the input embeddings, so there is no separate head to keep trainable.
@@ -29,13 +29,13 @@ def _load_causal_lm(recipe: Recipe):
 
     from hftoolkit.models import loading as modeling
 
-    tokenizer = load_tokenizer(recipe)
-    model = modeling.load_task_model(tf.AutoModelForCausalLM, recipe, "CAUSAL_LM", with_head=False)
+    tokenizer = job.model.processor
+    model = modeling.load_task_model(tf.AutoModelForCausalLM, job, "CAUSAL_LM", with_head=False)
     sync_pad_token(model, tokenizer)
     return model, tokenizer
 
 
-def _padding_collator(recipe: Recipe, tokenizer):
+def _padding_collator(job: Job, tokenizer):
     """Pads input ids and attention mask per batch (right side), and labels with -100 so padding has no loss.
 
     DataCollatorForSeq2Seq does exactly that for any "labels" column. DataCollatorForLanguageModeling would
@@ -49,10 +49,10 @@ def _padding_collator(recipe: Recipe, tokenizer):
 class CausalLM:
     """Next-token prediction on the text itself; perplexity; predictions continue a prompt."""
 
-    def load_model(self, recipe: Recipe):
-        return _load_causal_lm(recipe)
+    def load_model(self, job: Job):
+        return _load_causal_lm(job)
 
-    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+    def preprocess(self, job: Job, tokenizer, dataset):
         """Token ids with labels = input ids, and a "length" column.
 
         data.packing true: every text is tokenized, followed by eos, all concatenated and cut into blocks
@@ -60,7 +60,7 @@ class CausalLM:
         data.packing false: one example per text, truncated to data.max_length (eos appended when it fits);
         the collator pads per batch and masks the padding out of the loss.
         """
-        size = recipe.data.max_length
+        size = job.max_length
         eos = tokenizer.eos_token_id
 
         def pack(batch):
@@ -75,33 +75,33 @@ class CausalLM:
             return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids],
                     "labels": [list(x) for x in ids], "length": [len(x) for x in ids]}
 
-        encode = pack if recipe.data.packing else truncate
+        encode = pack if job.recipe.data.packing else truncate
         # batch_size=None: the whole split is one batch, so packing concatenates across every document.
         encoded = dataset.map(encode, batched=True, batch_size=None, remove_columns=dataset.column_names)
-        if len(encoded) == 0 and recipe.data.packing:
+        if len(encoded) == 0 and job.recipe.data.packing:
             tokens = sum(len(ids) + 1 for ids in tokenizer(list(dataset["text"]))["input_ids"])
             raise UserError(f"data.max_length: packing cuts blocks of {size} tokens, but a split of "
-                            f"{recipe.data.train} holds only {tokens}: lower data.max_length, or add text "
+                            f"{job.recipe.data.train} holds only {tokens}: lower data.max_length, or add text "
                             "(or a larger data.eval_fraction)")
         return encoded
 
-    def collator(self, recipe: Recipe, tokenizer):
-        return _padding_collator(recipe, tokenizer)
+    def collator(self, job: Job, tokenizer):
+        return _padding_collator(job, tokenizer)
 
-    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+    def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         """Perplexity only, from the eval loss. No compute function, so the Trainer evaluates with
         prediction_loss_only and never gathers the (tokens x vocabulary) logits."""
         return EvalMetrics(compute=None, main="perplexity", greater_is_better=False)
 
-    def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str], prompt_fraction: float = 1.0):
+    def generate(self, job: Job, model, tokenizer, inputs: list[str], prompt_fraction: float = 1.0):
         """Continuation of each input; prompt_fraction < 1 prompts with only the first fraction of each
         input's tokens (at least one): eval texts are whole documents, so the record shows the model
         continuing the first part of a real text ("prompt" in the output)."""
-        prompts, room = [], _room(recipe, model)
+        prompts, room = [], _room(job, model)
         for ids in tokenizer(list(inputs), add_special_tokens=True)["input_ids"]:
             ids = ids or [tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id]
             prompts.append((ids[:max(1, int(len(ids) * prompt_fraction))] if prompt_fraction < 1 else ids)[-room:])
-        texts = _continue(recipe, model, tokenizer, prompts)
+        texts = _continue(job, model, tokenizer, prompts)
         if prompt_fraction < 1:
             return [{"prompt": tokenizer.decode(ids, skip_special_tokens=True), "text": text}
                     for ids, text in zip(prompts, texts)]
@@ -113,27 +113,27 @@ class PromptAndTarget:
     target and eos. The loss falls on the target only (the prompt's labels are -100), so the model learns
     to write the target given the source, as an encoder-decoder does; scored on generated text."""
 
-    def load_model(self, recipe: Recipe):
-        return _load_causal_lm(recipe)
+    def load_model(self, job: Job):
+        return _load_causal_lm(job)
 
-    def prompts(self, recipe: Recipe, tokenizer, texts: list[str]) -> list[list[int]]:
+    def prompts(self, job: Job, tokenizer, texts: list[str]) -> list[list[int]]:
         """Token ids of each prompt, the source cut to fit data.max_length; generation starts after them."""
-        d = recipe.data
+        d = job.recipe.data
         end = tokenizer(PROMPT_END, add_special_tokens=False)["input_ids"]
         sources = tokenizer([d.source_prefix + t for t in texts], truncation=True,
                             max_length=max(d.max_length - len(end), 1))["input_ids"]
         return [source + end for source in sources]
 
-    def targets(self, recipe: Recipe, tokenizer, targets: list[str]) -> list[list[int]]:
+    def targets(self, job: Job, tokenizer, targets: list[str]) -> list[list[int]]:
         """Token ids of each target and the eos that ends it, at most data.max_target_length."""
         ids = tokenizer(targets, add_special_tokens=False, truncation=True,
-                        max_length=max(recipe.data.max_target_length - 1, 1))["input_ids"]
+                        max_length=max(job.max_target_length - 1, 1))["input_ids"]
         return [target + [tokenizer.eos_token_id] for target in ids]
 
-    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+    def preprocess(self, job: Job, tokenizer, dataset):
         def encode(batch):
-            prompts = self.prompts(recipe, tokenizer, batch["text"])
-            targets = self.targets(recipe, tokenizer, batch["target"])
+            prompts = self.prompts(job, tokenizer, batch["text"])
+            targets = self.targets(job, tokenizer, batch["target"])
             ids = [prompt + target for prompt, target in zip(prompts, targets)]
             masked = [[IGNORE_INDEX] * len(prompt) + target for prompt, target in zip(prompts, targets)]
             return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "labels": masked,
@@ -141,22 +141,22 @@ class PromptAndTarget:
 
         return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
 
-    def collator(self, recipe: Recipe, tokenizer):
-        return _padding_collator(recipe, tokenizer)
+    def collator(self, job: Job, tokenizer):
+        return _padding_collator(job, tokenizer)
 
-    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+    def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         from hftoolkit.metrics import text_metrics
 
-        return text_metrics(labels.metric_names(recipe))
+        return text_metrics(labels.metric_names(job))
 
     def stops(self, tokenizer) -> list[int]:
         """Token ids at which generation stops."""
         return [tokenizer.eos_token_id]
 
-    def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
-        room = _room(recipe, model)
-        prompts = [prompt[-room:] for prompt in self.prompts(recipe, tokenizer, inputs)]
-        texts = _continue(recipe, model, tokenizer, prompts, self.stops(tokenizer))
+    def generate(self, job: Job, model, tokenizer, inputs: list[str]) -> list[dict]:
+        room = _room(job, model)
+        prompts = [prompt[-room:] for prompt in self.prompts(job, tokenizer, inputs)]
+        texts = _continue(job, model, tokenizer, prompts, self.stops(tokenizer))
         return [{"text": text.strip()} for text in texts]
 
 
@@ -172,22 +172,22 @@ class ChatPromptAndTarget(PromptAndTarget):
     tokenized on its own, so data.max_length cuts the text and never the template around it.
     """
 
-    def prompts(self, recipe: Recipe, tokenizer, texts: list[str]) -> list[list[int]]:
+    def prompts(self, job: Job, tokenizer, texts: list[str]) -> list[list[int]]:
         if not getattr(tokenizer, "chat_template", None):
-            return super().prompts(recipe, tokenizer, texts)
+            return super().prompts(job, tokenizer, texts)
         head, tail = _chat_parts(tokenizer, [{"role": "user", "content": MARKER}], add_generation_prompt=True)
         head, tail = _ids(tokenizer, head), _ids(tokenizer, tail)
-        room = max(recipe.data.max_length - len(head) - len(tail), 1)
-        contents = tokenizer([recipe.data.source_prefix + t for t in texts], add_special_tokens=False,
+        room = max(job.max_length - len(head) - len(tail), 1)
+        contents = tokenizer([job.recipe.data.source_prefix + t for t in texts], add_special_tokens=False,
                              truncation=True, max_length=room)["input_ids"]
         return [head + content + tail for content in contents]
 
-    def targets(self, recipe: Recipe, tokenizer, targets: list[str]) -> list[list[int]]:
+    def targets(self, job: Job, tokenizer, targets: list[str]) -> list[list[int]]:
         if not getattr(tokenizer, "chat_template", None):
-            return super().targets(recipe, tokenizer, targets)
+            return super().targets(job, tokenizer, targets)
         close = _turn_end(tokenizer)
         ids = tokenizer(targets, add_special_tokens=False, truncation=True,
-                        max_length=max(recipe.data.max_target_length - len(close), 1))["input_ids"]
+                        max_length=max(job.max_target_length - len(close), 1))["input_ids"]
         return [target + close for target in ids]
 
     def stops(self, tokenizer) -> list[int]:
@@ -228,26 +228,26 @@ def _ids(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _room(recipe: Recipe, model) -> int:
+def _room(job: Job, model) -> int:
     """Prompt tokens that fit in the model's context beside the new ones (prompts keep their last tokens)."""
     context = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", 1024)
-    return max(1, min(recipe.data.max_length, context - recipe.eval.generation.max_new_tokens))
+    return max(1, min(job.max_length, context - job.max_new_tokens))
 
 
-def _continue(recipe: Recipe, model, tokenizer, prompts: list[list[int]], stops: list[int] | None = None) -> list[str]:
-    """The text each prompt (token ids) continues with, decoded as recipe.eval.generation says, up to eos (or
+def _continue(job: Job, model, tokenizer, prompts: list[list[int]], stops: list[int] | None = None) -> list[str]:
+    """The text each prompt (token ids) continues with, decoded as job.recipe.eval.generation says, up to eos (or
     any of the `stops` ids); the prompt is not repeated. Batches are left-padded so every prompt ends at the
     last position, where generation starts."""
     import torch
 
     model.eval()
-    kwargs = dict(decoding_options(recipe.eval.generation), pad_token_id=tokenizer.pad_token_id,
+    kwargs = dict(decoding_options(job), pad_token_id=tokenizer.pad_token_id,
                   eos_token_id=stops or tokenizer.eos_token_id)
     out = []
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(recipe.training.seed)  # sampled predictions are reproducible, as seq2seq's are
-        for start in range(0, len(prompts), recipe.eval.batch_size):
-            chunk = prompts[start:start + recipe.eval.batch_size]
+        torch.manual_seed(job.recipe.training.seed)  # sampled predictions are reproducible, as seq2seq's are
+        for start in range(0, len(prompts), job.recipe.eval.batch_size):
+            chunk = prompts[start:start + job.recipe.eval.batch_size]
             batch = tokenizer.pad({"input_ids": chunk}, padding=True, padding_side="left", return_tensors="pt")
             generated = model.generate(**batch.to(model.device), **kwargs)
             out += tokenizer.batch_decode(generated[:, batch["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -260,21 +260,6 @@ FORMULATIONS = {"clm": CausalLM(), "translation": PROMPTED, "summarization": PRO
                 "regression": labels.REGRESSION, "tagging": labels.TAGGING}
 
 
-def load_model(recipe: Recipe):
-    return FORMULATIONS[recipe.task].load_model(recipe)
 
 
-def preprocess(recipe: Recipe, tokenizer, dataset):
-    return FORMULATIONS[recipe.task].preprocess(recipe, tokenizer, dataset)
 
-
-def collator(recipe: Recipe, tokenizer):
-    return FORMULATIONS[recipe.task].collator(recipe, tokenizer)
-
-
-def metrics(recipe: Recipe, tokenizer) -> EvalMetrics:
-    return FORMULATIONS[recipe.task].metrics(recipe, tokenizer)
-
-
-def generate(recipe: Recipe, model, tokenizer, inputs: list, **options) -> list[dict]:
-    return FORMULATIONS[recipe.task].generate(recipe, model, tokenizer, inputs, **options)

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import hashlib
 
-from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
+from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
-from hftoolkit.models.families import labels, load_tokenizer
+from hftoolkit.models.families import labels
 
 IGNORE_INDEX = labels.IGNORE_INDEX
 
@@ -25,62 +25,47 @@ class MaskedLM:
     mask is stored so the collator never masks [CLS] or [SEP].
     """
 
-    def load_model(self, recipe: Recipe):
+    def load_model(self, job: Job):
         import transformers as tf
 
         from hftoolkit.models import loading as modeling
 
         # The MLM head is tied to the embeddings: nothing extra to train.
-        model = modeling.load_task_model(tf.AutoModelForMaskedLM, recipe, None, with_head=False)
-        return model, load_tokenizer(recipe)
+        model = modeling.load_task_model(tf.AutoModelForMaskedLM, job, None, with_head=False)
+        return model, job.model.processor
 
-    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+    def preprocess(self, job: Job, tokenizer, dataset):
         def encode(batch):
-            enc = tokenizer(batch["text"], truncation=True, max_length=recipe.data.max_length,
+            enc = tokenizer(batch["text"], truncation=True, max_length=job.max_length,
                             return_special_tokens_mask=True)
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             return enc
 
         return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
 
-    def collator(self, recipe: Recipe, tokenizer):
-        return _SeededMasking(tokenizer, recipe.data.mask_probability, recipe.training.seed)
+    def collator(self, job: Job, tokenizer):
+        return _SeededMasking(tokenizer, job.recipe.data.mask_probability, job.recipe.training.seed)
 
-    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
-        if recipe.eval.metrics != "auto":
+    def metrics(self, job: Job, tokenizer) -> EvalMetrics:
+        if job.recipe.eval.metrics != "auto":
             raise UserError("eval.metrics: mlm is scored by perplexity (exp of the eval loss on fixed masks): "
                             "set eval.metrics to auto")
         # No compute function: the Trainer then evaluates with prediction_loss_only and never gathers the
         # (tokens x vocabulary) logits; evaluation.py reports perplexity = exp(eval loss).
         return EvalMetrics(compute=None, main="perplexity", greater_is_better=False)
 
-    def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
+    def generate(self, job: Job, model, tokenizer, inputs: list[str]) -> list[dict]:
         model.eval()
-        return _fill_masks(recipe, model, tokenizer, inputs)
+        return _fill_masks(job, model, tokenizer, inputs)
 
 
 FORMULATIONS = {"classification": labels.CLASSIFICATION, "regression": labels.REGRESSION, "tagging": labels.TAGGING,
                 "mlm": MaskedLM()}
 
 
-def load_model(recipe: Recipe):
-    return FORMULATIONS[recipe.task].load_model(recipe)
 
 
-def preprocess(recipe: Recipe, tokenizer, dataset):
-    return FORMULATIONS[recipe.task].preprocess(recipe, tokenizer, dataset)
 
-
-def collator(recipe: Recipe, tokenizer):
-    return FORMULATIONS[recipe.task].collator(recipe, tokenizer)
-
-
-def metrics(recipe: Recipe, tokenizer) -> EvalMetrics:
-    return FORMULATIONS[recipe.task].metrics(recipe, tokenizer)
-
-
-def generate(recipe: Recipe, model, tokenizer, inputs: list, **options) -> list[dict]:
-    return FORMULATIONS[recipe.task].generate(recipe, model, tokenizer, inputs, **options)
 
 
 # ---------------------------------------------------------------- masking
@@ -129,7 +114,7 @@ def _content_seed(seed: int, rows) -> int:
     return int.from_bytes(digest.digest()[:8], "little") >> 1
 
 
-def _fill_masks(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
+def _fill_masks(job: Job, model, tokenizer, inputs: list[str]) -> list[dict]:
     """Each mask token replaced by the model's most likely token.
 
     A text without a mask token (an eval text) gets masks chosen by a generator seeded from its
@@ -140,16 +125,16 @@ def _fill_masks(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dic
 
     mask = tokenizer.mask_token_id
     out = []
-    for start in range(0, len(inputs), recipe.eval.batch_size):
-        batch = tokenizer(inputs[start:start + recipe.eval.batch_size], truncation=True, padding=True,
-                          max_length=recipe.data.max_length, return_special_tokens_mask=True, return_tensors="pt")
+    for start in range(0, len(inputs), job.recipe.eval.batch_size):
+        batch = tokenizer(inputs[start:start + job.recipe.eval.batch_size], truncation=True, padding=True,
+                          max_length=job.max_length, return_special_tokens_mask=True, return_tensors="pt")
         ids, fixed = batch["input_ids"], batch.pop("special_tokens_mask").bool()
         for row in range(len(ids)):
             maskable = (~fixed[row]).nonzero().flatten()
             if not (ids[row] == mask).any() and len(maskable):
                 real = ids[row][batch["attention_mask"][row].bool()]  # unpadded: the same masks in any batch
-                generator = torch.Generator().manual_seed(_content_seed(recipe.training.seed, [real]))
-                count = max(1, round(recipe.data.mask_probability * len(maskable)))
+                generator = torch.Generator().manual_seed(_content_seed(job.recipe.training.seed, [real]))
+                count = max(1, round(job.recipe.data.mask_probability * len(maskable)))
                 ids[row, maskable[torch.randperm(len(maskable), generator=generator)[:count]]] = mask
         with torch.no_grad():
             best = model(**batch.to(model.device)).logits.argmax(-1).cpu()

@@ -16,63 +16,64 @@ a </s> b </s>, GPT-2 the two texts back to back. Regression is the same head wit
 from __future__ import annotations
 
 from hftoolkit.config import tasks
-from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
+from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics, first
-from hftoolkit.models.families import label_records, load_tokenizer, sync_pad_token
+from hftoolkit.models.families import label_records, sync_pad_token
 
 # Label id the loss ignores (torch's cross_entropy ignore_index): special tokens, padding, later subwords.
 IGNORE_INDEX = -100
 
 
-def label_config(recipe: Recipe) -> dict:
-    names = recipe.data.label_names or []
+def label_config(job: Job) -> dict:
+    names = job.label_names or []
     return dict(num_labels=len(names), id2label=dict(enumerate(names)), label2id={n: i for i, n in enumerate(names)})
 
 
-def metric_names(recipe: Recipe) -> list[str]:
-    return list(tasks.spec(recipe.task).metrics) if recipe.eval.metrics == "auto" else list(recipe.eval.metrics)
+def metric_names(job: Job) -> list[str]:
+    chosen = job.recipe.eval.metrics
+    return list(tasks.spec(job.task).metrics) if chosen == "auto" else list(chosen)
 
 
 class SequenceClassification:
     """One label per text: accuracy, F1, precision, recall and MCC; records give label and probability."""
 
-    def load_model(self, recipe: Recipe):
+    def load_model(self, job: Job):
         import transformers as tf
 
         from hftoolkit.models import loading as modeling
 
-        tokenizer = load_tokenizer(recipe)
-        model = modeling.load_task_model(tf.AutoModelForSequenceClassification, recipe, "SEQ_CLS",
-                                         **label_config(recipe))
+        tokenizer = job.model.processor
+        model = modeling.load_task_model(tf.AutoModelForSequenceClassification, job, "SEQ_CLS",
+                                         **label_config(job))
         sync_pad_token(model, tokenizer)
         return model, tokenizer
 
-    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+    def preprocess(self, job: Job, tokenizer, dataset):
         """Tokenized (a pair where the data has text_pair) and truncated to data.max_length, unpadded: the
         collator pads per batch. A pair is truncated longest first, as run_glue.py does."""
         def encode(batch):
             enc = tokenizer(batch["text"], batch["text_pair"] if "text_pair" in batch else None, truncation=True,
-                            max_length=recipe.data.max_length)
+                            max_length=job.max_length)
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             enc["labels"] = batch["label"]
             return enc
 
         return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
 
-    def collator(self, recipe: Recipe, tokenizer):
+    def collator(self, job: Job, tokenizer):
         from transformers import DataCollatorWithPadding
 
         return DataCollatorWithPadding(tokenizer)
 
-    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+    def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         from hftoolkit.metrics import label_metrics
 
-        return label_metrics(metric_names(recipe))
+        return label_metrics(metric_names(job))
 
-    def generate(self, recipe: Recipe, model, tokenizer, inputs: list) -> list[dict]:
+    def generate(self, job: Job, model, tokenizer, inputs: list) -> list[dict]:
         """A label and its probability per input: a text, or a (text, text_pair) pair."""
-        return [record for logits in _logits(recipe, model, tokenizer, inputs)
+        return [record for logits in _logits(job, model, tokenizer, inputs)
                 for record in label_records(logits.softmax(-1).numpy(), model.config.id2label)]
 
 
@@ -80,21 +81,21 @@ class SequenceRegression(SequenceClassification):
     """One score per text (or pair): the classification head with one output and the MSE loss; Pearson and
     Spearman correlations; records give the predicted value."""
 
-    def load_model(self, recipe: Recipe):
+    def load_model(self, job: Job):
         import transformers as tf
 
         from hftoolkit.models import loading as modeling
 
-        tokenizer = load_tokenizer(recipe)
-        model = modeling.load_task_model(tf.AutoModelForSequenceClassification, recipe, "SEQ_CLS",
+        tokenizer = job.model.processor
+        model = modeling.load_task_model(tf.AutoModelForSequenceClassification, job, "SEQ_CLS",
                                          num_labels=1, problem_type="regression")
         sync_pad_token(model, tokenizer)
         return model, tokenizer
 
-    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+    def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         from hftoolkit.metrics import load_metric
 
-        names = metric_names(recipe)
+        names = metric_names(job)
         allowed = tasks.spec("regression").metrics
         if not names or any(n not in allowed for n in names):
             raise UserError(f"eval.metrics: regression is scored by correlations: set eval.metrics to auto, or "
@@ -111,9 +112,9 @@ class SequenceRegression(SequenceClassification):
 
         return EvalMetrics(compute, main=names[0], reduce_logits=lambda logits, labels: first(logits))
 
-    def generate(self, recipe: Recipe, model, tokenizer, inputs: list) -> list[dict]:
+    def generate(self, job: Job, model, tokenizer, inputs: list) -> list[dict]:
         """The predicted value per input: a text, or a (text, text_pair) pair."""
-        return [record for logits in _logits(recipe, model, tokenizer, inputs)
+        return [record for logits in _logits(job, model, tokenizer, inputs)
                 for record in value_records(logits.numpy())]
 
 
@@ -123,16 +124,16 @@ def value_records(values) -> list[dict]:
     return [{"value": float(v)} for v in values.reshape(len(values), -1)[:, 0]]
 
 
-def _logits(recipe: Recipe, model, tokenizer, inputs: list):
+def _logits(job: Job, model, tokenizer, inputs: list):
     """The head's float logits (a CPU tensor per batch of eval.batch_size) for texts or (text, text_pair) pairs."""
     import torch
 
     model.eval()
-    for start in range(0, len(inputs), recipe.eval.batch_size):
-        chunk = inputs[start:start + recipe.eval.batch_size]
+    for start in range(0, len(inputs), job.recipe.eval.batch_size):
+        chunk = inputs[start:start + job.recipe.eval.batch_size]
         pairs = not isinstance(chunk[0], str)
         texts, second = ([a for a, _ in chunk], [b for _, b in chunk]) if pairs else (list(chunk), None)
-        batch = tokenizer(texts, second, truncation=True, max_length=recipe.data.max_length, padding=True,
+        batch = tokenizer(texts, second, truncation=True, max_length=job.max_length, padding=True,
                           return_tensors="pt").to(model.device)
         with torch.no_grad():
             yield model(**batch).logits.float().cpu()
@@ -147,41 +148,39 @@ class TokenTagging:
     a space before each word, as it would have in running text.
     """
 
-    def load_model(self, recipe: Recipe):
+    def load_model(self, job: Job):
         import transformers as tf
 
         from hftoolkit.models import loading as modeling
 
-        tokenizer = load_tokenizer(recipe)
-        if getattr(tokenizer, "add_prefix_space", None) is False:
-            tokenizer = load_tokenizer(recipe, add_prefix_space=True)
-        model = modeling.load_task_model(tf.AutoModelForTokenClassification, recipe, "TOKEN_CLS",
-                                         **label_config(recipe))
+        tokenizer = job.model.processor  # (resolve gave byte-level BPE a space before each word)
+        model = modeling.load_task_model(tf.AutoModelForTokenClassification, job, "TOKEN_CLS",
+                                         **label_config(job))
         sync_pad_token(model, tokenizer)
         return model, tokenizer
 
-    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+    def preprocess(self, job: Job, tokenizer, dataset):
         def encode(batch):
-            _check_word_lists(recipe, batch)
-            enc = tokenizer(batch["text"], is_split_into_words=True, truncation=True, max_length=recipe.data.max_length)
+            _check_word_lists(job, batch)
+            enc = tokenizer(batch["text"], is_split_into_words=True, truncation=True, max_length=job.max_length)
             enc["labels"] = [_align_labels(enc.word_ids(i), tags) for i, tags in enumerate(batch["label"])]
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             return enc
 
         return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
 
-    def collator(self, recipe: Recipe, tokenizer):
+    def collator(self, job: Job, tokenizer):
         from transformers import DataCollatorForTokenClassification
 
         return DataCollatorForTokenClassification(tokenizer, label_pad_token_id=IGNORE_INDEX)
 
-    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+    def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         from hftoolkit.metrics import load_metric
 
-        if recipe.eval.metrics not in ("auto", ["seqeval"]):
+        if job.recipe.eval.metrics not in ("auto", ["seqeval"]):
             raise UserError("eval.metrics: tagging is scored by seqeval (entity precision, recall, F1 and token "
                             "accuracy): set eval.metrics to auto or [seqeval]")
-        seqeval, names = load_metric("seqeval"), recipe.data.label_names
+        seqeval, names = load_metric("seqeval"), job.label_names
 
         def compute(prediction):
             predicted, gold = [], []
@@ -195,7 +194,7 @@ class TokenTagging:
         # The argmax per token, (B, T) ids, is all the metric needs: the (B, T, labels) floats are never gathered.
         return EvalMetrics(compute, main="f1", reduce_logits=lambda logits, labels: first(logits).argmax(-1))
 
-    def generate(self, recipe: Recipe, model, tokenizer, inputs: list) -> list[dict]:
+    def generate(self, job: Job, model, tokenizer, inputs: list) -> list[dict]:
         """One tag per word (a word list, or a string split on whitespace); None for words cut by data.max_length."""
         import torch
 
@@ -203,10 +202,10 @@ class TokenTagging:
         id2label = model.config.id2label
         sentences = [x.split() if isinstance(x, str) else list(x) for x in inputs]
         out = []
-        for start in range(0, len(sentences), recipe.eval.batch_size):
-            chunk = sentences[start:start + recipe.eval.batch_size]
+        for start in range(0, len(sentences), job.recipe.eval.batch_size):
+            chunk = sentences[start:start + job.recipe.eval.batch_size]
             batch = tokenizer([words or [""] for words in chunk], is_split_into_words=True, truncation=True,
-                              max_length=recipe.data.max_length, padding=True, return_tensors="pt")
+                              max_length=job.max_length, padding=True, return_tensors="pt")
             with torch.no_grad():
                 best = model(**batch.to(model.device)).logits.argmax(-1).tolist()
             for row, words in enumerate(chunk):
@@ -218,13 +217,13 @@ class TokenTagging:
         return out
 
 
-def _check_word_lists(recipe: Recipe, batch) -> None:
+def _check_word_lists(job: Job, batch) -> None:
     for words, tags in zip(batch["text"], batch["label"]):
         if not isinstance(words, list):
-            raise UserError(f"data.text_column: tagging needs a list of words per row, but {recipe.data.train} "
+            raise UserError(f"data.text_column: tagging needs a list of words per row, but {job.recipe.data.train} "
                             f"holds text ({str(words)[:40]!r}): store each row's words as a list (e.g. JSON lines)")
         if len(words) != len(tags):
-            raise UserError(f"data.label_column: a row of {recipe.data.train} has {len(words)} words but "
+            raise UserError(f"data.label_column: a row of {job.recipe.data.train} has {len(words)} words but "
                             f"{len(tags)} tags ({' '.join(map(str, words))[:60]!r}): give exactly one tag per word")
 
 

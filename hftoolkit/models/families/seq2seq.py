@@ -12,29 +12,29 @@ from __future__ import annotations
 
 import zlib
 
-from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
+from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
-from hftoolkit.models.families import decoding_options, labels, load_tokenizer
+from hftoolkit.models.families import decoding_options, labels
 
 
 class Seq2SeqGeneration:
     """Translation, summarization and instructions: the target is written by the decoder, scored on generated
     text."""
 
-    def load_model(self, recipe: Recipe):
+    def load_model(self, job: Job):
         """Tokenizer and seq2seq LM; LoRA on the attention q and v projections (modeling.lora_targets_for)."""
         import transformers as tf
 
         from hftoolkit.models import loading as modeling
 
         # The LM head is the pretrained output projection (tied to the embeddings in T5 and BART): no new head.
-        model = modeling.load_task_model(tf.AutoModelForSeq2SeqLM, recipe, "SEQ_2_SEQ_LM", with_head=False)
-        return model, load_tokenizer(recipe)
+        model = modeling.load_task_model(tf.AutoModelForSeq2SeqLM, job, "SEQ_2_SEQ_LM", with_head=False)
+        return model, job.model.processor
 
-    def preprocess(self, recipe: Recipe, tokenizer, dataset):
+    def preprocess(self, job: Job, tokenizer, dataset):
         """Token ids of the input (source_prefix + text, data.max_length) and of the target (max_target_length)."""
-        d = recipe.data
+        d = job.recipe.data
 
         def encode(batch):
             enc = tokenizer([d.source_prefix + t for t in batch["text"]], truncation=True, max_length=d.max_length)
@@ -45,17 +45,17 @@ class Seq2SeqGeneration:
 
         return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
 
-    def collator(self, recipe: Recipe, tokenizer):
-        return _padding_collator(recipe, tokenizer)
+    def collator(self, job: Job, tokenizer):
+        return _padding_collator(job, tokenizer)
 
-    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+    def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         """BLEU and chrF (translation) or ROUGE (summarization) on generated text."""
         from hftoolkit.metrics import text_metrics
 
-        return text_metrics(labels.metric_names(recipe))
+        return text_metrics(labels.metric_names(job))
 
-    def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
-        return _generate(recipe, model, tokenizer, inputs)
+    def generate(self, job: Job, model, tokenizer, inputs: list[str]) -> list[dict]:
+        return _generate(job, model, tokenizer, inputs)
 
 
 class Denoise:
@@ -66,20 +66,20 @@ class Denoise:
     Scored by perplexity.
     """
 
-    def load_model(self, recipe: Recipe):
-        return SEQ2SEQ.load_model(recipe)
+    def load_model(self, job: Job):
+        return SEQ2SEQ.load_model(job)
 
-    def preprocess(self, recipe: Recipe, tokenizer, dataset):
-        return _preprocess_denoise(recipe, tokenizer, dataset)
+    def preprocess(self, job: Job, tokenizer, dataset):
+        return _preprocess_denoise(job, tokenizer, dataset)
 
-    def collator(self, recipe: Recipe, tokenizer):
-        return _padding_collator(recipe, tokenizer)
+    def collator(self, job: Job, tokenizer):
+        return _padding_collator(job, tokenizer)
 
-    def metrics(self, recipe: Recipe, tokenizer) -> EvalMetrics:
+    def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         return EvalMetrics(None, main="perplexity", greater_is_better=False)
 
-    def generate(self, recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
-        return _generate(recipe, model, tokenizer, inputs)
+    def generate(self, job: Job, model, tokenizer, inputs: list[str]) -> list[dict]:
+        return _generate(job, model, tokenizer, inputs)
 
 
 SEQ2SEQ = Seq2SeqGeneration()
@@ -87,36 +87,21 @@ FORMULATIONS = {"translation": SEQ2SEQ, "summarization": SEQ2SEQ, "instruction":
                 "classification": labels.CLASSIFICATION, "regression": labels.REGRESSION}
 
 
-def load_model(recipe: Recipe):
-    return FORMULATIONS[recipe.task].load_model(recipe)
 
 
-def preprocess(recipe: Recipe, tokenizer, dataset):
-    return FORMULATIONS[recipe.task].preprocess(recipe, tokenizer, dataset)
 
-
-def collator(recipe: Recipe, tokenizer):
-    return FORMULATIONS[recipe.task].collator(recipe, tokenizer)
-
-
-def metrics(recipe: Recipe, tokenizer) -> EvalMetrics:
-    return FORMULATIONS[recipe.task].metrics(recipe, tokenizer)
-
-
-def generate(recipe: Recipe, model, tokenizer, inputs: list, **options) -> list[dict]:
-    return FORMULATIONS[recipe.task].generate(recipe, model, tokenizer, inputs, **options)
 
 
 # ---------------------------------------------------------------- shared parts
 
 
-def _preprocess_denoise(recipe: Recipe, tokenizer, dataset):
+def _preprocess_denoise(job: Job, tokenizer, dataset):
     import numpy as np
 
     from hftoolkit.models.families import noising
 
     if tokenizer.mask_token_id is None:
-        raise UserError(f"model.checkpoint: the tokenizer of {recipe.model.checkpoint} has no mask token, which "
+        raise UserError(f"model.checkpoint: the tokenizer of {job.recipe.model.checkpoint} has no mask token, which "
                         "task 'denoise' (BART's text infilling) needs: use a bart checkpoint")
     special = set(tokenizer.all_special_ids)
     ends: dict[int, bool] = {}
@@ -127,10 +112,10 @@ def _preprocess_denoise(recipe: Recipe, tokenizer, dataset):
         return ends[token]
 
     def encode(batch, indices):
-        clean = tokenizer(batch["text"], truncation=True, max_length=recipe.data.max_length)["input_ids"]
+        clean = tokenizer(batch["text"], truncation=True, max_length=job.max_length)["input_ids"]
         noised = []
         for ids, index, text in zip(clean, indices, batch["text"]):
-            rng = np.random.default_rng([recipe.training.seed, index, zlib.crc32(text.encode())])
+            rng = np.random.default_rng([job.recipe.training.seed, index, zlib.crc32(text.encode())])
             noised.append(noising.noise(ids, special, tokenizer.mask_token_id, is_sentence_end, rng))
         return {"input_ids": noised, "attention_mask": [[1] * len(ids) for ids in noised],
                 "labels": clean, "length": [len(ids) for ids in noised]}
@@ -138,7 +123,7 @@ def _preprocess_denoise(recipe: Recipe, tokenizer, dataset):
     return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names)
 
 
-def _padding_collator(recipe: Recipe, tokenizer):
+def _padding_collator(job: Job, tokenizer):
     """Pads inputs with the pad token and labels with -100 (ignored by the loss).
 
     With label smoothing the Trainer takes the labels away from the model to compute the loss
@@ -147,9 +132,9 @@ def _padding_collator(recipe: Recipe, tokenizer):
     from transformers import DataCollatorForSeq2Seq
 
     pad = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
-    if not recipe.training.label_smoothing:
+    if not job.recipe.training.label_smoothing:
         return pad
-    start = _decoder_start_token_id(recipe)
+    start = _decoder_start_token_id(job)
 
     def pad_and_shift(features):
         batch = pad(features)
@@ -162,17 +147,11 @@ def _padding_collator(recipe: Recipe, tokenizer):
     return pad_and_shift
 
 
-def _decoder_start_token_id(recipe: Recipe) -> int:
-    from transformers import AutoConfig
-
-    from hftoolkit.models import loading as modeling
-
-    with modeling.checkpoint_errors(recipe):
-        config = AutoConfig.from_pretrained(modeling.resolve_checkpoint(recipe), revision=recipe.model.revision)
-    return config.decoder_start_token_id
+def _decoder_start_token_id(job: Job) -> int:
+    return job.model.config.decoder_start_token_id
 
 
-def _generate(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]:
+def _generate(job: Job, model, tokenizer, inputs: list[str]) -> list[dict]:
     """Generated text for each input (source_prefix added), decoded as eval.generation says.
 
     Inputs go in batches of eval.batch_size sorted by length (less padding); outputs come back
@@ -183,18 +162,18 @@ def _generate(recipe: Recipe, model, tokenizer, inputs: list[str]) -> list[dict]
     if not inputs:
         return []
     model.eval()
-    prefixed = [recipe.data.source_prefix + text for text in inputs]
-    encoded = tokenizer(prefixed, truncation=True, max_length=recipe.data.max_length)["input_ids"]
+    prefixed = [job.recipe.data.source_prefix + text for text in inputs]
+    encoded = tokenizer(prefixed, truncation=True, max_length=job.max_length)["input_ids"]
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i]))
     texts: list[str | None] = [None] * len(encoded)
-    size = recipe.eval.batch_size
+    size = job.recipe.eval.batch_size
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        torch.manual_seed(recipe.training.seed)
+        torch.manual_seed(job.recipe.training.seed)
         for start in range(0, len(order), size):
             chunk = order[start:start + size]
             batch = tokenizer.pad({"input_ids": [encoded[i] for i in chunk]}, return_tensors="pt").to(model.device)
             generated = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                       **decoding_options(recipe.eval.generation))
+                                       **decoding_options(job))
             for i, text in zip(chunk, tokenizer.batch_decode(generated, skip_special_tokens=True)):
                 texts[i] = text.strip()
     return [{"text": text} for text in texts]

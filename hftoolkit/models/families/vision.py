@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import io
 
-from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
+from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
 from hftoolkit.models.families import label_records, labels
 
@@ -20,29 +20,26 @@ from hftoolkit.models.families import label_records, labels
 class ImageClassification:
     """One label per image: accuracy and macro F1; records give label and probability."""
 
-    def load_model(self, recipe: Recipe):
+    def load_model(self, job: Job):
         """Image processor and image classifier; LoRA on q/v with the classifier in modules_to_save."""
         import transformers as tf
 
         from hftoolkit.models import loading as modeling
 
-        # With no backend named, transformers picks torchvision when installed and PIL otherwise, silently;
-        # naming ViTImageProcessor directly would warn about the missing torchvision instead.
-        with modeling.checkpoint_errors(recipe):
-            processor = tf.AutoImageProcessor.from_pretrained(modeling.resolve_checkpoint(recipe),
-                                                              revision=recipe.model.revision)
+        processor = job.model.processor
         # peft has no image-classification task type: the plain PeftModel passes pixel_values and labels through.
-        model = modeling.load_task_model(tf.AutoModelForImageClassification, recipe, None,
-                                         ignore_mismatched_sizes=True, **labels.label_config(recipe))
+        model = modeling.load_task_model(tf.AutoModelForImageClassification, job, None,
+                                         ignore_mismatched_sizes=True, **labels.label_config(job))
         return model, processor
 
-    def preprocess(self, recipe: Recipe, processor, dataset):
+    def preprocess(self, job: Job, processor, dataset):
         """Check every image can be opened, then turn "image" into pixel_values and "label" into labels per batch."""
         import datasets
 
         feature = dataset.features["image"]
         if not isinstance(feature, datasets.Image) and feature != datasets.Value("string"):
-            raise UserError(f"data.image_column: column {recipe.data.image_column!r} of {recipe.data.train} holds "
+            d = job.recipe.data
+            raise UserError(f"data.image_column: column {d.image_column!r} of {d.train} holds "
                             f"{feature}, not images: point data.image_column at an image column or at file paths")
         # Undecoded, each image is {"path", "bytes"}: we decode it ourselves so a bad file can be named.
         stored = dataset.cast_column("image", datasets.Image(decode=False)).rename_column("label", "labels")
@@ -54,7 +51,7 @@ class ImageClassification:
 
         return stored.with_transform(transform)
 
-    def collator(self, recipe: Recipe, processor):
+    def collator(self, job: Job, processor):
         """Stack pixel_values (B, C, H, W) and labels (B,): every image is already the processor's size."""
         import torch
 
@@ -64,20 +61,20 @@ class ImageClassification:
 
         return collate
 
-    def metrics(self, recipe: Recipe, processor) -> EvalMetrics:
+    def metrics(self, job: Job, processor) -> EvalMetrics:
         from hftoolkit.metrics import label_metrics
 
-        return label_metrics(labels.metric_names(recipe))
+        return label_metrics(labels.metric_names(job))
 
-    def generate(self, recipe: Recipe, model, processor, inputs: list) -> list[dict]:
+    def generate(self, job: Job, model, processor, inputs: list) -> list[dict]:
         """Label and probability for each image (a PIL image, a file path, or a data set's {"path", "bytes"})."""
         import torch
 
         model.eval()
         id2label = model.config.id2label
         out = []
-        for start in range(0, len(inputs), recipe.eval.batch_size):
-            images = [_decode(item) for item in inputs[start:start + recipe.eval.batch_size]]
+        for start in range(0, len(inputs), job.recipe.eval.batch_size):
+            images = [_decode(item) for item in inputs[start:start + job.recipe.eval.batch_size]]
             pixels = processor(images, return_tensors="pt")["pixel_values"].to(model.device)
             with torch.no_grad():
                 out += label_records(model(pixel_values=pixels).logits.float().softmax(-1).cpu().numpy(), id2label)
@@ -87,24 +84,9 @@ class ImageClassification:
 FORMULATIONS = {"image-classification": ImageClassification()}
 
 
-def load_model(recipe: Recipe):
-    return FORMULATIONS[recipe.task].load_model(recipe)
 
 
-def preprocess(recipe: Recipe, processor, dataset):
-    return FORMULATIONS[recipe.task].preprocess(recipe, processor, dataset)
 
-
-def collator(recipe: Recipe, processor):
-    return FORMULATIONS[recipe.task].collator(recipe, processor)
-
-
-def metrics(recipe: Recipe, processor) -> EvalMetrics:
-    return FORMULATIONS[recipe.task].metrics(recipe, processor)
-
-
-def generate(recipe: Recipe, model, processor, inputs: list, **options) -> list[dict]:
-    return FORMULATIONS[recipe.task].generate(recipe, model, processor, inputs, **options)
 
 
 # ---------------------------------------------------------------- images

@@ -1,0 +1,166 @@
+"""Resolve a recipe into a `Job`, once per run: locate the checkpoint, load its config and processor,
+read the data, run preflight, decide the precision. Every problem found is raised at once.
+
+Under a launcher the main process resolves first (`main_process_first`), so a hub download, an `init:`
+build or a GGUF conversion happens once; the other processes then read the caches it filled.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hftoolkit.config.recipe import Recipe, RecipeError
+from hftoolkit.errors import UserError
+from hftoolkit.job.spec import Job, ResolvedModel
+
+# Model types whose activations overflow fp16 (training.precision auto never picks fp16 for them).
+NO_FP16 = ("t5", "mt5", "umt5", "longt5")
+
+
+def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = None) -> Job:
+    """The recipe resolved: its model located and loaded without weights, its data read (unless `data` is
+    False, as for predict) and checked together with the model. `weights` is a trained run's model/ or
+    adapter/ folder: a full model is read from it, an adapter's base from the recipe, the processor from it."""
+    from hftoolkit.job.preflight import preflight
+    from hftoolkit.sources.data import load_data
+
+    problems, dropped, model, rows, names = [], {}, None, None, None
+    try:
+        model = resolve_model(recipe, weights)
+    except UserError as err:
+        problems += _lines(err)
+    if data:
+        try:
+            rows, names = load_data(recipe, dropped)
+        except UserError as err:
+            problems += _lines(err)
+    found = preflight(recipe, model, rows, names, dropped if data else None)
+    found.problems[:0] = problems
+    if found.problems:
+        raise RecipeError(found.problems)
+    names = names if names is not None else recipe.data.label_names
+    return Job(recipe=recipe, model=model, precision=resolve_precision(recipe.training.precision, model.model_type),
+               data=rows, label_names=tuple(names) if names is not None else None, findings=found)
+
+
+def resolve_model(recipe: Recipe, weights: Path | None = None) -> ResolvedModel:
+    """The checkpoint located once, its config and processor loaded once (no weights)."""
+    from hftoolkit.sources.checkpoint import checkpoint_errors, resolve_checkpoint
+
+    m = recipe.model
+    path = str(weights) if weights is not None and weights.name == "model" else resolve_checkpoint(recipe)
+    with checkpoint_errors(recipe):
+        config = load_config(recipe, path)
+        family = family_of(recipe, config)
+        processor = load_processor(recipe, family, str(weights) if weights is not None else path)
+    return ResolvedModel(checkpoint=m.checkpoint, path=path, revision=m.revision, config=config, family=family,
+                         processor=processor)
+
+
+def load_config(recipe: Recipe, path: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(path, revision=recipe.model.revision,
+                                          trust_remote_code=recipe.model.trust_remote_code)
+    except (OSError, ValueError) as err:  # config.json unreadable, or a model type transformers does not know
+        raise UserError(f"model.checkpoint: could not read the config of {recipe.model.checkpoint} "
+                        f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
+
+
+def family_of(recipe: Recipe, config) -> str:
+    """model.family where the recipe sets it, else the family transformers' own tables give the model type;
+    refused in one line when that family has no head for the task."""
+    from hftoolkit.config import tasks
+    from hftoolkit.job.architectures import family_of as family_of_config
+
+    family = recipe.model.family or family_of_config(config)
+    if family is None:
+        raise UserError(f"model.checkpoint: the family of model type {config.model_type!r} is not clear from "
+                        "transformers' tables; set model.family to encoder, decoder, seq2seq or vision")
+    if family not in tasks.spec(recipe.task).families:
+        raise UserError(f"model.checkpoint: {tasks.no_head(recipe.task, recipe.model.checkpoint, family)}")
+    if recipe.task == "denoise" and config.model_type not in ("bart", "mbart"):
+        raise UserError("model.checkpoint: task 'denoise' is BART's text-infilling objective: use a bart checkpoint")
+    if config.model_type in NO_FP16 and recipe.training.precision == "fp16":
+        raise UserError("training.precision: T5 overflows in fp16 and trains to NaN losses: set it to bf16 or fp32")
+    return family
+
+
+def load_processor(recipe: Recipe, family: str, path: str):
+    """The tokenizer training uses (pad = eos where there is no pad token; a space before each word for
+    tagging with byte-level BPE), or the image processor; a folder without their files is refused, naming them."""
+    ckpt, local = recipe.model.checkpoint, _local_folder(path)
+    if family == "vision":
+        from transformers import AutoImageProcessor
+
+        if local is not None and not (local / "preprocessor_config.json").is_file():
+            raise UserError(f"model.checkpoint: {ckpt} has no image processor file (preprocessor_config.json): "
+                            "save the processor of the model it was trained from into it (processor.save_pretrained)")
+        try:
+            # With no backend named, transformers picks torchvision when installed and PIL otherwise, silently.
+            return AutoImageProcessor.from_pretrained(path, revision=recipe.model.revision)
+        except (OSError, ValueError) as err:
+            raise UserError(f"model.checkpoint: could not load the image processor of {ckpt} "
+                            f"({str(err).splitlines()[0][:200]}): check its preprocessor_config.json") from None
+    try:
+        tokenizer = load_tokenizer(path, recipe.model.revision)
+        if recipe.task == "tagging" and getattr(tokenizer, "add_prefix_space", None) is False:
+            tokenizer = load_tokenizer(path, recipe.model.revision, add_prefix_space=True)
+    except (OSError, ValueError, TypeError) as err:
+        raise UserError(f"model.checkpoint: could not load the tokenizer of {ckpt} "
+                        f"({str(err).splitlines()[0][:200]}): save the tokenizer of the model it was trained from "
+                        "into it (tokenizer.save_pretrained)") from None
+    if local is not None:
+        _check_tokenizer_files(ckpt, local, tokenizer)
+    return tokenizer
+
+
+def load_tokenizer(path: str, revision: str | None = None, **kwargs):
+    """A tokenizer with a pad token: a decoder without one (GPT-2) pads with its eos, which is safe because
+    padding is masked out of attention and loss."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path, revision=revision, **kwargs)
+    if tokenizer.pad_token is None and tokenizer.eos_token is not None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def _local_folder(path: str) -> Path | None:
+    """The checkpoint's folder when it is one; None for a hub id (the libraries decide)."""
+    folder = Path(path).expanduser()
+    return folder if folder.is_dir() else None
+
+
+def _check_tokenizer_files(ckpt: str, folder: Path, tokenizer) -> None:
+    """tokenizer.json, or every vocabulary file the tokenizer's class reads. Without them transformers builds
+    an empty tokenizer of the model type's class (a BertTokenizer of its 5 special tokens) that reads
+    every word as unknown, and the run trains on nothing but [UNK]."""
+    names = dict(getattr(type(tokenizer), "vocab_files_names", {}) or {})
+    fast = names.pop("tokenizer_file", "tokenizer.json")
+    slow = sorted(set(names.values()))
+    if (folder / fast).is_file() or (slow and all((folder / n).is_file() for n in slow)):
+        return
+    expected = fast + (f", or {' + '.join(slow)}" if slow else "")
+    raise UserError(f"model.checkpoint: {ckpt} has config.json but no tokenizer files "
+                    f"(expected {expected}): save the tokenizer of the model it was trained from into it "
+                    "(tokenizer.save_pretrained)")
+
+
+def resolve_precision(precision: str, model_type: str | None) -> str:
+    """training.precision with auto decided for this machine: bf16 on a GPU that has it, else fp16 (fp32 for
+    models that overflow in fp16, such as T5), fp32 on a CPU (autocast on a CPU is slower than fp32 there)."""
+    if precision != "auto":
+        return precision
+    import torch
+
+    if not torch.cuda.is_available():
+        return "fp32"
+    if torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32" if model_type in NO_FP16 else "fp16"
+
+
+def _lines(err: UserError) -> list[str]:
+    return list(getattr(err, "problems", None) or [err.message])

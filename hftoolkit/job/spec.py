@@ -1,0 +1,96 @@
+"""What one run resolved, once: the `Job` every stage after the recipe takes.
+
+The `Recipe` stays as the user wrote it (frozen); what the toolkit learned about it lives here: where
+the checkpoint is and its loaded config, family and processor, the label names found in the data, the
+lengths preflight clamped, and the precision this machine trains in. `resolve.resolve_job` builds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hftoolkit.config.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    """A checkpoint located once: `path` is what from_pretrained reads (a folder, or a hub id as the libraries
+    take it), with its config and its tokenizer (a pad token set) or image processor, each loaded once."""
+
+    checkpoint: str  # as the recipe names it
+    path: str
+    revision: str | None
+    config: Any
+    family: str
+    processor: Any
+
+    @property
+    def model_type(self) -> str:
+        return self.config.model_type
+
+
+@dataclass
+class Findings:
+    """What preflight found: problems (raised together), and what it settled (said and recorded)."""
+
+    problems: list[str] = field(default_factory=list)  # `where: what: what to do`, all raised together
+    notes: list[str] = field(default_factory=list)  # what preflight changed, one printed line each
+    record: dict = field(default_factory=dict)  # the same, for manifest.json's "preflight"
+    lengths: dict[str, int] = field(default_factory=dict)  # data.max_length & co. as clamped
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run's recipe with everything resolved for it; `data` is None where no data set is read (predict)."""
+
+    recipe: Recipe
+    model: ResolvedModel
+    precision: str
+    data: Any = None
+    label_names: tuple[str, ...] | None = None
+    findings: Findings = field(default_factory=Findings)
+
+    @property
+    def family(self) -> str:
+        return self.model.family
+
+    @property
+    def task(self) -> str:
+        return self.recipe.task
+
+    @property
+    def max_length(self) -> int:
+        return self._clamped("max_length", self.recipe.data.max_length)
+
+    @property
+    def max_target_length(self) -> int:
+        return self._clamped("max_target_length", self.recipe.data.max_target_length)
+
+    @property
+    def max_new_tokens(self) -> int:
+        return self._clamped("max_new_tokens", self.recipe.eval.generation.max_new_tokens)
+
+    def _clamped(self, name: str, asked: int) -> int:
+        return min(asked, self.findings.lengths.get(name, asked))
+
+    def recorded_recipe(self) -> Recipe:
+        """The recipe as the run directory records it (recipe.yaml): the user's, with the family, the label
+        names and the lengths this job resolved filled in, so that eval, predict and --resume read them back."""
+        from hftoolkit.config.recipe import validate_recipe
+
+        raw = self.recipe.model_dump()
+        raw["model"]["family"] = self.family
+        if self.label_names is not None:
+            raw["data"]["label_names"] = list(self.label_names)
+        raw["data"].update(max_length=self.max_length, max_target_length=self.max_target_length)
+        raw["eval"]["generation"]["max_new_tokens"] = self.max_new_tokens
+        return validate_recipe(raw, "recipe")
+
+    @property
+    def advice(self) -> str | None:
+        """The course's advice when the job pairs its task with another family than the one it recommends."""
+        from hftoolkit.config import tasks
+
+        return tasks.advice(self.task, self.family)
