@@ -74,3 +74,29 @@ def test_the_cycle_finder_finds_a_cycle():
 
 def test_modeling_does_not_import_data():
     assert "hftoolkit.sources.data" not in import_graph()["hftoolkit.models.loading"]
+
+
+# The package by stage, lowest first: a module imports its own layer and those below it, never one above.
+# `reference` stands apart: the course's mechanisms in plain torch, importing nothing of the toolkit.
+LAYERS = ("base", "config", "metrics", "sources", "job", "models", "evaluation", "runs", "training", "workflows", "cli")
+BASE = {"hftoolkit", "hftoolkit.errors", "hftoolkit.console"}
+
+
+def layer_of(module: str) -> str:
+    if module in BASE:
+        return "base"
+    if module == "hftoolkit.__main__":
+        return "cli"
+    return module.split(".")[1]
+
+
+def test_each_layer_imports_only_itself_and_the_layers_below():
+    graph = import_graph()
+    assert {layer_of(m) for m in graph} == set(LAYERS) | {"reference"}  # every module sits in a known layer
+    upward = [f"{m} ({layer_of(m)}) imports {i} ({layer_of(i)})" for m, imported in sorted(graph.items())
+              for i in sorted(imported) if layer_of(m) != "reference" and layer_of(i) != "reference"
+              and LAYERS.index(layer_of(i)) > LAYERS.index(layer_of(m))]
+    assert not upward, "\n".join(upward)
+    apart = [f"{m} imports {i}" for m, imported in graph.items() for i in imported
+             if (layer_of(m) == "reference") != (layer_of(i) == "reference") and layer_of(m) == "reference"]
+    assert not apart, "\n".join(apart)

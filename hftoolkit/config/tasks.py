@@ -95,6 +95,8 @@ TASKS = (
 
 BY_NAME: dict[str, TaskSpec] = {task.name: task for task in TASKS}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
+# Tasks a decoder does as one sequence, the prompt (text) then its target (families/decoder.py).
+PROMPTED: tuple[str, ...] = tuple(t.name for t in TASKS if "target" in t.columns and "decoder" in t.families)
 # The recipe key that names each canonical column in the user's data.
 COLUMN_KEYS = {"text": "text_column", "label": "label_column", "target": "target_column", "image": "image_column",
                "text_pair": "text_pair_column"}

@@ -80,8 +80,8 @@ LORA_TARGETS_PEFT_LACKS: dict[str, list[str]] = {
     "mbart": ["q_proj", "v_proj"], "marian": ["q_proj", "v_proj"], "pegasus": ["q_proj", "v_proj"],
     # transformers 5 names ViT's projections q_proj/v_proj; older releases said query/value.
     "vit": ["q_proj", "v_proj", "query", "value"], "deit": ["q_proj", "v_proj", "query", "value"],
-    "beit": ["query", "value"], "dinov2": ["q_proj", "v_proj", "query", "value"],
-    "swin": ["q_proj", "v_proj", "query", "value"],  # (modeling.py's entry lacks transformers 5's names)
+    "beit": ["q_proj", "v_proj", "query", "value"], "dinov2": ["q_proj", "v_proj", "query", "value"],
+    "swin": ["q_proj", "v_proj", "query", "value"],  # (beit, swin: modeling.py's entries lack the new names)
 }
 # Names of attention projections, for attention modules whose class name does not say "Attention".
 ATTENTION_NAMES = {"q", "k", "v", "query", "key", "value", "q_proj", "k_proj", "v_proj", "qkv", "qkv_proj", "Wqkv",
@@ -111,7 +111,7 @@ def family_of(config) -> str | None:
     heads = {auto for auto in MAPPINGS if model_type in _mapping(MAPPINGS[auto])}
     if SEQ2SEQ_LM in heads:
         return "seq2seq"
-    if _is_image_model(config, heads):
+    if _is_image_model(config, heads, model_type):
         return "vision"
     if CAUSAL_LM in heads and (MASKED_LM not in heads or _saved_as(config, _class_names(CAUSAL_LM, model_type))):
         return "decoder"
@@ -140,10 +140,11 @@ def _several_modalities(config) -> bool:
     return any(word in key for key in getattr(config, "sub_configs", None) or {} for word in OTHER_MODALITIES)
 
 
-def _is_image_model(config, heads: set[str]) -> bool:
-    """An image classifier with no text head, or a model with no vocabulary that reads images (a backbone
-    such as ViT-MAE, for which preflight then says it has no image-classification head)."""
-    if IMAGE_CLS in heads and not heads & set(TEXT_HEADS):
+def _is_image_model(config, heads: set[str], model_type: str) -> bool:
+    """An image classifier with no text head (or saved as one: Perceiver has both), or a model with no
+    vocabulary that reads images (a backbone such as ViT-MAE, for which preflight then says it has no
+    image-classification head)."""
+    if IMAGE_CLS in heads and (not heads & set(TEXT_HEADS) or _saved_as(config, _class_names(IMAGE_CLS, model_type))):
         return True
     sizes = (getattr(config, "image_size", None), getattr(config, "num_channels", None))
     return not _has_vocabulary(config) and any(isinstance(v, int | list | tuple) for v in sizes)
@@ -210,7 +211,10 @@ def lora_targets_auto(model) -> tuple[list[str], str | None]:
         targets = [t for t in table.get(model_type) or [] if t in leaves]
         if targets:
             return targets, None
-    why = f"lora.targets auto: peft has no default for model type {model_type!r}"
+    listed = PEFT_TARGETS.get(model_type) or LORA_TARGETS_PEFT_LACKS.get(model_type)
+    why = "lora.targets auto: " + (f"the default targets of model type {model_type!r} ({', '.join(listed)}) match "
+                                   "none of its layers" if listed else
+                                   f"peft has no default for model type {model_type!r}")
     found = _attention_linears(model)
     if found:
         return _targets(model, found), f"{why}; chose the attention's linear layers: {_shown(found)}"

@@ -27,16 +27,6 @@ from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.job.spec import Findings, ResolvedModel
 
-# The transformers Auto class each task's formulation loads (families/*.py, FORMULATIONS).
-HEADS = {"classification": "AutoModelForSequenceClassification", "regression": "AutoModelForSequenceClassification",
-         "tagging": "AutoModelForTokenClassification",
-         "mlm": "AutoModelForMaskedLM", "clm": "AutoModelForCausalLM", "translation": "AutoModelForSeq2SeqLM",
-         "summarization": "AutoModelForSeq2SeqLM", "instruction": "AutoModelForSeq2SeqLM",
-         "denoise": "AutoModelForSeq2SeqLM",
-         "image-classification": "AutoModelForImageClassification"}
-# A decoder writes translation, summarization and instructions as one sequence, prompt + target (families/decoder.py).
-PROMPTED = ("translation", "summarization", "instruction")
-DECODER_HEADS = dict.fromkeys(PROMPTED, "AutoModelForCausalLM")
 # A head that a checkpoint fine-tuned for the task already has (its size is fixed by its label count).
 TRAINED_HEADS = {"classification": "ForSequenceClassification", "regression": "ForSequenceClassification",
                  "tagging": "ForTokenClassification"}
@@ -97,7 +87,9 @@ def check_head(s: Subject, found: Findings) -> None:
         return
     import transformers
 
-    name = (DECODER_HEADS if s.family == "decoder" else {}).get(recipe.task) or HEADS[recipe.task]
+    from hftoolkit.job.architectures import FORMULATION_HEADS
+
+    name = FORMULATION_HEADS[s.family][recipe.task]
     auto = getattr(transformers, name)
     if type(config) not in auto._model_mapping:
         from hftoolkit.sources.tiny import ARCHS
@@ -144,7 +136,7 @@ def check_tokenizer(s: Subject, found: Findings) -> None:
     needs = []
     if processor.pad_token is None:
         needs.append(("pad", "batches of different lengths are padded with it (or with eos, which it lacks too)"))
-    if s.family == "decoder" and recipe.task in ("clm", *PROMPTED) \
+    if s.family == "decoder" and recipe.task in ("clm", *tasks.PROMPTED) \
             and processor.eos_token is None:
         needs.append(("eos", f"task {recipe.task!r} on a decoder ends each text with it"))
     if recipe.task in ("mlm", "denoise") and processor.mask_token is None:
@@ -165,7 +157,7 @@ def check_lengths(s: Subject, found: Findings) -> None:
         return
     d, ckpt = recipe.data, recipe.model.checkpoint
     where = f"more than {ckpt} takes ({limit} positions)"
-    if s.family == "decoder" and recipe.task in PROMPTED:
+    if s.family == "decoder" and recipe.task in tasks.PROMPTED:
         if d.max_length + d.max_target_length > limit:  # prompt and target are one sequence
             target = min(d.max_target_length, max(limit - d.max_length, limit // 2))
             source = min(d.max_length, limit - target)
@@ -177,7 +169,7 @@ def check_lengths(s: Subject, found: Findings) -> None:
                     found.lengths[attr] = used
     else:
         _clamp(found, d, "max_length", "data.max_length", limit, where)
-        if s.family == "seq2seq" and recipe.task in PROMPTED:
+        if s.family == "seq2seq" and recipe.task in tasks.PROMPTED:
             _clamp(found, d, "max_target_length", "data.max_target_length", limit, where)
     if s.family in ("decoder", "seq2seq") and tasks.spec(recipe.task).labels is None:
         # Text generated for the eval's prediction records: a decoder's prompt and new tokens share its positions.

@@ -11,10 +11,8 @@ from pathlib import Path
 
 from hftoolkit.config.recipe import Recipe, RecipeError
 from hftoolkit.errors import UserError
+from hftoolkit.job.machine import NO_FP16, resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
-
-# Model types whose activations overflow fp16 (training.precision auto never picks fp16 for them).
-NO_FP16 = ("t5", "mt5", "umt5", "longt5")
 
 
 def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = None) -> Job:
@@ -52,7 +50,7 @@ def resolve_model(recipe: Recipe, weights: Path | None = None) -> ResolvedModel:
     with checkpoint_errors(recipe):
         config = load_config(recipe, path)
         family = family_of(recipe, config)
-        processor = load_processor(recipe, family, str(weights) if weights is not None else path)
+        processor = load_processor(recipe, family, str(weights) if weights is not None else path, config)
     return ResolvedModel(checkpoint=m.checkpoint, path=path, revision=m.revision, config=config, family=family,
                          processor=processor)
 
@@ -87,7 +85,7 @@ def family_of(recipe: Recipe, config) -> str:
     return family
 
 
-def load_processor(recipe: Recipe, family: str, path: str):
+def load_processor(recipe: Recipe, family: str, path: str, config=None):
     """The tokenizer training uses (pad = eos where there is no pad token; a space before each word for
     tagging with byte-level BPE), or the image processor; a folder without their files is refused, naming them."""
     ckpt, local = recipe.model.checkpoint, _local_folder(path)
@@ -99,14 +97,15 @@ def load_processor(recipe: Recipe, family: str, path: str):
                             "save the processor of the model it was trained from into it (processor.save_pretrained)")
         try:
             # With no backend named, transformers picks torchvision when installed and PIL otherwise, silently.
-            return AutoImageProcessor.from_pretrained(path, revision=recipe.model.revision)
+            return AutoImageProcessor.from_pretrained(path, revision=recipe.model.revision, config=config)
         except (OSError, ValueError) as err:
             raise UserError(f"model.checkpoint: could not load the image processor of {ckpt} "
                             f"({str(err).splitlines()[0][:200]}): check its preprocessor_config.json") from None
     try:
-        tokenizer = load_tokenizer(path, recipe.model.revision)
+        # (given the config, transformers need not load it again to find the tokenizer's class)
+        tokenizer = load_tokenizer(path, recipe.model.revision, config=config)
         if recipe.task == "tagging" and getattr(tokenizer, "add_prefix_space", None) is False:
-            tokenizer = load_tokenizer(path, recipe.model.revision, add_prefix_space=True)
+            tokenizer = load_tokenizer(path, recipe.model.revision, config=config, add_prefix_space=True)
     except (OSError, ValueError, TypeError) as err:
         raise UserError(f"model.checkpoint: could not load the tokenizer of {ckpt} "
                         f"({str(err).splitlines()[0][:200]}): save the tokenizer of the model it was trained from "
@@ -146,20 +145,6 @@ def _check_tokenizer_files(ckpt: str, folder: Path, tokenizer) -> None:
     raise UserError(f"model.checkpoint: {ckpt} has config.json but no tokenizer files "
                     f"(expected {expected}): save the tokenizer of the model it was trained from into it "
                     "(tokenizer.save_pretrained)")
-
-
-def resolve_precision(precision: str, model_type: str | None) -> str:
-    """training.precision with auto decided for this machine: bf16 on a GPU that has it, else fp16 (fp32 for
-    models that overflow in fp16, such as T5), fp32 on a CPU (autocast on a CPU is slower than fp32 there)."""
-    if precision != "auto":
-        return precision
-    import torch
-
-    if not torch.cuda.is_available():
-        return "fp32"
-    if torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "fp32" if model_type in NO_FP16 else "fp16"
 
 
 def _lines(err: UserError) -> list[str]:

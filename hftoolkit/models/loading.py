@@ -1,9 +1,9 @@
 """Checkpoint loading, quantization and LoRA: the parts every family shares.
 
-A family's `load_model` picks the Auto class and the head; this module resolves
-where the checkpoint is, loads it (8-bit or 4-bit through bitsandbytes, with the
-task head kept out of quantization), and wraps it in a LoRA adapter whose
-targets come from the table below, checked against the model's own modules.
+A formulation's `load_model` picks the Auto class and the head; this module loads the job's
+checkpoint with the config the job resolved (8-bit or 4-bit through bitsandbytes, with the task
+head kept out of quantization), and wraps it in a LoRA adapter whose default targets come from
+peft's table, then ours, then the model's own attention (job/architectures.py).
 """
 
 from __future__ import annotations
@@ -15,18 +15,6 @@ from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.sources.checkpoint import checkpoint_errors
 
-# LoRA's default targets (the attention's query and value projections, as in the LoRA paper) come from
-# peft's own table, TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING; these are the model types it lacks.
-# Several candidates where releases renamed them: only those the model really has are used.
-LORA_TARGETS_PEFT_LACKS: dict[str, list[str]] = {
-    "distilbert": ["q_lin", "v_lin"], "albert": ["query", "value"], "camembert": ["query", "value"],
-    "mpnet": ["q", "v"], "modernbert": ["Wqkv"], "smollm3": ["q_proj", "v_proj"],
-    "mbart": ["q_proj", "v_proj"], "marian": ["q_proj", "v_proj"], "pegasus": ["q_proj", "v_proj"],
-    # transformers 5 names ViT's projections q_proj/v_proj; older releases said query/value.
-    "vit": ["q_proj", "v_proj", "query", "value"], "deit": ["q_proj", "v_proj", "query", "value"],
-    "beit": ["query", "value"], "dinov2": ["q_proj", "v_proj", "query", "value"],
-    "swin": ["query", "value"],
-}
 # Modules that are Conv1D (weight stored transposed): LoRA needs fan_in_fan_out=True.
 CONV1D_MODEL_TYPES = {"gpt2"}
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -73,7 +61,7 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
         from_kwargs["dtype"] = getattr(torch, DTYPES[job.recipe.model.dtype])
     if job.recipe.model.attention != "auto":  # auto: transformers' choice (sdpa where the model has it)
         if job.recipe.model.attention == "flash_attention_2":
-            from hftoolkit.training.arguments import hardware_problems
+            from hftoolkit.job.machine import hardware_problems
 
             problems = [p for p in hardware_problems(job.recipe) if p.startswith("model.attention")]
             if problems:
@@ -152,7 +140,8 @@ def head_modules(model) -> list[str]:
 def lora_targets_for(model, job: Job, head: list[str] = ()) -> list[str]:
     """The recipe's LoRA targets, checked against the model's modules.
 
-    auto: the model type's query and value projections (peft's table, then ours).
+    auto: the model type's query and value projections (peft's table, then ours), else its attention's
+    linear layers, said in one line (job/architectures.py).
     all-linear: every linear layer of the base model, as QLoRA does; the task head (trained in full)
     and the output projection are left out. Returned as full module names, so that a name such as
     `dense` can't also match a layer inside the head.
@@ -166,14 +155,12 @@ def lora_targets_for(model, job: Job, head: list[str] = ()) -> list[str]:
             raise UserError(f"lora.targets: {', '.join(map(repr, missing))} match no module of "
                             f"{job.recipe.model.checkpoint}; linear layers it has: {', '.join(_linear_names(model))}")
         return list(job.recipe.lora.targets)
-    from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
+    from hftoolkit import console
+    from hftoolkit.job.architectures import lora_targets_auto
 
-    model_type = model.config.model_type
-    candidates = PEFT_TARGETS.get(model_type) or LORA_TARGETS_PEFT_LACKS.get(model_type, [])
-    targets = [t for t in candidates if t in names]
-    if not targets:
-        raise UserError(f"lora.targets: no default targets for model type {model_type!r}; set lora.targets to some "
-                        f"of its linear layers: {', '.join(_linear_names(model))}")
+    targets, note = lora_targets_auto(model)
+    if note:
+        console.note(note)
     return targets
 
 

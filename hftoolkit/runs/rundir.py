@@ -101,6 +101,7 @@ def write_atomic(path: Path, data: bytes) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())  # mkstemp makes the file private; a run's files follow the user's umask
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
@@ -110,6 +111,21 @@ def write_atomic(path: Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def follow_umask(folder: Path) -> None:
+    """Give the files under `folder` the mode the user's umask asks for: libraries that write weights
+    (safetensors) create them private, and a run's files are meant to be handed on."""
+    mode = 0o666 & ~_umask()
+    for path in Path(folder).rglob("*"):
+        if path.is_file():
+            path.chmod(mode)
+
+
+def _umask() -> int:
+    mask = os.umask(0)  # (read by setting: the only way the standard library offers)
+    os.umask(mask)
+    return mask
 
 
 def _jsonable(value):

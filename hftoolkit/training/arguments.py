@@ -2,8 +2,6 @@
 
 - `training_arguments`: TrainingArguments from the recipe (batch split over processes, precision,
   optimizer, schedule, checkpointing, eval and save strategies, data loader, trackers).
-- `hardware_problems` / `check_hardware`: keys that ask this machine for what it lacks
-  (flash attention, TF32), refused when training starts; `validate` stays machine-independent.
 - `run_record`: what metrics.json says about how the run trained (precision, best step).
 
 Imports no torch at module level.
@@ -82,38 +80,6 @@ def _eval_and_save_arguments(recipe: Recipe, scorer) -> dict:
             "load_best_model_at_end": recipe.eval.keep_best,
             # The early-stopping count lives in the checkpoint's trainer state: a resumed run goes on counting.
             "restore_callback_states_from_checkpoint": recipe.eval.early_stopping is not None}
-
-
-def hardware_problems(recipe: Recipe) -> list[str]:
-    """What this recipe asks of the machine that the machine lacks, one `key: what: what to do` line each.
-    Imports torch only when the recipe asks for something that needs a GPU."""
-    import importlib.util
-
-    t, m = recipe.training, recipe.model
-    if not (m.attention == "flash_attention_2" or t.tf32):
-        return []
-    import torch
-
-    cuda, problems = torch.cuda.is_available(), []
-    if m.attention == "flash_attention_2":
-        if not cuda:
-            problems.append("model.attention: flash_attention_2 runs on NVIDIA GPUs only and this machine has no "
-                            "CUDA device: use sdpa (the default, auto, picks it)")
-        elif importlib.util.find_spec("flash_attn") is None:
-            problems.append("model.attention: flash_attention_2 needs the flash-attn package, which is not installed: "
-                            "pip install flash-attn --no-build-isolation, or use sdpa")
-    if t.tf32 and not (cuda and torch.cuda.get_device_capability()[0] >= 8):
-        problems.append("training.tf32: TF32 matmuls need an NVIDIA Ampere or newer GPU, which this machine lacks: "
-                        "set training.tf32 to false")
-    return problems
-
-
-def check_hardware(recipe: Recipe) -> None:
-    """Refuse, before anything is loaded, a recipe that asks this machine for what it lacks (`validate`
-    does not: a recipe for a GPU server validates anywhere)."""
-    problems = hardware_problems(recipe)
-    if problems:
-        raise UserError("\n".join(problems))
 
 
 def run_record(job: Job, trainer) -> dict:

@@ -53,6 +53,9 @@ RESUMABLE_CHANGES = ("description", "training.on_nonfinite", "training.max_nonfi
 
 def commit(staged: Path, final: Path) -> None:
     """fsync every file and folder under `staged`, then rename it to `final` and fsync the parent."""
+    from hftoolkit.runs.rundir import follow_umask
+
+    follow_umask(staged)
     for folder, _, files in os.walk(staged):
         for name in files:
             _fsync(Path(folder) / name)

@@ -147,7 +147,7 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
                         "(--num-processes N or recipes/accelerate/ddp.yaml) or DeepSpeed ZeRO-2, or set "
                         "model.quantization to none")
     if plan.mixed_precision != "no":  # (auto is resolved, importing torch, only when there is something to compare)
-        from hftoolkit.job.resolve import resolve_precision
+        from hftoolkit.job.machine import resolve_precision
         from hftoolkit.sources.checkpoint import model_type_of
 
         # Before the relaunch nothing is loaded: a local checkpoint's type is read from its files, a hub id's not.

@@ -23,7 +23,7 @@ from hftoolkit.job.spec import Job
 from hftoolkit.models import loading as modeling
 from hftoolkit.models.families import formulation
 from hftoolkit.runs.card import model_card
-from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory
+from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, follow_umask
 from hftoolkit.sources.data import fingerprint
 from hftoolkit.training.throughput import TokenCounter, efficiency
 
@@ -64,7 +64,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     import torch
     from accelerate import PartialState
 
-    from hftoolkit.training.arguments import check_hardware
+    from hftoolkit.job.machine import check_hardware
 
     # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
     # would otherwise each run alone as rank 0, and all write the run directory.
@@ -219,3 +219,4 @@ def save_weights(job: Job, trainer, processor, run: RunDirectory) -> None:
         trainer.model.save_pretrained(target, safe_serialization=True)
     if trainer.accelerator.is_main_process:
         processor.save_pretrained(target)
+        follow_umask(target)

@@ -254,8 +254,8 @@ def _continue(job: Job, model, tokenizer, prompts: list[list[int]], stops: list[
     return out
 
 
-PROMPTED = PromptAndTarget()
-FORMULATIONS = {"clm": CausalLM(), "translation": PROMPTED, "summarization": PROMPTED,
+PROMPT_AND_TARGET = PromptAndTarget()
+FORMULATIONS = {"clm": CausalLM(), "translation": PROMPT_AND_TARGET, "summarization": PROMPT_AND_TARGET,
                 "instruction": ChatPromptAndTarget(), "classification": labels.CLASSIFICATION,
                 "regression": labels.REGRESSION, "tagging": labels.TAGGING}
 

@@ -1,0 +1,61 @@
+"""What this machine can do for a recipe: the precision it trains in (decided here, once per run), and the
+keys that ask it for what it lacks (flash attention, TF32), refused when training starts (`validate` stays
+machine-independent: a recipe for a GPU server validates anywhere). Imports torch only inside functions."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from hftoolkit.errors import UserError
+
+if TYPE_CHECKING:
+    from hftoolkit.config.recipe import Recipe
+
+# Model types whose activations overflow fp16 (training.precision auto never picks fp16 for them).
+NO_FP16 = ("t5", "mt5", "umt5", "longt5")
+
+
+def resolve_precision(precision: str, model_type: str | None) -> str:
+    """training.precision with auto decided for this machine: bf16 on a GPU that has it, else fp16 (fp32 for
+    models that overflow in fp16, such as T5), fp32 on a CPU (autocast on a CPU is slower than fp32 there)."""
+    if precision != "auto":
+        return precision
+    import torch
+
+    if not torch.cuda.is_available():
+        return "fp32"
+    if torch.cuda.is_bf16_supported():
+        return "bf16"
+    return "fp32" if model_type in NO_FP16 else "fp16"
+
+
+def hardware_problems(recipe: Recipe) -> list[str]:
+    """What this recipe asks of the machine that the machine lacks, one `key: what: what to do` line each.
+    Imports torch only when the recipe asks for something that needs a GPU."""
+    import importlib.util
+
+    t, m = recipe.training, recipe.model
+    if not (m.attention == "flash_attention_2" or t.tf32):
+        return []
+    import torch
+
+    cuda, problems = torch.cuda.is_available(), []
+    if m.attention == "flash_attention_2":
+        if not cuda:
+            problems.append("model.attention: flash_attention_2 runs on NVIDIA GPUs only and this machine has no "
+                            "CUDA device: use sdpa (the default, auto, picks it)")
+        elif importlib.util.find_spec("flash_attn") is None:
+            problems.append("model.attention: flash_attention_2 needs the flash-attn package, which is not installed: "
+                            "pip install flash-attn --no-build-isolation, or use sdpa")
+    if t.tf32 and not (cuda and torch.cuda.get_device_capability()[0] >= 8):
+        problems.append("training.tf32: TF32 matmuls need an NVIDIA Ampere or newer GPU, which this machine lacks: "
+                        "set training.tf32 to false")
+    return problems
+
+
+def check_hardware(recipe: Recipe) -> None:
+    """Refuse, before anything is loaded, a recipe that asks this machine for what it lacks (`validate`
+    does not: a recipe for a GPU server validates anywhere)."""
+    problems = hardware_problems(recipe)
+    if problems:
+        raise UserError("\n".join(problems))
