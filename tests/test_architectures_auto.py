@@ -3,6 +3,8 @@ types hftoolkit's hand table lists and for those it does not. Configs only, or t
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -39,6 +41,7 @@ UNLISTED = {
                                    max_position_embeddings=64)),
 }
 VOCAB = 128
+RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 # The task each family's model is built for in the forward and backward pass.
 MAIN_TASK = {"decoder": "clm", "seq2seq": "translation", "encoder": "classification"}
 # peft 0.21's table has these types; the others of UNLISTED fall back on their attention's linear layers.
@@ -239,3 +242,45 @@ def test_a_tiny_model_of_each_unlisted_type_trains_with_its_default_targets(mode
     peft_model(input_ids=ids, attention_mask=torch.ones_like(ids), labels=labels).loss.backward()
     grads = {n: p.grad for n, p in peft_model.named_parameters() if "lora_B" in n}
     assert grads and all(g is not None and g.abs().sum() > 0 for g in grads.values()), model_type
+
+
+# The recipe each family trains in the end-to-end test, and the tiny tokenizer its checkpoint borrows.
+END_TO_END = {"decoder": ("decoder-clm.yaml", "gpt2"), "seq2seq": ("seq2seq-translation-t5.yaml", "t5"),
+              "encoder": ("encoder-classification.yaml", "bert")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model_type", ["phi3", "gemma2", "qwen2_moe", "gpt_neox", "umt5", "deberta-v2"])
+def test_a_type_nobody_listed_validates_and_trains_a_few_steps(tmp_path, model_type):
+    """A checkpoint folder of the type (random weights, a tiny tokenizer), validated with its data and then
+    trained with LoRA's default targets, with no model.family set."""
+    import shutil
+
+    import transformers
+    from transformers import AutoTokenizer
+
+    from hftoolkit.sources.tiny import ensure_tiny
+    from tests.conftest import run_cli
+
+    family, dims = UNLISTED[model_type]
+    recipe, borrowed = END_TO_END[family]
+    folder = tmp_path / model_type
+    tokenizer = AutoTokenizer.from_pretrained(ensure_tiny(borrowed))
+    ids = {k: getattr(tokenizer, f"{k}_id") for k in ("pad_token", "eos_token", "bos_token")}
+    config = config_of(model_type, vocab_size=len(tokenizer), **{**dims, **{f"{k}_id": v for k, v in ids.items()
+                                                                            if v is not None}})
+    if family == "seq2seq":
+        config.decoder_start_token_id = tokenizer.pad_token_id
+    head = getattr(transformers, arch.head_class(config, MAIN_TASK[family], family))
+    head.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    shutil.rmtree(tmp_path / "runs", ignore_errors=True)
+    sets = ["--set", f"model.checkpoint={folder}", "--set", "lora.targets=auto", "--set", "training.max_steps=2",
+            "--set", "data.max_eval_samples=8",
+            "--set", "eval.max_predictions=2", "--set", "eval.generation.max_new_tokens=4"]
+    checked = run_cli("validate", RECIPES / recipe, "--data", *sets)
+    assert checked.stdout.startswith("ok: ")
+    run_cli("train", RECIPES / recipe, "--output", tmp_path / "run", *sets)
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert metrics["family"] == family and metrics["trainable_params"] > 0
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["resolved"]["model_type"] == model_type

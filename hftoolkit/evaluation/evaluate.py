@@ -7,7 +7,6 @@ split, or a recipe's untrained base checkpoint.
 from __future__ import annotations
 
 import math
-import resource
 import time
 
 from hftoolkit import console
@@ -92,16 +91,6 @@ def run_facts(job: Job, scorer) -> dict:
         "quantization": r.model.quantization, "lora_rank": r.lora.r if r.lora.enabled else None,
         "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better,
     }
-
-
-def peak_memory_mb() -> float:
-    """Peak GPU memory allocated when on CUDA, else the process's peak resident set size."""
-    import torch
-
-    if torch.cuda.is_available():
-        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
-
 
 
 def shortest_first(dataset):

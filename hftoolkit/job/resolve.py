@@ -47,12 +47,38 @@ def resolve_model(recipe: Recipe, weights: Path | None = None) -> ResolvedModel:
 
     m = recipe.model
     path = str(weights) if weights is not None and weights.name == "model" else resolve_checkpoint(recipe)
+    files = weight_files(recipe, path)
     with checkpoint_errors(recipe):
         config = load_config(recipe, path)
         family = family_of(recipe, config)
         processor = load_processor(recipe, family, str(weights) if weights is not None else path, config)
     return ResolvedModel(checkpoint=m.checkpoint, path=path, revision=m.revision, config=config, family=family,
-                         processor=processor)
+                         processor=processor, weights=files)
+
+
+def weight_files(recipe: Recipe, path: str) -> tuple[str, ...]:
+    """The weight files of a local checkpoint folder. Where its only weights are pickles (pytorch_model.bin),
+    each is opened by torch's safe loader first: a pickle that would run code is refused here, before the run
+    starts, and never loaded."""
+    folder = _local_folder(path)
+    if folder is None:
+        return ()
+    safe = sorted(p.name for p in folder.glob("*.safetensors"))
+    pickles = sorted(p.name for p in folder.glob("*.bin") if p.name != "training_args.bin")
+    if safe or not pickles:
+        return tuple(safe)
+    from torch.serialization import get_unsafe_globals_in_checkpoint
+
+    for name in pickles:
+        try:
+            unsafe = get_unsafe_globals_in_checkpoint(str(folder / name))
+        except Exception as err:  # not a torch checkpoint at all
+            unsafe = [f"unreadable: {str(err).splitlines()[0][:120]}"]
+        if unsafe:
+            raise UserError(f"model.checkpoint: {recipe.model.checkpoint} holds its weights only as pickles, and "
+                            f"{name} names code that loading it would run ({', '.join(unsafe[:3])}), so it is refused "
+                            "unread: use a copy of the model saved as safetensors (save_pretrained does by default)")
+    return tuple(pickles)
 
 
 def load_config(recipe: Recipe, path: str):

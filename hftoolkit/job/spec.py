@@ -25,6 +25,7 @@ class ResolvedModel:
     config: Any
     family: str
     processor: Any
+    weights: tuple[str, ...] = ()  # the weight files of a local folder (empty for a hub id: the hub's to serve)
 
     @property
     def model_type(self) -> str:

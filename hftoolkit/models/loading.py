@@ -97,18 +97,14 @@ def _release_checkpoint_memory(model) -> None:
     resident; glibc also keeps the freed fp32 scratch. Together they lifted an 8-bit run's peak memory
     above full fine-tuning's (benchmarks/memory.py measures it).
     """
-    import ctypes
-    import gc
     from itertools import chain
+
+    from hftoolkit.memory import release_freed_memory
 
     for tensor in chain(model.parameters(), model.buffers()):
         if tensor.dtype.is_floating_point:  # (quantized weights are integer tensors, made in memory)
             tensor.data = tensor.data.clone()
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc: nothing to trim
-        pass
+    release_freed_memory()
 
 
 def quantization_config(job: Job, skip: list[str]):

@@ -6,7 +6,6 @@ import math
 from pathlib import Path
 
 from huggingface_hub import EvalResult, ModelCard, ModelCardData
-from huggingface_hub.errors import HFValidationError
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
 from huggingface_hub.utils import validate_repo_id
 
@@ -121,11 +120,9 @@ def hub_dataset_id(source: str) -> str | None:
 
 
 def _hub_id(text: str) -> str | None:
-    if not text or text.startswith((".", "/", "~")) or text.lower().endswith(LOCAL_SUFFIXES) or Path(text).exists():
-        return None
-    try:
-        validate_repo_id(text)
-    except HFValidationError:
+    from hftoolkit.sources.locations import is_hub_id
+
+    if not is_hub_id(text) or text.lower().endswith(LOCAL_SUFFIXES) or Path(text).exists():
         return None
     return text
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hftoolkit.errors import UserError
+from hftoolkit.sources.locations import expand, is_hub_id
 
 if TYPE_CHECKING:
     from hftoolkit.config.recipe import Recipe
@@ -26,10 +27,7 @@ def resolve_checkpoint(recipe: Recipe) -> str:
         from hftoolkit.sources.tiny import ensure_tiny
 
         return str(ensure_tiny(ckpt.removeprefix("init:")))
-    try:
-        path = Path(ckpt).expanduser()
-    except RuntimeError:  # ~name of a user this machine does not know
-        raise UserError(f"model.checkpoint: {ckpt} starts with an unknown ~user: write the full path") from None
+    path = expand(ckpt, "model.checkpoint")
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise UserError(f"model.checkpoint: {ckpt} has no config.json, so it is not a saved model; "
@@ -38,21 +36,6 @@ def resolve_checkpoint(recipe: Recipe) -> str:
     if not is_hub_id(ckpt):
         raise UserError(f"model.checkpoint: checkpoint directory {ckpt} not found: check the path")
     return ckpt
-
-
-def is_hub_id(name: str) -> bool:
-    """Whether `name` reads as a Hub repository id (`name` or `namespace/name`; dots allowed, as in
-    `Qwen/Qwen2.5-0.5B`) rather than a path: a path starts with . / or ~, or has more than one part."""
-    from huggingface_hub.errors import HFValidationError
-    from huggingface_hub.utils import validate_repo_id
-
-    if name.startswith((".", "/", "~")) or name.count("/") > 1:
-        return False
-    try:
-        validate_repo_id(name)
-    except HFValidationError:
-        return False
-    return True
 
 
 def checkpoint_errors(recipe: Recipe):

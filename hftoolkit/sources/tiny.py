@@ -10,7 +10,6 @@ from one build to the next, so a run directory keeps the tokenizer it trained wi
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
 import string
 import tempfile
@@ -34,7 +33,9 @@ SPECIALS = {
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("HFTOOLKIT_CACHE", Path.home() / ".cache" / "hftoolkit")) / "init"
+    from hftoolkit.sources.locations import cache_root
+
+    return cache_root() / "init"
 
 
 def ensure_tiny(arch: str) -> Path:

@@ -70,9 +70,9 @@ def matmul_flops_per_second(size: int = 1024, repeats: int = 5) -> float:
 
     import torch
 
-    from hftoolkit.sources.tiny import cache_dir
+    from hftoolkit.sources.locations import cache_root
 
-    path = cache_dir().parent / "matmul-rate.json"
+    path = cache_root() / "matmul-rate.json"
     key = f"{platform.node()}-{torch.get_num_threads()}-{torch.cuda.is_available()}"
     cached = json.loads(path.read_text()) if path.is_file() else {}
     if key in cached:

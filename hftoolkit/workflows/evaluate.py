@@ -10,8 +10,9 @@ from pathlib import Path
 from hftoolkit import console
 from hftoolkit.config.recipe import Recipe, load_recipe, replaced
 from hftoolkit.errors import UserError
-from hftoolkit.evaluation.evaluate import evaluate, peak_memory_mb, run_facts
+from hftoolkit.evaluation.evaluate import evaluate, run_facts
 from hftoolkit.job.spec import Job
+from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models.families import formulation
 from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.sources.data import use_split

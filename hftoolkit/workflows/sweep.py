@@ -17,9 +17,6 @@ Light at import: torch and transformers are imported by the training itself.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
-import gc
 import hashlib
 import itertools
 import re
@@ -31,6 +28,7 @@ from pathlib import Path
 
 from hftoolkit.config.recipe import Recipe, RecipeError, load_recipe, recipe_to_yaml
 from hftoolkit.errors import UserError
+from hftoolkit.memory import reset_peak_memory
 
 # Keys a run fills in while it trains (label names found in the data, a hub checkpoint's family): a saved
 # recipe that has them where the sweep's recipe leaves them empty is still the same recipe.
@@ -331,27 +329,6 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
     reset_peak_memory()
     train(variant.recipe.model_copy(deep=True), variant.run_dir, command=command, overwrite=overwrite, resume=resume,
           verbosity=verbosity)
-
-
-def reset_peak_memory() -> None:
-    """Start this process's peak-memory count again, so that each variant trained here reports its own peak.
-
-    evaluation.peak_memory_mb reads the process's peak resident set (getrusage) on a CPU, which only grows:
-    without a reset every variant would report the largest peak of those before it. Linux resets it when
-    5 is written to /proc/self/clear_refs; CUDA's peak is reset by torch. Elsewhere the peak stays cumulative.
-    First the memory an earlier variant freed goes back to the system: glibc keeps freed heap resident, and
-    the next variant's peak would count it (init:bert after MiniLM-L6 read 817 MB, 587 MB alone).
-    """
-    gc.collect()
-    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
-        ctypes.CDLL(None).malloc_trim(0)
-    with contextlib.suppress(OSError):
-        Path("/proc/self/clear_refs").write_text("5")
-    if "torch" in sys.modules:
-        import torch
-
-        if torch.cuda.is_available():
-            torch.cuda.reset_peak_memory_stats()
 
 
 def _manifest_of(run_dir: Path) -> dict:

@@ -17,9 +17,10 @@ from pathlib import Path
 from hftoolkit import console
 from hftoolkit.config.recipe import Recipe, recipe_to_yaml
 from hftoolkit.errors import UserError
-from hftoolkit.evaluation.evaluate import evaluate, peak_memory_mb, run_facts
+from hftoolkit.evaluation.evaluate import evaluate, run_facts
 from hftoolkit.job.resolve import resolve_job
 from hftoolkit.job.spec import Job
+from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models import loading as modeling
 from hftoolkit.models.families import formulation
 from hftoolkit.runs.card import model_card

@@ -1,0 +1,45 @@
+"""A process's memory, as runs report it: the peak, its reset between runs in one process, and freed memory
+handed back to the system. Imports torch only where CUDA may be in use."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import resource
+import sys
+from pathlib import Path
+
+
+def peak_memory_mb() -> float:
+    """Peak GPU memory allocated when on CUDA, else the process's peak resident set size."""
+    import torch
+
+    if torch.cuda.is_available():
+        return round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def release_freed_memory() -> None:
+    """Collect garbage, then hand freed heap back to the system: glibc keeps it resident otherwise, and a peak
+    measured afterwards would count it."""
+    gc.collect()
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: nothing to trim
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def reset_peak_memory() -> None:
+    """Start this process's peak-memory count again, so that each run trained in one process reports its own.
+
+    The peak resident set (getrusage) only grows: Linux resets it when 5 is written to /proc/self/clear_refs;
+    CUDA's peak is reset by torch. Elsewhere the peak stays cumulative. Memory an earlier run freed is handed
+    back first, or the next run's peak would count it.
+    """
+    release_freed_memory()
+    with contextlib.suppress(OSError):
+        Path("/proc/self/clear_refs").write_text("5")
+    if "torch" in sys.modules:
+        import torch
+
+        if torch.cuda.is_available():
+            torch.cuda.reset_peak_memory_stats()
