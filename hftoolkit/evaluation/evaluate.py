@@ -83,16 +83,6 @@ def _show(value):
     return value if isinstance(value, (str, list)) else f"<{type(value).__name__}>"
 
 
-def run_facts(job: Job, scorer) -> dict:
-    """What a run is, as metrics.json opens: name, family, task, checkpoint, quantization, LoRA rank, main metric."""
-    r = job.recipe
-    return {
-        "name": r.name, "family": job.family, "task": job.task, "checkpoint": r.model.checkpoint,
-        "quantization": r.model.quantization, "lora_rank": r.lora.r if r.lora.enabled else None,
-        "main_metric": scorer.main, "greater_is_better": scorer.greater_is_better,
-    }
-
-
 def shortest_first(dataset):
     """(dataset sorted by its "length" column, the order taken), or (dataset, None) without one."""
     if "length" not in dataset.column_names:

@@ -16,16 +16,11 @@ from pathlib import Path
 from typing import Any
 
 from hftoolkit.config import tasks
+from hftoolkit.runs.record import FIELDS as METRICS_FIELDS
 
 RUN_FILES = ("manifest.json", "metrics.json", "log_history.jsonl")
 DASH = "–"
 BEST = "★"
-# The fields `hftoolkit train` writes to metrics.json; a missing one is noted (older version).
-METRICS_FIELDS = (
-    "name", "family", "task", "checkpoint", "quantization", "lora_rank", "main_metric",
-    "greater_is_better", "eval", "train_seconds", "eval_seconds", "samples_per_second",
-    "tokens_per_second", "peak_memory_mb", "trainable_params", "total_params",
-)
 # Used only when metrics.json does not name the main metric (older or unfinished runs).
 DEFAULT_MAIN_METRIC = {task.name: task.main_metric for task in tasks.TASKS}
 LOWER_IS_BETTER = {task.main_metric for task in tasks.TASKS if not task.greater_is_better} | {"loss"}
@@ -190,7 +185,18 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
     run.trainable_params = _int(source.get("trainable_params"))
     run.total_params = _int(source.get("total_params"))
     run.hftoolkit_version = _str(source.get("hftoolkit_version")) or _str((manifest or {}).get("hftoolkit_version"))
+    _note_files(run, manifest, metrics, notes)
+    _read_eval(run, metrics, history, notes)
+    for entry in history:
+        step, loss = _num(entry.get("step")), _num(entry.get("loss"))
+        if step is not None and loss is not None:
+            run.loss_curve.append((step, loss))
+    run.notes = notes
+    return run
 
+
+def _note_files(run: RunSummary, manifest: dict | None, metrics: dict | None, notes: list[str]) -> None:
+    """Notes on what the run's files lack or hold that a reader should know."""
     if manifest is None and not any("manifest.json" in n for n in notes):
         notes.append("no manifest.json")
     if run.status in ("running", "failed", "trained, eval failed"):
@@ -212,6 +218,9 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
     if run.hftoolkit_version and current and run.hftoolkit_version != current:
         notes.append(f"written by hftoolkit {run.hftoolkit_version} (this is {current})")
 
+
+def _read_eval(run: RunSummary, metrics: dict | None, history: list[dict], notes: list[str]) -> None:
+    """The run's eval metrics (metrics.json's, else the last eval logged) and its main metric."""
     if metrics is not None and isinstance(metrics.get("eval"), dict):
         run.eval = _eval_metrics(metrics["eval"])
         run.eval_final = True
@@ -231,13 +240,6 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
     run.greater_is_better = gib if isinstance(gib, bool) else run.main_metric not in LOWER_IS_BETTER
     if run.main_metric and run.eval and run.main_value is None:
         notes.append(f"eval has no {run.main_metric}")
-
-    for entry in history:
-        step, loss = _num(entry.get("step")), _num(entry.get("loss"))
-        if step is not None and loss is not None:
-            run.loss_curve.append((step, loss))
-    run.notes = notes
-    return run
 
 
 def best_per_task(runs: list[RunSummary]) -> set[int]:

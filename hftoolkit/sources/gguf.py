@@ -218,7 +218,7 @@ def plain_checkpoint(gguf: Path, dtype: str = "float32") -> Path:
 
 @lru_cache(maxsize=16)
 def _sha256(path: str, size: int, mtime_ns: int) -> str:
-    """Full sha256 of the file (about 1 GB/s), remembered per (path, size, mtime) within a process."""
+    """Full sha256 of the file, remembered per (path, size, mtime) within a process (hashing a large file is slow)."""
     h = hashlib.sha256()
     with open(path, "rb") as f:
         while chunk := f.read(1 << 20):

@@ -10,10 +10,11 @@ from pathlib import Path
 from hftoolkit import console
 from hftoolkit.config.recipe import Recipe, load_recipe, replaced
 from hftoolkit.errors import UserError
-from hftoolkit.evaluation.evaluate import evaluate, run_facts
+from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.spec import Job
 from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models.families import formulation
+from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.sources.data import use_split
 
@@ -71,8 +72,8 @@ def reevaluate(run_dir: Path) -> dict:
     trainer = build_trainer(job, run, model, processor, encoded, TokenCounter(form.collator(job, processor)), scorer)
     results, predictions, seconds = evaluate(job, form, trainer, processor, data, encoded, scorer)
     trainable, total = count_parameters(model)
-    metrics = {**run_facts(job, scorer), "trainable_params": trainable, "total_params": total,
-               "hftoolkit_version": __import__("hftoolkit").__version__, **run.metrics(),
+    metrics = {**metrics_record(job, scorer, trainable_params=trainable, total_params=total),
+               **{k: v for k, v in run.metrics().items() if v is not None},  # what training measured, kept
                "eval": results, "eval_seconds": round(seconds, 3)}
     run.write_jsonl("predictions.jsonl", predictions)
     run.write_json("metrics.json", metrics)
@@ -121,15 +122,10 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
         raise
     from hftoolkit.config.recipe import recipe_to_yaml
 
-    metrics = {
-        "name": f"{recipe.name}-untrained", "family": job.family, "task": recipe.task,
-        "checkpoint": recipe.model.checkpoint, "quantization": "none", "lora_rank": None, "trained": False,
-        "split": split or recipe.data.eval_split, "main_metric": scorer.main,
-        "greater_is_better": scorer.greater_is_better, "eval": results, "train_seconds": None,
-        "eval_seconds": round(seconds, 3), "samples_per_second": None, "tokens_per_second": None,
-        "peak_memory_mb": peak_memory_mb(), "trainable_params": 0, "total_params": count_parameters(model)[1],
-        "hftoolkit_version": __import__("hftoolkit").__version__,
-    }
+    metrics = metrics_record(job, scorer, name=f"{recipe.name}-untrained", trained=False,
+                             split=split or recipe.data.eval_split, eval=results, eval_seconds=round(seconds, 3),
+                             peak_memory_mb=peak_memory_mb(), trainable_params=0,
+                             total_params=count_parameters(model)[1])
     if run is not None:
         console.attach(run / "train.log")  # the libraries' output so far, kept with the scores
         run.start(recipe_to_yaml(job.recorded_recipe()), list(command), recipe.training.seed)

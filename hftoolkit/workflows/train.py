@@ -17,13 +17,14 @@ from pathlib import Path
 from hftoolkit import console
 from hftoolkit.config.recipe import Recipe, recipe_to_yaml
 from hftoolkit.errors import UserError
-from hftoolkit.evaluation.evaluate import evaluate, run_facts
+from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.resolve import resolve_job
 from hftoolkit.job.spec import Job
 from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models import loading as modeling
 from hftoolkit.models.families import formulation
 from hftoolkit.runs.card import model_card
+from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, follow_umask
 from hftoolkit.sources.data import fingerprint
 from hftoolkit.training.throughput import TokenCounter, efficiency
@@ -139,8 +140,7 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     train_counts = counter.snapshot()  # before eval batches pass through the same collator
     save_weights(job, trainer, processor, run)  # every process: sharded weights are gathered first
     progress.trained = True
-    metrics = summarize(job, trainer.model, scorer, None, train_counts, train_seconds, None,
-                        processes=state.num_processes)
+    metrics = summarize(job, trainer.model, scorer, train_counts, train_seconds, processes=state.num_processes)
     metrics["setup_seconds"] = round(setup_seconds, 3)
     metrics.update(run_record(job, trainer))  # precision used; with eval.keep_best, the best step
     if state.is_main_process:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
@@ -190,18 +190,14 @@ def set_seed(seed: int) -> None:
     seed_everything(seed)
 
 
-def summarize(job: Job, model, scorer, evaluation, counts, train_seconds, eval_seconds, processes: int = 1) -> dict:
-    """metrics.json's content; `counts` are this process's token counts (see throughput.efficiency)."""
+def summarize(job: Job, model, scorer, counts, train_seconds, processes: int = 1) -> dict:
+    """metrics.json's training figures; `counts` are this process's token counts (see throughput.efficiency)."""
     trainable, total = modeling.count_parameters(model)
-    return {
-        **run_facts(job, scorer), "eval": evaluation,
-        "train_seconds": round(train_seconds, 3),
-        "eval_seconds": None if eval_seconds is None else round(eval_seconds, 3),
-        "samples_per_second": round(processes * counts["samples"] / train_seconds, 3),
+    return metrics_record(
+        job, scorer, train_seconds=round(train_seconds, 3),
+        samples_per_second=round(processes * counts["samples"] / train_seconds, 3),
         **efficiency(model, counts, train_seconds, lora=job.recipe.lora.enabled, processes=processes),
-        "peak_memory_mb": peak_memory_mb(), "trainable_params": trainable, "total_params": total,
-        "hftoolkit_version": __import__("hftoolkit").__version__,
-    }
+        peak_memory_mb=peak_memory_mb(), trainable_params=trainable, total_params=total)
 
 
 def save_weights(job: Job, trainer, processor, run: RunDirectory) -> None:
