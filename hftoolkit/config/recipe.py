@@ -280,26 +280,32 @@ class RecipeError(UserError):
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     """Read, override and validate a recipe file; raises RecipeError listing every problem."""
     path = Path(path)
+    raw = read_yaml_mapping(path, str(path), "recipe file not found: check the path (`hftoolkit recipes` lists the "
+                            "shipped ones)", "the recipe", "a recipe is a YAML mapping of sections (name, task, "
+                            "model, data, ...)")
+    overridden = apply_overrides(raw, overrides, path)
+    return validate_recipe(raw, str(path), overridden)
+
+
+def read_yaml_mapping(path: Path, where: str, missing: str, kind: str, shape: str) -> dict:
+    """A YAML file that holds a mapping, read safely; each way it can fail is one line that starts with `where`:
+    `missing` when there is no file, `kind` names the file in the advice, `shape` says what it should hold."""
     if not path.is_file():
-        raise RecipeError([f"{path}: recipe file not found: check the path "
-                           "(`hftoolkit recipes` lists the shipped ones)"])
+        raise RecipeError([f"{where}: {missing}"])
     try:
         raw = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError:
-        raise RecipeError([f"{path}: not UTF-8 text: save the recipe as UTF-8"]) from None
+        raise RecipeError([f"{where}: not UTF-8 text: save {kind} as UTF-8"]) from None
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        at = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise RecipeError([f"{path}: {where}YAML syntax error ({problem}): fix the YAML"]) from None
+        raise RecipeError([f"{where}: {at}YAML syntax error ({problem}): fix the YAML"]) from None
     except RecursionError:  # PyYAML parses nesting recursively
-        raise RecipeError([f"{path}: the YAML is nested too deeply to read: "
-                           "a recipe is a few levels of sections"]) from None
+        raise RecipeError([f"{where}: the YAML is nested too deeply to read: {shape}"]) from None
     if not isinstance(raw, dict):
-        raise RecipeError([f"{path}: a recipe is a YAML mapping of sections (name, task, model, data, ...), "
-                           f"got {type(raw).__name__}"])
-    overridden = apply_overrides(raw, overrides, path)
-    return validate_recipe(raw, str(path), overridden)
+        raise RecipeError([f"{where}: {shape}, got {type(raw).__name__}"])
+    return raw
 
 
 def apply_overrides(raw: dict, overrides: list[str], source: Path | str = "--set") -> dict[tuple, str]:

@@ -24,7 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from hftoolkit.config.recipe import Recipe, RecipeError
+from hftoolkit.config.recipe import Recipe, RecipeError, read_yaml_mapping
 from hftoolkit.console import under_launcher
 from hftoolkit.errors import UserError
 
@@ -91,20 +91,10 @@ def plan_from_config(config: Path | None, num_processes: int | None, source: str
     if config is None:
         return LaunchPlan(num_processes=num_processes or 1, distributed="MULTI_GPU" if (num_processes or 1) > 1
                           else "NO", source=source)
-    import yaml
-
     config = Path(config)
-    if not config.is_file():
-        raise RecipeError([f"{source}: accelerate config {config} not found: check the path "
-                           "(the shipped ones are in recipes/accelerate/)"])
-    try:
-        data = yaml.safe_load(config.read_text(encoding="utf-8"))
-    except yaml.YAMLError as err:
-        raise RecipeError([f"{source}: {config} is not valid YAML ({err}): fix it or regenerate it with "
-                           "`accelerate config`"]) from None
-    if not isinstance(data, dict):
-        raise RecipeError([f"{source}: {config} is not a mapping of accelerate settings: "
-                           "write it with `accelerate config`"])
+    data = read_yaml_mapping(config, source, f"accelerate config {config} not "
+                             "found: check the path (the shipped ones are in recipes/accelerate/)", "the config",
+                             f"{config} is not a mapping of accelerate settings: write it with `accelerate config`")
     deepspeed = data.get("deepspeed_config") or {}
     return LaunchPlan(num_processes=num_processes or int(data.get("num_processes") or 1),
                       distributed=str(data.get("distributed_type", "NO")).upper(),
