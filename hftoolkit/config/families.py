@@ -10,6 +10,23 @@ FAMILIES = ("encoder", "decoder", "seq2seq", "vision")
 INIT_FAMILIES = {"bert": "encoder", "gpt2": "decoder", "t5": "seq2seq", "bart": "seq2seq", "vit": "vision"}
 
 
+# Model types whose activations overflow fp16 (training.precision auto never picks fp16 for them).
+NO_FP16 = ("t5", "mt5", "umt5", "longt5")
+# The model types whose pretraining objective `task: denoise` is (BART's text infilling).
+DENOISERS = ("bart", "mbart")
+
+
+def model_rules(model_type: str, task: str, precision: str) -> list[str]:
+    """What a model type can't do, known from its name alone: checked by the validator for init: checkpoints
+    (whose type is known before anything loads) and on resolve for every other."""
+    problems = []
+    if task == "denoise" and model_type not in DENOISERS:
+        problems.append("task 'denoise' is BART's text-infilling objective: use a bart checkpoint")
+    if model_type in NO_FP16 and precision == "fp16":
+        problems.append("T5 overflows in fp16 and trains to NaN losses: set training.precision to bf16 or fp32")
+    return problems
+
+
 def static_family(checkpoint: str, family: str | None = None) -> str | None:
     """The family known without loading anything: model.family where set, else an init: checkpoint's."""
     if family or not checkpoint.startswith("init:"):

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hftoolkit.config import tasks
-from hftoolkit.config.families import FAMILIES, static_family
+from hftoolkit.config.families import FAMILIES, model_rules, static_family
 from hftoolkit.errors import UserError
 
 Task = Literal[tasks.NAMES]
@@ -236,6 +236,10 @@ class Recipe(Section):
         family, task = static_family(self.model.checkpoint, self.model.family), tasks.spec(self.task)
         if family is not None and family not in task.families:  # (a checkpoint's own family is checked on resolve)
             raise ValueError(tasks.no_head(self.task, self.model.checkpoint, family))
+        if self.model.checkpoint.startswith("init:"):
+            rules = model_rules(self.model.checkpoint.removeprefix("init:"), self.task, self.training.precision)
+            if rules:
+                raise ValueError("; ".join(rules))
         if self.model.quantization != "none" and not self.lora.enabled:
             raise ValueError(f"{self.model.quantization} weights can't be trained directly: "
                              "set lora.enabled to true, or model.quantization to none for full fine-tuning")

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from hftoolkit.config.families import NO_FP16
 from hftoolkit.errors import UserError
 
 if TYPE_CHECKING:
     from hftoolkit.config.recipe import Recipe
 
-# Model types whose activations overflow fp16 (training.precision auto never picks fp16 for them).
-NO_FP16 = ("t5", "mt5", "umt5", "longt5")
 
 
 def resolve_precision(precision: str, model_type: str | None) -> str:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hftoolkit.config.families import model_rules
 from hftoolkit.config.recipe import Recipe, RecipeError
 from hftoolkit.errors import UserError
-from hftoolkit.job.machine import NO_FP16, resolve_precision
+from hftoolkit.job.machine import resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
 
 
@@ -104,10 +105,9 @@ def family_of(recipe: Recipe, config) -> str:
                         "transformers' tables; set model.family to encoder, decoder, seq2seq or vision")
     if family not in tasks.spec(recipe.task).families:
         raise UserError(f"model.checkpoint: {tasks.no_head(recipe.task, recipe.model.checkpoint, family)}")
-    if recipe.task == "denoise" and config.model_type not in ("bart", "mbart"):
-        raise UserError("model.checkpoint: task 'denoise' is BART's text-infilling objective: use a bart checkpoint")
-    if config.model_type in NO_FP16 and recipe.training.precision == "fp16":
-        raise UserError("training.precision: T5 overflows in fp16 and trains to NaN losses: set it to bf16 or fp32")
+    problems = model_rules(config.model_type, recipe.task, recipe.training.precision)
+    if problems:
+        raise RecipeError([f"model.checkpoint: {problem}" for problem in problems])
     return family
 
 

@@ -121,7 +121,7 @@ class PromptAndTarget:
         d = job.recipe.data
         end = tokenizer(PROMPT_END, add_special_tokens=False)["input_ids"]
         sources = tokenizer([d.source_prefix + t for t in texts], truncation=True,
-                            max_length=max(d.max_length - len(end), 1))["input_ids"]
+                            max_length=max(job.max_length - len(end), 1))["input_ids"]
         return [source + end for source in sources]
 
     def targets(self, job: Job, tokenizer, targets: list[str]) -> list[list[int]]:

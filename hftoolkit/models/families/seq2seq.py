@@ -37,9 +37,9 @@ class Seq2SeqGeneration:
         d = job.recipe.data
 
         def encode(batch):
-            enc = tokenizer([d.source_prefix + t for t in batch["text"]], truncation=True, max_length=d.max_length)
+            enc = tokenizer([d.source_prefix + t for t in batch["text"]], truncation=True, max_length=job.max_length)
             enc["labels"] = tokenizer(text_target=batch["target"], truncation=True,
-                                      max_length=d.max_target_length)["input_ids"]
+                                      max_length=job.max_target_length)["input_ids"]
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             return enc
 
