@@ -21,22 +21,24 @@ def main() -> None:
     import torch
 
     from hftoolkit.config.recipe import validate_recipe
-    from hftoolkit.models.families import family_module
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
     from hftoolkit.sources.builtin import translation
 
     recipe = validate_recipe({"name": "gen", "task": "translation", "model": {"checkpoint": "init:t5"},
                               "data": {"train": "builtin:translation"},
                               "eval": {"batch_size": args.batch_size, "generation": {"max_new_tokens": 32}}})
-    family = family_module("seq2seq")
-    model, tokenizer = family.load_model(recipe)
+    job = resolve_job(recipe, data=False)
+    form = formulation(job)
+    model, tokenizer = form.load_model(job)
     model.eval()
     sources = [row["text"] for row in translation(n=args.examples)]
     torch.manual_seed(0)
     start = time.perf_counter()
-    batched = family.generate(recipe, model, tokenizer, sources)
+    batched = form.generate(job, model, tokenizer, sources)
     batched_seconds = time.perf_counter() - start
     start = time.perf_counter()
-    single = [family.generate(recipe, model, tokenizer, [s])[0] for s in sources]
+    single = [form.generate(job, model, tokenizer, [s])[0] for s in sources]
     single_seconds = time.perf_counter() - start
     same = sum(a["text"] == b["text"] for a, b in zip(batched, single))
     print(f"one at a time: {args.examples / single_seconds:8.1f} examples/s")

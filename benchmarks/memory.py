@@ -26,13 +26,22 @@ def worker(checkpoint: str, variant: str, steps: int) -> None:
     from transformers import AutoModelForSequenceClassification
 
     from hftoolkit.config.recipe import validate_recipe
+    from hftoolkit.job.resolve import load_config, resolve_precision
+    from hftoolkit.job.spec import Job, ResolvedModel
     from hftoolkit.models import loading as modeling
 
     quantization, lora = VARIANTS[variant]
     recipe = validate_recipe({"name": "mem", "task": "classification",
                               "model": {"checkpoint": checkpoint, "quantization": quantization},
                               "lora": {"enabled": lora}, "data": {"train": "builtin:sentiment"}})
-    model = modeling.load_task_model(AutoModelForSequenceClassification, recipe, "SEQ_CLS", num_labels=2)
+    # The folder holds weights and config only (no tokenizer: the batches are random ids), so the job is
+    # assembled here rather than by resolve_job, which would load (and check) a tokenizer.
+    config = load_config(recipe, checkpoint)
+    job = Job(recipe=recipe, precision=resolve_precision(recipe.training.precision, config.model_type),
+              model=ResolvedModel(checkpoint=checkpoint, path=checkpoint, revision=None, config=config,
+                                  family="encoder", processor=None),
+              label_names=("negative", "positive"))
+    model = modeling.load_task_model(AutoModelForSequenceClassification, job, "SEQ_CLS", num_labels=2)
     footprint = model.get_memory_footprint()
     model.train()  # as the Trainer does (bitsandbytes' 8-bit layers take another code path in eval mode)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)

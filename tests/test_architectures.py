@@ -69,11 +69,12 @@ def test_decoder_prompt_and_target_learns_the_target_only(tmp_path):
     from datasets import Dataset
 
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models.families import decoder
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import decoder, formulation
 
-    recipe = load_recipe(RECIPES / "seq2seq-translation-t5.yaml", ["model.checkpoint=init:gpt2"])
-    _, tokenizer = decoder.load_model(recipe)
-    row = decoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": ["a cat"], "target": ["un chat"]}))[0]
+    job = resolve_job(load_recipe(RECIPES / "seq2seq-translation-t5.yaml", ["model.checkpoint=init:gpt2"]), data=False)
+    recipe, tokenizer = job.recipe, job.model.processor
+    row = formulation(job).preprocess(job, tokenizer, Dataset.from_dict({"text": ["a cat"], "target": ["un chat"]}))[0]
     prompt = (tokenizer(recipe.data.source_prefix + "a cat")["input_ids"]
               + tokenizer(decoder.PROMPT_END, add_special_tokens=False)["input_ids"])
     target = tokenizer("un chat", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]

@@ -104,14 +104,13 @@ def _killed_run(tmp: Path, damage: Callable[[Path], None]) -> Path:
     from safetensors.torch import save_file
 
     from hftoolkit.config.recipe import load_recipe, recipe_to_yaml
-    from hftoolkit.sources.data import load_data
+    from hftoolkit.job.resolve import resolve_job
 
-    recipe = load_recipe(ENCODER)
-    load_data(recipe)  # fills data.label_names, as train does before writing recipe.yaml
+    job = resolve_job(load_recipe(ENCODER))  # what train resolves (family, label names) before writing recipe.yaml
     run = tmp / "killed"
     ckpt = run / "checkpoints" / "checkpoint-2"
     ckpt.mkdir(parents=True)
-    (run / "recipe.yaml").write_text(recipe_to_yaml(recipe))
+    (run / "recipe.yaml").write_text(recipe_to_yaml(job.recorded_recipe()))
     (run / "manifest.json").write_text(json.dumps({"status": "running"}))
     (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 2, "log_history": []}))
     save_file({"lora_A": torch.ones(4, 2), "lora_B": torch.zeros(2, 4)}, str(ckpt / "adapter_model.safetensors"))

@@ -29,13 +29,15 @@ def test_a_run_that_quantizes_nothing_never_imports_bitsandbytes():
     # A real process: bitsandbytes (and the torch compiler it imports) must stay out of sys.modules,
     # and a quantized model loaded afterwards in the same process must still find it.
     code = ("import sys\n"
-            "from hftoolkit.models.families import encoder\nfrom hftoolkit.config.recipe import load_recipe\n"
-            f"recipe = load_recipe({str(RECIPES / 'encoder-classification.yaml')!r})\n"
-            "recipe.data.label_names = ['negative', 'positive']\n"
-            "encoder.load_model(recipe)\n"
+            "from hftoolkit.config.recipe import load_recipe, replaced\n"
+            "from hftoolkit.job.resolve import resolve_job\nfrom hftoolkit.models.families import formulation\n"
+            f"recipe = load_recipe({str(RECIPES / 'encoder-classification.yaml')!r}, "
+            "['data.label_names=[negative, positive]'])\n"
+            "job = resolve_job(recipe, data=False)\n"
+            "formulation(job).load_model(job)\n"
             "print('PLAIN', 'bitsandbytes' in sys.modules)\n"
-            "recipe.model.quantization = '8bit'\n"
-            "model, _ = encoder.load_model(recipe)\n"
+            "job = resolve_job(replaced(recipe, {'model.quantization': '8bit'}), data=False)\n"
+            "model, _ = formulation(job).load_model(job)\n"
             "print('8BIT', type(model.base_model.model.bert.encoder.layer[0].attention.self.query).__name__)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]

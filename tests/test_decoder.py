@@ -28,12 +28,23 @@ def _recipe(*sets: str):
     return load_recipe(RECIPE, list(sets))
 
 
-def _loaded(*sets: str):
+def _job(*sets: str):
+    """The recipe resolved without its data (the checkpoint's config and tokenizer loaded)."""
+    from hftoolkit.job.resolve import resolve_job
+
+    return resolve_job(_recipe(*sets), data=False)
+
+
+def _clm():
     from hftoolkit.models.families import decoder
 
-    recipe = _recipe(*sets)
-    model, tokenizer = decoder.load_model(recipe)
-    return recipe, model.eval(), tokenizer
+    return decoder.FORMULATIONS["clm"]
+
+
+def _loaded(*sets: str):
+    job = _job(*sets)
+    model, tokenizer = _clm().load_model(job)
+    return job.recipe, model.eval(), tokenizer
 
 
 def test_train_writes_the_run_directory_with_perplexity(clm_run):
@@ -63,14 +74,15 @@ def test_learns_synthetic_text_far_below_the_untrained_perplexity(clm_run):
     """The untrained model (LoRA's B starts at zero) scored on the same eval blocks, computed directly."""
     import torch
 
-    from hftoolkit.models.families import decoder
-    from hftoolkit.sources.data import load_data
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
 
     run, _ = clm_run
-    recipe = load_recipe(run / "recipe.yaml")
-    model, tokenizer = decoder.load_model(recipe)
-    blocks = decoder.preprocess(recipe, tokenizer, load_data(recipe)["eval"]).remove_columns("length")
-    batch = decoder.collator(recipe, tokenizer)(list(blocks))
+    job = resolve_job(load_recipe(run / "recipe.yaml"))
+    form = formulation(job)
+    model, tokenizer = form.load_model(job)
+    blocks = form.preprocess(job, tokenizer, job.data["eval"]).remove_columns("length")
+    batch = form.collator(job, tokenizer)(list(blocks))
     with torch.no_grad():
         untrained = math.exp(model.eval()(**batch).loss.item())
     trained = json.loads((run / "metrics.json").read_text())["eval"]["perplexity"]
@@ -95,17 +107,20 @@ def test_eval_reproduces_the_loss_and_predict_generates_with_beam_search(clm_run
 
 def test_batched_generation_matches_one_by_one_and_top1_sampling_matches_greedy(clm_run):
     """Left padding: a short prompt batched with a long one continues exactly as it does alone."""
-    from hftoolkit.models.families import decoder
+    import dataclasses
+
+    from hftoolkit.config.recipe import replaced
     from hftoolkit.workflows.evaluate import load_trained
 
     run, _ = clm_run
-    recipe, _, model, tokenizer = load_trained(run)
+    job, form, model, tokenizer = load_trained(run)
     prompts = ["a", "the big dog sees a small cat near the", "the woman"]
-    batched = decoder.generate(recipe, model, tokenizer, prompts)
-    alone = [decoder.generate(recipe, model, tokenizer, [p])[0] for p in prompts]
+    batched = form.generate(job, model, tokenizer, prompts)
+    alone = [form.generate(job, model, tokenizer, [p])[0] for p in prompts]
     assert batched == alone
-    recipe.eval.generation = recipe.eval.generation.model_copy(update=dict(strategy="sample", top_k=1))
-    assert decoder.generate(recipe, model, tokenizer, prompts) == batched
+    sampled = dataclasses.replace(job, recipe=replaced(job.recipe, {"eval.generation.strategy": "sample",
+                                                                    "eval.generation.top_k": 1}))
+    assert form.generate(sampled, model, tokenizer, prompts) == batched
 
 
 def test_lora_on_gpt2_trains_c_attn_only_with_the_expected_count():
@@ -139,12 +154,10 @@ def test_quantized_lora_trains_with_lm_head_in_full_precision(bits, layer, tmp_p
 def test_packing_cuts_exact_blocks_with_eos_between_documents():
     from datasets import Dataset
 
-    from hftoolkit.models.families import decoder
-
-    recipe = _recipe("data.max_length=16", "data.packing=true")
-    tokenizer = decoder.load_model(recipe)[1]
+    job = _job("data.max_length=16", "data.packing=true")
+    tokenizer = job.model.processor
     texts = [f"the dog sees a cat number {i} near the river." for i in range(10)]
-    blocks = decoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": texts}))
+    blocks = _clm().preprocess(job, tokenizer, Dataset.from_dict({"text": texts}))
     stream = [i for t in texts for i in [*tokenizer(t)["input_ids"], tokenizer.eos_token_id]]
     assert len(blocks) == len(stream) // 16 > 1
     assert all(len(ids) == 16 and length == 16 for ids, length in zip(blocks["input_ids"], blocks["length"]))
@@ -156,25 +169,21 @@ def test_packing_longer_than_the_eval_text_is_a_clear_error():
     from datasets import Dataset
 
     from hftoolkit.errors import UserError
-    from hftoolkit.models.families import decoder
 
-    recipe = _recipe("data.max_length=500")
-    tokenizer = decoder.load_model(recipe)[1]
+    job = _job("data.max_length=500")
     with pytest.raises(UserError, match="lower data.max_length"):
-        decoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": ["a short text."]}))
+        _clm().preprocess(job, job.model.processor, Dataset.from_dict({"text": ["a short text."]}))
 
 
 def test_without_packing_padding_is_masked_from_the_loss_but_eos_is_not():
     from datasets import Dataset
 
-    from hftoolkit.models.families import decoder
-
-    recipe = _recipe("data.packing=false", "data.max_length=12")
-    tokenizer = decoder.load_model(recipe)[1]
+    job = _job("data.packing=false", "data.max_length=12")
+    tokenizer = job.model.processor
     texts = ["a cat.", "the big dog sees the small cat near the old house by the river."]
-    encoded = decoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": texts}))
+    encoded = _clm().preprocess(job, tokenizer, Dataset.from_dict({"text": texts}))
     assert encoded["length"][1] == 12 < len(tokenizer(texts[1])["input_ids"]), "truncated to data.max_length"
-    batch = decoder.collator(recipe, tokenizer)([{k: v for k, v in row.items() if k != "length"} for row in encoded])
+    batch = _clm().collator(job, tokenizer)([{k: v for k, v in row.items() if k != "length"} for row in encoded])
     padding = batch["attention_mask"] == 0
     assert padding.any() and (batch["labels"][padding] == -100).all()
     assert (batch["labels"][~padding] == batch["input_ids"][~padding]).all()

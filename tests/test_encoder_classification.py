@@ -148,16 +148,17 @@ def test_a_quantized_load_lets_go_of_the_checkpoint_file(tmp_path, quantization)
     import torch
 
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models.families import encoder
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
     from hftoolkit.sources.tiny import ensure_tiny
 
     checkpoint = tmp_path / "bert"  # a private copy: other tests' models may map the shared one
     shutil.copytree(ensure_tiny("bert"), checkpoint)
     weights = str(checkpoint / "model.safetensors")
-    recipe = load_recipe(RECIPE)
-    recipe.model.checkpoint, recipe.model.quantization = str(checkpoint), quantization
-    recipe.data.label_names = ["negative", "positive"]
-    model, tokenizer = encoder.load_model(recipe)
+    recipe = load_recipe(RECIPE, [f"model.checkpoint={checkpoint}", f"model.quantization={quantization}",
+                                  "data.label_names=[negative, positive]"])
+    job = resolve_job(recipe, data=False)
+    model, tokenizer = formulation(job).load_model(job)
     gc.collect()
     assert weights not in Path("/proc/self/maps").read_text()
     model.train()

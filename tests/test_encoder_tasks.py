@@ -36,16 +36,16 @@ def metrics_of(run: Path) -> dict:
     return json.loads((run / "metrics.json").read_text())
 
 
-def recipe_parts(path: Path, *sets: str):
-    """(recipe, encoder family, tokenizer) for a recipe, without loading any model weights."""
-    from transformers import AutoTokenizer
-
+def recipe_parts(path: Path, *sets: str, data: bool = False):
+    """(job, its encoder formulation, tokenizer) for a recipe, without loading any model weights; the job holds
+    the recipe's data when `data` is set."""
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models import loading as modeling
-    from hftoolkit.models.families import encoder
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
 
-    recipe = load_recipe(path, list(sets))
-    return recipe, encoder, AutoTokenizer.from_pretrained(modeling.resolve_checkpoint(recipe))
+    job = resolve_job(load_recipe(path, list(sets)), data=data)
+    assert job.family == "encoder"
+    return job, formulation(job), job.model.processor
 
 
 # ---------------------------------------------------------------- tagging
@@ -113,18 +113,16 @@ def hand_made_tokenizer():
 def test_first_subword_carries_the_word_label_and_the_rest_are_ignored():
     from datasets import Dataset
 
-    from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models.families import encoder
-
-    recipe, tokenizer = load_recipe(TAGGING), hand_made_tokenizer()
+    job, encoder, _ = recipe_parts(TAGGING)
+    tokenizer = hand_made_tokenizer()
     words, tags = ["alice", "parisoslo", "visited", "brilliantly"], [1, 3, 0, 0]
-    encoded = encoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": [words], "label": [tags]}))[0]
+    encoded = encoder.preprocess(job, tokenizer, Dataset.from_dict({"text": [words], "label": [tags]}))[0]
     tokens = tokenizer.convert_ids_to_tokens(encoded["input_ids"])
     assert tokens == ["[CLS]", "alice", "paris", "##os", "##lo", "visited", "brilliant", "##ly", "[SEP]"]
     assert encoded["labels"] == [-100, 1, 3, -100, -100, 0, 0, -100, -100]
     assert encoded["length"] == len(tokens)
 
-    short = load_recipe(TAGGING, ["data.max_length=4"])
+    short, _, _ = recipe_parts(TAGGING, "data.max_length=4")
     cut = encoder.preprocess(short, tokenizer, Dataset.from_dict({"text": [words], "label": [tags]}))[0]
     assert cut["labels"] == [-100, 1, 3, -100]  # truncated to max_length, [SEP] kept
 
@@ -134,12 +132,12 @@ def test_tagging_rejects_plain_text_and_mismatched_tags():
 
     from hftoolkit.errors import UserError
 
-    recipe, encoder, tokenizer = recipe_parts(TAGGING)
+    job, encoder, tokenizer = recipe_parts(TAGGING)
     with pytest.raises(UserError, match="list of words"):
-        encoder.preprocess(recipe, tokenizer,
+        encoder.preprocess(job, tokenizer,
                            Dataset.from_dict({"text": ["alice visited paris"], "label": [[1, 0, 3]]}))
     with pytest.raises(UserError, match="one tag per word"):
-        encoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": [["alice", "visited"]], "label": [[1, 0, 3]]}))
+        encoder.preprocess(job, tokenizer, Dataset.from_dict({"text": [["alice", "visited"]], "label": [[1, 0, 3]]}))
 
 
 def test_tagging_metric_gathers_token_ids_and_skips_ignored_positions():
@@ -147,9 +145,9 @@ def test_tagging_metric_gathers_token_ids_and_skips_ignored_positions():
     import torch
     from transformers import EvalPrediction
 
-    recipe, encoder, tokenizer = recipe_parts(TAGGING)
-    recipe.data.label_names = ["O", "B-PER", "I-PER", "B-LOC"]
-    scorer = encoder.metrics(recipe, tokenizer)
+    job, encoder, tokenizer = recipe_parts(TAGGING, "data.label_names=[O, B-PER, I-PER, B-LOC]")
+    assert job.label_names == ("O", "B-PER", "I-PER", "B-LOC")
+    scorer = encoder.metrics(job, tokenizer)
     assert tuple(scorer.reduce_logits(torch.randn(2, 5, 4), None).shape) == (2, 5)
     labels = np.array([[-100, 1, 2, 0, 3, -100], [-100, 3, -100, -100, -100, -100]])
     right = np.where(labels == -100, 0, labels)  # garbage at ignored positions must not count
@@ -183,13 +181,11 @@ def untrained_perplexity() -> float:
     averaged as the Trainer does (batch losses weighted by batch size)."""
     import torch
 
-    from hftoolkit.sources.data import load_data
-
-    recipe, encoder, _ = recipe_parts(MLM)
-    model, tokenizer = encoder.load_model(recipe)
+    job, encoder, _ = recipe_parts(MLM, data=True)
+    model, tokenizer = encoder.load_model(job)
     model.eval()
-    evaluation = encoder.preprocess(recipe, tokenizer, load_data(recipe)["eval"]).remove_columns("length")
-    collate, size = encoder.collator(recipe, tokenizer), recipe.eval.batch_size
+    evaluation = encoder.preprocess(job, tokenizer, job.data["eval"]).remove_columns("length")
+    collate, size = encoder.collator(job, tokenizer), job.recipe.eval.batch_size
     total = 0.0
     with torch.no_grad():
         for start in range(0, len(evaluation), size):
@@ -232,11 +228,9 @@ def test_mlm_predict_fills_each_mask(mlm_run):
 
 def mlm_batches(probability: float, batches: int = 40, size: int = 32):
     """(features, collated batch) pairs over builtin:text, with the recipe's collator at `probability`."""
-    from hftoolkit.sources.data import load_data
-
-    recipe, encoder, tokenizer = recipe_parts(MLM, f"data.mask_probability={probability}")
-    train = encoder.preprocess(recipe, tokenizer, load_data(recipe)["train"]).remove_columns("length")
-    collate = encoder.collator(recipe, tokenizer)
+    job, encoder, tokenizer = recipe_parts(MLM, f"data.mask_probability={probability}", data=True)
+    train = encoder.preprocess(job, tokenizer, job.data["train"]).remove_columns("length")
+    collate = encoder.collator(job, tokenizer)
     for start in range(0, min(len(train), batches * size), size):
         rows = [train[i] for i in range(start, start + size)]
         yield rows, collate([dict(r) for r in rows]), tokenizer
@@ -271,8 +265,8 @@ def test_mlm_eval_masks_are_fixed_and_training_masks_change_each_epoch():
     """A new collator (another run, or `hftoolkit eval`) masks an example as the first one did, in any batch;
     in the next epoch (the Trainer sets `epoch`) the same batch gets new masks, and epoch 0's again after."""
     [(rows, first, _)] = list(mlm_batches(0.15, batches=1, size=16))
-    recipe, encoder, tokenizer = recipe_parts(MLM)
-    another_run = encoder.collator(recipe, tokenizer)
+    job, encoder, tokenizer = recipe_parts(MLM)
+    another_run = encoder.collator(job, tokenizer)
     reordered = another_run([dict(r) for r in reversed(rows[:8])] + [dict(r) for r in reversed(rows[8:])])
     order = list(range(7, -1, -1)) + list(range(15, 7, -1))
     for position, row in enumerate(order):

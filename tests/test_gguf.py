@@ -121,7 +121,12 @@ def test_sources_a_recipe_can_name(tmp_path, monkeypatch):
     assert gguf.gguf_source(str(folder_file.parent), "m.Q4_0.gguf") == folder_file
     assert gguf.gguf_source("init:gpt2", None) is None
     assert gguf.gguf_source("org/model", None) is None
-    assert gguf.gguf_source(str(folder_file.parent), None) is None
+    # A folder holding one .gguf file and no config.json (a GGUF package's) is that file; a saved model's folder is
+    # read as a saved model, whatever else it holds.
+    assert gguf.gguf_source(str(folder_file.parent), None) == folder_file
+    saved = fake_gguf(tmp_path / "saved" / "m.Q4_0.gguf").parent
+    (saved / "config.json").write_text("{}")
+    assert gguf.gguf_source(str(saved), None) is None
 
     import huggingface_hub.constants
 

@@ -279,7 +279,7 @@ def test_cache_report_sizes_blobs_once_and_never_shows_the_token(hf_home, monkey
 
 def test_hub_module_is_light():
     # A real process: what importing and using the module pulls in is what is under test.
-    code = ("import sys, time\nt = time.perf_counter()\nfrom hftoolkit import hub\nhub.cache_report()\n"
+    code = ("import sys, time\nt = time.perf_counter()\nfrom hftoolkit.sources import hub\nhub.cache_report()\n"
             "hub.explain(OSError('x'), 'model.checkpoint', 'a/b', 'model')\n"
             "print('SECONDS', time.perf_counter() - t)\n"
             "print('HEAVY', [m for m in ('torch', 'transformers', 'datasets', 'httpx2') if m in sys.modules])")

@@ -62,7 +62,8 @@ def _crafted_trainer(tmp_path, policy: str):
     import datasets
 
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models.families import family_module
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
     from hftoolkit.runs.rundir import RunDirectory
     from hftoolkit.training.throughput import TokenCounter
     from hftoolkit.training.trainer import build_trainer
@@ -71,17 +72,18 @@ def _crafted_trainer(tmp_path, policy: str):
     recipe = load_recipe(RECIPE, ["data.label_names=[negative, positive]", "training.batch_size=1",
                                   "training.max_steps=6", "training.logging_steps=1", "training.warmup_ratio=0",
                                   f"training.on_nonfinite={policy}", "training.weight_decay=0.01"])
-    family = family_module("encoder")
+    job = resolve_job(recipe, data=False)
+    family = formulation(job)
     set_seed(0)
-    model, tokenizer = family.load_model(recipe)
+    model, tokenizer = family.load_model(job)
     texts = ["a superb film", "a dull plot", "the cast was wonderful", "an awful ending", "truly moving", "boring"]
     encoded = tokenizer(texts)
     ds = datasets.Dataset.from_dict({**encoded, "labels": [1, 0, 1, 0, 0, 1], "poison": [0, 0, 0, 1, 0, 0],
                                      "length": [len(x) for x in encoded["input_ids"]]})
     run = RunDirectory(tmp_path / "run")
-    counter = TokenCounter(Poisoning(family.collator(recipe, tokenizer), model.config.hidden_size))
-    return build_trainer(recipe, run, model, tokenizer, {"train": ds, "eval": ds}, counter,
-                         family.metrics(recipe, tokenizer))
+    counter = TokenCounter(Poisoning(family.collator(job, tokenizer), model.config.hidden_size))
+    return build_trainer(job, run, model, tokenizer, {"train": ds, "eval": ds}, counter,
+                         family.metrics(job, tokenizer))
 
 
 class Poisoning:

@@ -76,7 +76,7 @@ def test_aligned_files_keep_their_line_numbers_and_lose_only_empty_pairs(tmp_pat
                          [f"data.train={source}", f"data.train_target={target}", f"data.eval={source}",
                           f"data.eval_target={target}"])
     dropped = {}
-    data = load_data(recipe, dropped)
+    data, _ = load_data(recipe, dropped)
     assert list(zip(data["eval"]["text"], data["eval"]["target"])) == [
         ("the cat", "de katze"), ("the bird", "de vogel"), ("the man", "de mann")]
     assert dropped == {"train": 2, "eval": 2}
@@ -90,8 +90,8 @@ def test_csv_labels_become_integer_ids(tmp_path):
 
     data = _csv(tmp_path / "d.csv", "text,label", ["good,pos", "bad,neg", "fine,pos", "poor,neg"])
     recipe = load_recipe(ENCODER, [f"data.train={data}", f"data.eval={data}"])
-    loaded = load_data(recipe)
-    assert loaded["eval"]["label"][:] == [1, 0, 1, 0] and recipe.data.label_names == ["neg", "pos"]
+    loaded, names = load_data(recipe)
+    assert loaded["eval"]["label"][:] == [1, 0, 1, 0] and names == ["neg", "pos"]
 
 
 def test_an_eval_image_folder_may_hold_one_class(tmp_path):
@@ -106,8 +106,8 @@ def test_an_eval_image_folder_may_hold_one_class(tmp_path):
             for i in range(2):
                 Image.new("RGB", (8, 8), (i, 0, 0)).save(tmp_path / folder / label / f"{i}.png")
     recipe = load_recipe(VISION, [f"data.train={tmp_path / 'train'}", f"data.eval={tmp_path / 'eval'}"])
-    data = load_data(recipe)
-    assert recipe.data.label_names == ["cat", "dog"] and data["eval"]["label"][:] == [1, 1]
+    data, names = load_data(recipe)
+    assert names == ["cat", "dog"] and data["eval"]["label"][:] == [1, 1]
 
 
 def test_decoder_without_a_pad_token_classifies_padding_with_eos(tmp_path):
@@ -125,22 +125,30 @@ def test_lengths_are_clamped_per_family(tmp_path):
     from transformers import GPT2Config, RobertaConfig, T5Config
 
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.job.preflight import Findings, check_lengths, position_limit
+    from hftoolkit.job.preflight import Findings, Subject, check_lengths, position_limit
+    from hftoolkit.job.spec import Job, ResolvedModel
+
+    def checked(recipe, config, family):
+        model = ResolvedModel(checkpoint=recipe.model.checkpoint, path="", revision=None, config=config,
+                              family=family, processor=None)
+        found = Findings()
+        check_lengths(Subject(recipe, model, None, None), found)
+        return Job(recipe=recipe, model=model, precision="fp32", findings=found)
 
     recipe = load_recipe(RECIPES / "decoder-clm.yaml", ["task=translation", "data.max_length=400",
                                                         "data.max_target_length=300",
                                                         "eval.generation.max_new_tokens=1000"])
-    found = Findings()
-    check_lengths(recipe, None, GPT2Config(n_positions=512), None, found)
-    assert (recipe.data.max_length, recipe.data.max_target_length) == (256, 256)
-    assert recipe.eval.generation.max_new_tokens == 511
+    job = checked(recipe, GPT2Config(n_positions=512), "decoder")
+    found = job.findings
+    assert (job.max_length, job.max_target_length) == (256, 256)
+    assert job.max_new_tokens == 511
+    assert (recipe.data.max_length, recipe.data.max_target_length) == (400, 300)  # the recipe stays as written
     assert found.record == {"max_length": {"asked": 400, "used": 256},
                             "max_target_length": {"asked": 300, "used": 256},
                             "max_new_tokens": {"asked": 1000, "used": 511}}
     assert len(found.notes) == 2
     t5 = load_recipe(RECIPES / "seq2seq-translation-t5.yaml", ["data.max_length=100000"])
-    check_lengths(t5, None, T5Config(), None, Findings())
-    assert t5.data.max_length == 100000
+    assert checked(t5, T5Config(), "seq2seq").max_length == 100000
     assert position_limit(RobertaConfig(max_position_embeddings=514, pad_token_id=1), None) == 512
 
 

@@ -202,22 +202,22 @@ def test_real_recipe_data_loads_offline_through_its_hub_id(hf_home, name):
     from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(RECIPES / f"{name}.yaml")
-    data = load_data(recipe)
+    data, label_names = load_data(recipe)
     train_rows, eval_rows, check = DATA[name]
     assert (len(data["train"]), len(data["eval"])) == (train_rows, eval_rows)
     expected = set(tasks.spec(recipe.task).columns) | ({"text_pair"} if recipe.data.text_pair_column else set())
     assert set(data["eval"].column_names) == expected
     assert check(data["eval"][0]), data["eval"][0]
     if tasks.spec(recipe.task).labels in ("class", "tags"):
-        assert recipe.data.label_names  # the hub set's class names, written back into the recipe
+        assert label_names  # the hub set's class names, found as the data loads (the job keeps them)
     if name == "bert-mnli":
-        assert recipe.data.label_names == ["entailment", "neutral", "contradiction"]
+        assert label_names == ["entailment", "neutral", "contradiction"]
 
 
 @pytest.mark.parametrize("how", ["revision", "mirror"])
 def test_hub_ids_load_at_a_revision_and_through_a_mirror_offline(planted, monkeypatch, how):
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models.families import load_tokenizer
+    from hftoolkit.job.resolve import resolve_job
     from hftoolkit.sources.data import load_data
 
     shas = json.loads((planted / "shas.json").read_text())
@@ -226,8 +226,9 @@ def test_hub_ids_load_at_a_revision_and_through_a_mirror_offline(planted, monkey
     if how == "revision":
         sets += [f"model.revision={shas[hub_cache.MINILM_ID]}", f"data.revision={shas['nyu-mll/glue']}"]
     recipe = load_recipe(RECIPES / "bert-mnli.yaml", sets)
-    assert len(load_data(recipe)["eval"]) == 6
-    assert load_tokenizer(recipe)("hello world")["input_ids"] == [101, 7592, 2088, 102]
+    assert len(load_data(recipe)[0]["eval"]) == 6
+    tokenizer = resolve_job(recipe, data=False).model.processor
+    assert tokenizer("hello world")["input_ids"] == [101, 7592, 2088, 102]
 
 
 def test_offline_a_data_set_revision_reads_the_cached_copy_as_datasets_does(hf_home):
@@ -237,7 +238,7 @@ def test_offline_a_data_set_revision_reads_the_cached_copy_as_datasets_does(hf_h
     from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(RECIPES / "bert-mnli.yaml", ["data.revision=v9.9"])
-    assert load_data(recipe)["eval"][0]["text"].startswith("matched premise 0")
+    assert load_data(recipe)[0]["eval"][0]["text"].startswith("matched premise 0")
 
 
 # ---------------------------------------------------------------- the planted MiniLM under its hub id
@@ -260,13 +261,12 @@ def test_minilm_planted_under_its_hub_id_trains_through_a_real_recipe_offline(hf
 
 def test_mnli_pairs_are_tokenized_as_two_segments(hf_home):
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models.families import labels, load_tokenizer
-    from hftoolkit.sources.data import load_data
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import labels
 
-    recipe = load_recipe(RECIPES / "bert-mnli.yaml", [f"model.checkpoint={hub_cache.MINILM_ID}"])
-    data = load_data(recipe)
-    tokenizer = load_tokenizer(recipe)
-    encoded = labels.CLASSIFICATION.preprocess(recipe, tokenizer, data["eval"])
+    job = resolve_job(load_recipe(RECIPES / "bert-mnli.yaml", [f"model.checkpoint={hub_cache.MINILM_ID}"]))
+    data, tokenizer = job.data, job.model.processor
+    encoded = labels.CLASSIFICATION.preprocess(job, tokenizer, data["eval"])
     row, raw = encoded[1], data["eval"][1]
     ids, segments = row["input_ids"], row["token_type_ids"]
     sep = [i for i, t in enumerate(ids) if t == tokenizer.sep_token_id]

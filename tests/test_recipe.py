@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
+from hftoolkit.config import tasks
+from hftoolkit.config.families import static_family
 from hftoolkit.config.recipe import RecipeError, load_recipe, validate_recipe
+from hftoolkit.job.resolve import resolve_job
 from tests.conftest import RECIPES
 
 GOOD = {
@@ -13,6 +16,11 @@ GOOD = {
     "model": {"checkpoint": "init:bert"},
     "data": {"train": "builtin:sentiment"},
 }
+
+
+def advice(recipe):
+    """The course's advice `hftoolkit validate` prints for a recipe whose family is known without loading."""
+    return tasks.advice(recipe.task, static_family(recipe.model.checkpoint, recipe.model.family))
 
 
 def write(tmp_path, data, name="r.yaml"):
@@ -37,7 +45,7 @@ def test_defaults_fill_in(tmp_path):
     recipe = load_recipe(write(tmp_path, GOOD))
     assert recipe.lora.enabled and recipe.lora.targets == "auto"
     assert recipe.training.sampling == "group_by_length"
-    assert recipe.family == "encoder"
+    assert static_family(recipe.model.checkpoint, recipe.model.family) == "encoder"
 
 
 def test_unknown_keys_get_suggestions_and_all_errors_come_at_once(tmp_path):
@@ -107,15 +115,15 @@ def test_a_task_without_a_head_in_the_family_names_the_families_that_have_one(ta
 def test_other_families_with_a_head_are_accepted_with_the_course_advice(task, checkpoint):
     recipe = validate_recipe({**GOOD, "task": task, "model": {"checkpoint": checkpoint}})
     family = {"init:gpt2": "decoder", "init:bart": "seq2seq", "init:t5": "seq2seq"}[checkpoint]
-    assert recipe.advice.startswith(f"task {task!r} on the {family} family: ")  # not "with a encoder"
-    assert "the course recommends the" in recipe.advice
-    assert validate_recipe(GOOD).advice is None
+    assert advice(recipe).startswith(f"task {task!r} on the {family} family: ")  # not "with a encoder"
+    assert "the course recommends the" in advice(recipe)
+    assert advice(validate_recipe(GOOD)) is None
 
 
 def test_t5_fp16_and_remote_code_rules():
     t5 = {**GOOD, "task": "translation", "model": {"checkpoint": "init:t5"}, "training": {"precision": "fp16"}}
-    with pytest.raises(RecipeError, match="bf16 or fp32"):
-        validate_recipe(t5)
+    with pytest.raises(RecipeError, match="bf16 or fp32"):  # refused once the checkpoint's model type is read
+        resolve_job(validate_recipe(t5), data=False)
     with pytest.raises(RecipeError, match="pinned commit"):
         validate_recipe({**GOOD, "model": {"checkpoint": "org/model", "trust_remote_code": True}})
     ok = validate_recipe({**GOOD, "model": {"checkpoint": "org/model", "trust_remote_code": True,
@@ -125,8 +133,9 @@ def test_t5_fp16_and_remote_code_rules():
 
 def test_local_checkpoint_family_read_from_config(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "gpt2"}')
-    with pytest.raises(RecipeError, match="a decoder model"):
-        validate_recipe({**GOOD, "task": "mlm", "model": {"checkpoint": str(tmp_path)}})
+    with pytest.raises(RecipeError, match="a decoder model") as err:  # refused once resolved
+        resolve_job(validate_recipe({**GOOD, "task": "mlm", "model": {"checkpoint": str(tmp_path)}}), data=False)
+    assert err.value.problems[0].startswith("model.checkpoint: task 'mlm' can't be done by")
 
 
 def test_quantized_weights_need_lora_and_perplexity_tasks_refuse_label_smoothing():

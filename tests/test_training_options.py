@@ -22,22 +22,20 @@ TINY = ("data.max_train_samples=24", "data.max_eval_samples=8", "training.batch_
 def build(tmp_path, *sets: str, recipe_path=ENCODER):
     """(recipe, trainer) as train.py builds them, without training."""
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models import loading as modeling
-    from hftoolkit.models.families import family_module
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
     from hftoolkit.runs.rundir import RunDirectory
-    from hftoolkit.sources.data import load_data
     from hftoolkit.training.throughput import TokenCounter
     from hftoolkit.training.trainer import build_trainer
 
-    recipe = load_recipe(recipe_path, [*TINY, *sets])
-    family = family_module(modeling.resolve_family(recipe))
-    data = load_data(recipe)
-    model, processor = family.load_model(recipe)
-    encoded = {split: family.preprocess(recipe, processor, ds) for split, ds in data.items()}
-    counter = TokenCounter(family.collator(recipe, processor))
-    trainer = build_trainer(recipe, RunDirectory(tmp_path / "run"), model, processor, encoded, counter,
-                            family.metrics(recipe, processor), data=data)
-    return recipe, trainer
+    job = resolve_job(load_recipe(recipe_path, [*TINY, *sets]))
+    form = formulation(job)
+    model, processor = form.load_model(job)
+    encoded = {split: form.preprocess(job, processor, ds) for split, ds in job.data.items()}
+    counter = TokenCounter(form.collator(job, processor))
+    trainer = build_trainer(job, RunDirectory(tmp_path / "run"), model, processor, encoded, counter,
+                            form.metrics(job, processor), data=job.data)
+    return job.recipe, trainer
 
 
 def recipe_with(*sets: str, path=ENCODER):
@@ -96,7 +94,7 @@ def test_flash_attention_without_its_package_is_refused_on_a_gpu(monkeypatch):
 
     import torch
 
-    from hftoolkit.training.arguments import hardware_problems
+    from hftoolkit.job.machine import hardware_problems
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     real = importlib.util.find_spec
@@ -200,21 +198,24 @@ def test_warmup_steps_and_the_other_schedules(tmp_path):
 
 @pytest.mark.parametrize("attention", ["sdpa", "eager"])
 def test_attention_implementation_reaches_the_model(attention):
-    from hftoolkit.models.families import encoder
-
-    recipe = recipe_with(f"model.attention={attention}")
-    recipe.data.label_names = ["negative", "positive"]
-    model, _ = encoder.load_model(recipe)
+    model, _ = loaded_model(f"model.attention={attention}")
     assert model.config._attn_implementation == attention
 
 
+def loaded_model(*sets: str):
+    """(model, processor) of the encoder recipe with `sets`, as train.py loads them (the data is not read)."""
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
+
+    job = resolve_job(recipe_with(*sets, "data.label_names=[negative, positive]"), data=False)
+    assert job.family == "encoder"
+    return formulation(job).load_model(job)
+
+
 def lora_model(*sets: str):
-    from hftoolkit.models.families import encoder
     from hftoolkit.models.loading import count_parameters
 
-    recipe = recipe_with(*sets)
-    recipe.data.label_names = ["negative", "positive"]
-    model, _ = encoder.load_model(recipe)
+    model, _ = loaded_model(*sets)
     return model, count_parameters(model)[0]
 
 
@@ -359,9 +360,10 @@ def test_compile_run_name_and_project_reach_the_trainer(tmp_path, monkeypatch):
     assert trainer.args.torch_compile and trainer.args.run_name == recipe.name
     assert trainer.args.project == "course"  # trackio reads it there
 
+    from hftoolkit.config.recipe import replaced
     from hftoolkit.training.arguments import _tracker_project
 
-    recipe.training.report_to = ["wandb", "mlflow"]
+    recipe = replaced(recipe, {"training.report_to": ["wandb", "mlflow"]})
     _tracker_project(recipe.training)
     import os
 

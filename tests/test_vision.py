@@ -66,7 +66,7 @@ def test_learns_digits_clearly_above_the_majority_baseline(digits_run):
     from hftoolkit.sources.data import load_data
 
     run, _ = digits_run
-    eval_labels = load_data(load_recipe(run / "recipe.yaml"))["eval"]["label"]
+    eval_labels = load_data(load_recipe(run / "recipe.yaml"))[0]["eval"]["label"]
     majority = Counter(eval_labels).most_common(1)[0][1] / len(eval_labels)
     accuracy = json.loads((run / "metrics.json").read_text())["eval"]["accuracy"]
     assert accuracy >= majority + 0.3, f"accuracy {accuracy:.3f} vs majority-class baseline {majority:.3f}"
@@ -86,8 +86,8 @@ def test_eval_reproduces_the_metrics_and_predict_reads_a_png(digits_run, tmp_pat
     png = tmp_path / "digit.png"
     image.save(png)
     row = _prediction_row(run_cli("predict", run, "--input", png).output, png)
-    recipe, family, model, processor = load_trained(run)
-    expected = family.generate(recipe, model, processor, [image])[0]
+    job, form, model, processor = load_trained(run)
+    expected = form.generate(job, model, processor, [image])[0]
     assert row == [expected["label"], str(expected["probability"])], "predict on the PNG = the model on the image"
 
     text_file = tmp_path / "not-an-image.png"
@@ -102,9 +102,9 @@ def test_lora_targets_the_query_value_projections_and_the_head_only(digits_run):
     from hftoolkit.workflows.evaluate import load_trained
 
     run, _ = digits_run
-    recipe, _, model, _ = load_trained(run)
+    job, _, model, _ = load_trained(run)
     base = model.base_model.model
-    targets = modeling.lora_targets_for(base, recipe)
+    targets = modeling.lora_targets_for(base, job)
     assert targets in (["q_proj", "v_proj"], ["query", "value"]), targets
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(("lora_" in n and any(f".{t}." in n for t in targets)) or "classifier" in n
@@ -120,6 +120,7 @@ def test_lora_targets_keep_only_the_names_a_vit_release_has():
     import torch
 
     from hftoolkit.config.recipe import validate_recipe
+    from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models import loading as modeling
 
     class OlderViTAttention(torch.nn.Module):
@@ -136,7 +137,7 @@ def test_lora_targets_keep_only_the_names_a_vit_release_has():
 
     recipe = validate_recipe({"name": "v", "task": "image-classification", "model": {"checkpoint": "init:vit"},
                               "data": {"train": "builtin:digits"}})
-    assert modeling.lora_targets_for(OlderViT(), recipe) == ["query", "value"]
+    assert modeling.lora_targets_for(OlderViT(), resolve_job(recipe, data=False)) == ["query", "value"]
 
 
 @pytest.mark.parametrize("quantization,layer", [("8bit", "Linear8bitLt"), ("4bit", "Linear4bit")])
@@ -204,23 +205,25 @@ def test_image_paths_in_a_column_and_unreadable_bytes(tmp_path):
 
     from hftoolkit.config.recipe import validate_recipe
     from hftoolkit.errors import UserError
-    from hftoolkit.models.families import vision
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
 
     recipe = validate_recipe({"name": "v", "task": "image-classification", "model": {"checkpoint": "init:vit"},
-                              "data": {"train": "builtin:digits"}})
-    recipe.data.label_names = [str(d) for d in range(10)]
-    _, processor = vision.load_model(recipe)
+                              "data": {"train": "builtin:digits", "label_names": [str(d) for d in range(10)]}})
+    job = resolve_job(recipe, data=False)
+    vision = formulation(job)
+    _, processor = vision.load_model(job)
     png = _save_digit(tmp_path)
     paths = datasets.Dataset.from_dict({"image": [str(png)] * 3, "label": [1, 2, 3]})
-    encoded = vision.preprocess(recipe, processor, paths)
-    batch = vision.collator(recipe, processor)(encoded.__getitems__([0, 2]))
+    encoded = vision.preprocess(job, processor, paths)
+    batch = vision.collator(job, processor)(encoded.__getitems__([0, 2]))
     assert tuple(batch["pixel_values"].shape) == (2, 3, 32, 32) and batch["labels"].tolist() == [1, 3]
 
     # A truncated file has a readable header, so it passes the up-front check and fails when its batch is drawn.
     truncated = tmp_path / "truncated.png"
     truncated.write_bytes(png.read_bytes()[:-40])
     rows = datasets.Dataset.from_dict({"image": [str(truncated)], "label": [0]})
-    encoded = vision.preprocess(recipe, processor, rows)
+    encoded = vision.preprocess(job, processor, rows)
     with pytest.raises(UserError, match=f"image file {re.escape(str(truncated))} can't be read"):
         encoded.__getitems__([0])
 
@@ -228,7 +231,7 @@ def test_image_paths_in_a_column_and_unreadable_bytes(tmp_path):
     bad = datasets.Dataset.from_dict({"image": [{"bytes": b"not an image", "path": None}], "label": [0]},
                                      features=good.features)
     with pytest.raises(UserError, match="the image in row 1 can't be read"):
-        vision.preprocess(recipe, processor, datasets.concatenate_datasets([good, bad]))
+        vision.preprocess(job, processor, datasets.concatenate_datasets([good, bad]))
 
 
 def test_image_classification_with_a_bert_checkpoint_fails_validation_naming_vision():

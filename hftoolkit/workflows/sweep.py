@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hftoolkit.config.recipe import Recipe, RecipeError, load_recipe, recipe_to_yaml
+from hftoolkit.config.recipe import Recipe, RecipeError, load_recipe, recipe_to_yaml, replaced
 from hftoolkit.errors import UserError
 from hftoolkit.memory import reset_peak_memory
 
@@ -177,7 +177,7 @@ def prepare(variants: list[Variant], out: Path, overwrite: bool = False, num_pro
         raise RecipeError(lines)
     folder = Path(out) / variants[0].recipe.name if by_recipe_name else Path(out)
     for variant in variants:
-        variant.recipe.name = variant.name  # the run's name: the report and `hftoolkit runs` show it
+        variant.recipe = replaced(variant.recipe, {"name": variant.name})  # the run's name, as reports show it
         variant.run_dir = folder / variant.name
         problem = _decide(variant, overwrite)
         if problem:
