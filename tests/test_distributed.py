@@ -27,11 +27,16 @@ SEQ2SEQ = RECIPES / "seq2seq-translation-t5.yaml"
 CPU_2PROC = RECIPES / "accelerate" / "cpu-2proc.yaml"
 BOUND_S = 240  # per launched run; a loaded 2-core machine takes ~45 s for one
 STEPS = 4
-# One relative tolerance for every loss (float32 sums in another order), one absolute for the weights.
-# The weights' is looser: Adam divides each gradient by its own running size, so where a gradient is
-# near zero, float noise of 1e-7 in it moves that weight's step by a visible part of the learning rate
-# (seen: 9e-6 at lr 5e-3). Other batches, or a lost half of one, move weights by about the learning rate.
-LOSS_RTOL, WEIGHT_ATOL = 1e-4, 1e-4
+# What summing float32 in another order (two processes, another kernel) can change, derived rather than tuned:
+# - a loss: float noise in the weights changes it only to second order where the gradient is near zero, and
+#   by float noise times the gradient elsewhere: a relative 1e-4 holds with room on any x86 CPU;
+# - a weight: Adam divides each gradient by its own running size, so where a gradient is near zero (below
+#   its float noise) the step's size and sign are noise: any value up to the learning rate, each step.
+#   Such a weight may end up to 2 x lr x steps away; every other weight within float noise.
+# So the weights are held to that bound, and most of them much closer: other batches, or a lost half of one,
+# move nearly every weight by about the learning rate, which the share below catches.
+LOSS_RTOL = 1e-4
+NOISY_SHARE = 0.02  # at most this share of the adapter's weights may differ by more than lr / 100
 SAME_BATCHES = ("lora.dropout=0", "data.max_train_samples=64", "training.batch_size=16", f"training.max_steps={STEPS}",
                 "training.logging_steps=1", "training.sampling=sequential", "training.warmup_ratio=0")
 
@@ -98,11 +103,17 @@ def assert_same_training(one: Path, two: Path) -> dict:
     assert sorted(losses_one) == sorted(losses_two) == list(range(1, STEPS + 1))
     rel = max(abs(losses_two[s] - losses_one[s]) / abs(losses_one[s]) for s in losses_one)
     assert rel < LOSS_RTOL, f"per-step losses differ: 1 process {losses_one}, 2 processes {losses_two}"
+    import torch
+    import yaml
+
+    lr = yaml.safe_load((one / "recipe.yaml").read_text())["training"]["learning_rate"]
     w1, w2 = adapter_weights(one), adapter_weights(two)
     assert w1.keys() == w2.keys()
-    diff = max(float((w1[k] - w2[k]).abs().max()) for k in w1)
-    assert diff < WEIGHT_ATOL, f"final adapter weights differ by up to {diff}"
-    return {"max_rel_loss_diff": rel, "max_abs_weight_diff": diff}
+    gaps = torch.cat([(w1[k] - w2[k]).abs().flatten() for k in w1])
+    diff, share = float(gaps.max()), float((gaps > lr / 100).float().mean())
+    assert diff <= 2 * lr * STEPS, f"final adapter weights differ by up to {diff}, more than Adam's steps allow"
+    assert share <= NOISY_SHARE, f"{share:.1%} of the adapter's weights differ by more than lr/100: other batches?"
+    return {"max_rel_loss_diff": rel, "max_abs_weight_diff": diff, "share_apart": share}
 
 
 def read_json_lines(path: Path) -> list[dict]:
