@@ -165,6 +165,12 @@ def test_a_path_is_never_predicted_on_as_a_text(run, tmp_path, monkeypatch, give
     assert "negative" not in result.stdout and "positive" not in result.stdout
 
 
+def test_split_of_a_run_trained_on_files_points_to_input(run):
+    result = predict(run, "--split", "test", expect=2)
+    assert "'test' names a split of a hub data set, but the run's data.train (builtin:sentiment) is not one: " \
+           "predict on a file of inputs with --input FILE" in plain(result.output)
+
+
 def test_an_unknown_suffix_is_refused_in_one_line(run, tmp_path):
     sheet = tmp_path / "reviews.xlsx"
     sheet.write_bytes(b"PK\x03\x04")

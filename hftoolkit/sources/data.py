@@ -42,25 +42,8 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
 
     datasets.disable_progress_bars()
     d = recipe.data
-    counts, problems = {"train": 0, "eval": 0}, []
-    train = evaluation = None
-    try:
-        train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),
-                                            "data.train", d.train)
-    except UserError as err:  # the eval split's problems are reported with the train split's
-        problems += getattr(err, "problems", None) or [err.message]
-    try:
-        if d.eval:
-            evaluation, counts["eval"] = drop_empty(
-                _read(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target),
-                "data.eval", d.eval)
-        elif d.eval_split:
-            evaluation, counts["eval"] = drop_empty(_read(d.train, "data.eval_split", recipe, split=d.eval_split),
-                                                    "data.eval_split", f"{d.train} (split {d.eval_split})")
-    except UserError as err:
-        problems += getattr(err, "problems", None) or [err.message]
-    if problems:
-        raise RecipeError(list(dict.fromkeys(problems)))
+    counts = {"train": 0, "eval": 0}
+    train, evaluation = _read_splits(recipe, counts)
     unlabelled = {}
     if d.label_map is not None:  # per source, before an eval split is held out, as the empty rows
         train, unlabelled["train"] = _mapped(recipe, _as_names(train), "data.train", d.train)
@@ -92,6 +75,31 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
         if unlabelled:
             dropped["label_map"] = unlabelled
     return datasets.DatasetDict(out), names
+
+
+def _read_splits(recipe: Recipe, counts: dict[str, int]):
+    """(data.train, the eval source read, or None when it is held out of data.train), empty rows dropped and
+    counted; both sources' problems reported together."""
+    d, problems = recipe.data, []
+    train = evaluation = None
+    try:
+        train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),
+                                            "data.train", d.train)
+    except UserError as err:  # the eval split's problems are reported with the train split's
+        problems += getattr(err, "problems", None) or [err.message]
+    try:
+        if d.eval:
+            evaluation, counts["eval"] = drop_empty(
+                _read(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target),
+                "data.eval", d.eval)
+        elif d.eval_split:
+            evaluation, counts["eval"] = drop_empty(_read(d.train, "data.eval_split", recipe, split=d.eval_split),
+                                                    "data.eval_split", f"{d.train} (split {d.eval_split})")
+    except UserError as err:
+        problems += getattr(err, "problems", None) or [err.message]
+    if problems:
+        raise RecipeError(list(dict.fromkeys(problems)))
+    return train, evaluation
 
 
 def drop_empty(ds, key: str, source: str):
@@ -239,7 +247,8 @@ def unlabelled_split(recipe: Recipe, split: str, key: str = "--split") -> tuple[
     on_eval = bool(d.eval and is_hub_source(d.eval))
     source = d.eval if on_eval else d.train
     if not is_hub_source(source):
-        use_split(recipe, split, key)  # refused there, in its words
+        raise UserError(f"{key}: {split!r} names a split of a hub data set, but the run's data.train ({d.train}) is "
+                        "not one: predict on a file of inputs with --input FILE")
     with hub.explained(key, source, "dataset", config=d.config, revision=d.revision):
         ds = datasets.load_dataset(source, d.config, split=split, revision=d.revision)
     text = (d.eval_text_column if on_eval else None) or d.text_column
