@@ -201,7 +201,6 @@ def _glue_sst2(n: int = 24) -> tuple:
     return features, {"train": rows("train", n), "validation": rows("dev", 8), "test": rows("test", 6, hidden=True)}
 
 
-@pytest.mark.slow
 def test_split_test_writes_a_glue_submission_of_index_and_label_name(tmp_path, monkeypatch):
     from tests import hub_cache
 
