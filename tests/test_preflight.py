@@ -225,3 +225,38 @@ def test_validate_data_of_a_good_recipe_prints_what_preflight_would_change(tmp_p
     assert "note: data.max_length: 4096 tokens is more than init:bert takes (512 positions): using 512" \
         in plain(result.output)
     assert not (Path("runs") / "encoder-classification").exists()
+
+
+def test_train_reports_the_full_run_folder_and_every_missing_column_at_once(tmp_path):
+    """A new user's CSV (review, stars) under the quickstart's column names, into a run folder already in use:
+    one run says all three things, and the folder is left as it was."""
+    train = _csv(tmp_path / "reviews.csv", "review,stars", [f"film {i},{i % 5 + 1}" for i in range(10)])
+    evaluation = _csv(tmp_path / "test.csv", "id,review,stars", [f"{i},film {i},{i % 5 + 1}" for i in range(4)])
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "keep.txt").write_text("another run's")
+    result = train_recipe(ENCODER, run, f"data.train={train}", f"data.eval={evaluation}", *QUICK, expect=2)
+    errors = result.output.split("Error: ", 1)[1].splitlines()
+    assert errors[0].startswith(f"--output: run directory {run} is not empty")
+    assert errors[1:] == [
+        f"data.text_column, data.label_column: columns 'text', 'label' not found in {split}; columns found: "
+        f"{found}; set data.text_column and data.label_column to the names in the data"
+        for split, found in ((train, "review, stars"), (evaluation, "id, review, stars"))]
+    assert [p.name for p in run.iterdir()] == ["keep.txt"]
+
+
+def test_a_relative_data_path_is_read_from_the_current_folder_and_a_missing_one_shown_whole(tmp_path, monkeypatch):
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.errors import UserError
+    from hftoolkit.sources.data import load_data
+
+    (tmp_path / "data").mkdir()
+    _csv(tmp_path / "data" / "reviews.csv", "text,label", [f"film {i},{'pos' if i % 2 else 'neg'}" for i in range(6)])
+    monkeypatch.chdir(tmp_path)
+    loaded, names = load_data(load_recipe(ENCODER, ["data.train=data/reviews.csv"]))
+    assert names == ["neg", "pos"] and len(loaded["train"]) + len(loaded["eval"]) == 6
+    with pytest.raises(UserError) as err:
+        load_data(load_recipe(ENCODER, ["data.train=data/review.csv"]))
+    assert err.value.message == (f"data.train: data file data/review.csv not found (looked for "
+                                 f"{tmp_path / 'data' / 'review.csv'}; a relative path is read from the current "
+                                 "folder): check the path")

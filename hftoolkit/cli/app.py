@@ -156,13 +156,22 @@ def eval_(
 @app.command()
 def predict(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory written by train.")],
-    input_: Annotated[str, typer.Option("--input", "-i", metavar="TEXT|FILE|-", help=(
-        "A text; a .txt file, one input a line; an image file; or - to read standard input, one input "
+    input_: Annotated[str | None, typer.Option("--input", "-i", metavar="TEXT|FILE|-", help=(
+        "A text; a file: csv, tsv, jsonl, json or parquet (the run's text column, or --column; an id, idx or "
+        "index column is kept), .txt (one input a line), or an image; or - to read standard input, one input "
         "(or image path) a line. A run trained on sentence pairs takes each input as two texts with a tab "
-        "between them."))],
-    format_: Annotated[Literal["tsv", "jsonl"], typer.Option("--format", metavar="FORMAT", help=(
+        "between them. An input that looks like a path is read as a file or refused, never predicted on."))] = None,
+    split: Annotated[str | None, typer.Option("--split", metavar="NAME", help=(
+        "Predict on a split of the run's hub data set, labels hidden or not (GLUE's test): one row per "
+        "example, its index and predicted label, as a leaderboard submission wants (TSV with a header)."))] = None,
+    column: Annotated[str | None, typer.Option("--column", metavar="NAME", help=(
+        "The input table's text column (default: the run's data.text_column)."))] = None,
+    pair_column: Annotated[str | None, typer.Option("--pair-column", metavar="NAME", help=(
+        "The input table's second text, for a run trained on sentence pairs (default: its "
+        "data.text_pair_column)."))] = None,
+    format_: Annotated[Literal["tsv", "jsonl", "csv"], typer.Option("--format", metavar="FORMAT", help=(
         "tsv: the input and the prediction's fields, tab-separated, one row an input; jsonl: one JSON "
-        "object a line."))] = "tsv",
+        "object a line; csv: RFC 4180 CSV with a header row."))] = "tsv",
     output: Annotated[Path | None, typer.Option("--output", "-o", metavar="FILE", help=(
         "Write the rows to FILE (atomically) instead of standard output."))] = None,
     batch_size: Annotated[int | None, typer.Option("--batch-size", min=1, metavar="N", help=(
@@ -183,9 +192,15 @@ def predict(
     verbosity = console.verbosity_from_flags(verbose, quiet)
     overrides = dict(strategy=strategy, num_beams=num_beams, max_new_tokens=max_new_tokens,
                      temperature=temperature, top_k=top_k, top_p=top_p)
+    if (input_ is None) == (split is None):
+        raise UserError("predict: pass --input (a text, a file or -) or --split NAME (a split of the run's hub "
+                        "data set), one of the two")
+    if split is not None and (column or pair_column):
+        raise UserError("--column: --split reads the run's own columns: drop --column and --pair-column")
     with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its weights
-        records = run_predict(run_dir, input_, {k: v for k, v in overrides.items() if v is not None}, batch_size)
-    text = "".join(stdout.PREDICT_FORMATS[format_](record) + "\n" for record in records)
+        records = run_predict(run_dir, input_, {k: v for k, v in overrides.items() if v is not None}, batch_size,
+                              column=column, pair_column=pair_column, split=split)
+    text = stdout.predict_text(records, format_, submission=split is not None)
     if output is None:
         typer.echo(text, nl=False)
         return

@@ -20,7 +20,28 @@ def jsonl_row(record: dict) -> str:
     return json.dumps(record, ensure_ascii=False)
 
 
-PREDICT_FORMATS = {"tsv": tsv_row, "jsonl": jsonl_row}
+def csv_rows(records: list[dict]) -> str:
+    """RFC 4180 CSV, as the csv module writes it: a header of the fields, CRLF line ends, a field that holds a
+    comma, quote or line break quoted (quotes doubled)."""
+    import csv
+    import io
+
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(records[0]) if records else [], lineterminator="\r\n")
+    writer.writeheader()
+    writer.writerows(records)
+    return out.getvalue()
+
+
+def predict_text(records: list[dict], format_: str, submission: bool = False) -> str:
+    """predict's rows in `format_` (tsv, jsonl or csv). A submission (--split) is a TSV with its header
+    (index, prediction), as GLUE's leaderboard reads it; predict's other TSV rows have none."""
+    if format_ == "csv":
+        return csv_rows(records)
+    if format_ == "jsonl":
+        return "".join(jsonl_row(r) + "\n" for r in records)
+    header = "\t".join(records[0]) + "\n" if submission and records else ""
+    return header + "".join(tsv_row(r) + "\n" for r in records)
 
 
 # The report's columns that fit a terminal; report.md and report.html have them all.

@@ -119,7 +119,10 @@ class DataSection(Section):
     image_column: str = "image"
     train_target: str | None = Field(None, description="aligned targets, one a line, matching data.train's lines")
     eval_target: str | None = Field(None, description="aligned targets for data.eval")
-    label_names: list[str] | None = None
+    label_names: list[str] | None = Field(None, description="the classes in id order, written as the data holds "
+                                                            "them (numbers included); unset: the values, sorted")
+    label_map: dict[str, str | None] | None = Field(
+        None, description="raw label value -> class name, many to one; a value mapped to null drops its rows")
     max_length: int = Field(128, gt=0)
     max_target_length: int = Field(64, gt=0)
     source_prefix: str = ""
@@ -129,6 +132,38 @@ class DataSection(Section):
     max_eval_samples: int | None = Field(None, gt=0)
     num_workers: int = Field(0, ge=0, description="data loader worker processes (tokenized text needs none; "
                                                   "images decode in them); memory is pinned on CUDA")
+
+    @field_validator("label_names", mode="before")
+    @classmethod
+    def _names_as_written(cls, value):
+        """Labels are matched by their text, so 1 (a YAML number) names the same class as '1' (a CSV's 1)."""
+        return [_label_text(v) for v in value] if isinstance(value, list) else value
+
+    @field_validator("label_map", mode="before")
+    @classmethod
+    def _map_as_written(cls, value):
+        if not isinstance(value, dict):
+            return value
+        return {_label_text(k): None if v is None else _label_text(v) for k, v in value.items()}
+
+    @model_validator(mode="after")
+    def _names_cover_the_map(self):
+        if self.label_map is None:
+            return self
+        mapped = list(dict.fromkeys(v for v in self.label_map.values() if v is not None))
+        if not mapped:
+            raise ValueError("label_map maps every value to null, which would drop every row: map at least two "
+                             "values to class names")
+        missing = [n for n in mapped if self.label_names is not None and n not in self.label_names]
+        if missing:
+            raise ValueError(f"label_names lacks {', '.join(map(repr, missing))}, which label_map maps to: list "
+                             "every name of label_map in label_names, or leave label_names unset")
+        return self
+
+
+def _label_text(value):
+    """A label value as text: YAML numbers (not booleans) become the digits a CSV cell holds."""
+    return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
 
 class TrainingSection(Section):
@@ -246,6 +281,9 @@ class Recipe(Section):
         problems = _training_rules(self)
         if problems:
             raise ValueError("; ".join(problems))
+        if self.data.label_map is not None and task.labels != "class":
+            raise ValueError(f"data.label_map maps class labels, and task {self.task!r} has none: remove "
+                             "data.label_map")
         if task.main_metric == "perplexity" and self.training.label_smoothing:
             raise ValueError(f"task {self.task!r} reports perplexity, which a label-smoothed loss would distort: "
                              "set training.label_smoothing to 0")

@@ -68,13 +68,30 @@ def preflight(recipe: Recipe, model: ResolvedModel | None, data, label_names: li
     for check in CHECKS:
         check(subject, found)
     if dropped is not None:
-        found.record["dropped_empty"] = dict(dropped)
-        for split, count in dropped.items():
-            if count:
-                key = "data.train" if split == "train" else ("data.eval" if recipe.data.eval else "data.eval_split")
-                what = "text or target" if "target" in tasks.spec(recipe.task).columns else "text"
-                found.notes.append(f"{key}: dropped {count} row{'s' * (count != 1)} with an empty {what}")
+        _dropped(recipe, dropped, found)
     return found
+
+
+def _dropped(recipe: Recipe, dropped: dict, found: Findings) -> None:
+    """The rows set aside as the data was read, one note per split and reason: an empty input or target, and a
+    label that data.label_map maps to null."""
+    unlabelled = dropped.get("label_map")
+    found.record["dropped_empty"] = {k: v for k, v in dropped.items() if k != "label_map"}
+    if unlabelled is not None:
+        found.record["dropped_by_label_map"] = dict(unlabelled)
+    what = "text or target" if "target" in tasks.spec(recipe.task).columns else "text"
+    for split, count in found.record["dropped_empty"].items():
+        if count:
+            found.notes.append(f"{_split_key(recipe, split)}: dropped {count} row{'s' * (count != 1)} with an "
+                               f"empty {what}")
+    for split, count in (unlabelled or {}).items():
+        if count:
+            found.notes.append(f"{_split_key(recipe, split)}: dropped {count} row{'s' * (count != 1)} whose label "
+                               "data.label_map maps to null")
+
+
+def _split_key(recipe: Recipe, split: str) -> str:
+    return "data.train" if split == "train" else ("data.eval" if recipe.data.eval else "data.eval_split")
 
 
 # ---------------------------------------------------------------- checks
@@ -229,8 +246,11 @@ def check_labels(s: Subject, found: Findings) -> None:
             "from the eval data")
     absent = [names[i] for i in range(len(names)) if i not in train and i not in evaluation]
     if absent:
-        found.notes.append(f"data.label_names: {', '.join(map(repr, absent))} occur{'s' * (len(absent) == 1)} in "
-                           "no row; the model gets an output for each that it never learns")
+        one = len(absent) == 1
+        found.notes.append(f"data.label_names: {', '.join(map(repr, absent))} occur{'s' * one} in no row, so the "
+                           f"model gets an output for {'it' if one else 'each'} that it never learns: remove "
+                           f"{'it' if one else 'them'} from data.label_names (the classes are the values the data "
+                           "holds), or add rows of " + ("it" if one else "them"))
 
 
 def _counts(column) -> dict[int, int]:

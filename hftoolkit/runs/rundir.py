@@ -40,14 +40,22 @@ class RunDirectory:
 
     # ------------------------------------------------------------ lifecycle
 
+    def refusal(self, overwrite: bool = False, resume: bool = False) -> str | None:
+        """Why the run may not write here, or None: an existing non-empty folder needs --overwrite or --resume.
+        Asked before the recipe is resolved, so that it is reported with the recipe's and the data's problems."""
+        if self.path.exists() and not self.path.is_dir():
+            return f"--output: {self.path} is a file, not a folder: choose another output path"
+        if self.path.is_dir() and any(self.path.iterdir()) and not resume and not overwrite:
+            return (f"--output: run directory {self.path} is not empty: pass --overwrite to replace it, "
+                    "--resume to continue it, or choose another name")
+        return None
+
     def claim(self, overwrite: bool = False, resume: bool = False) -> None:
         """Make sure the run may write here: an existing non-empty folder needs --overwrite or --resume."""
-        if self.path.exists() and not self.path.is_dir():
-            raise UserError(f"--output: {self.path} is a file, not a folder: choose another output path")
+        refusal = self.refusal(overwrite, resume)
+        if refusal:
+            raise UserError(refusal)
         if self.path.is_dir() and any(self.path.iterdir()) and not resume:
-            if not overwrite:
-                raise UserError(f"--output: run directory {self.path} is not empty: pass --overwrite to replace it, "
-                                "--resume to continue it, or choose another name")
             shutil.rmtree(self.path)
         self.path.mkdir(parents=True, exist_ok=True)
 

@@ -23,7 +23,7 @@ import hashlib
 from pathlib import Path
 
 from hftoolkit.config import tasks
-from hftoolkit.config.recipe import Recipe
+from hftoolkit.config.recipe import Recipe, RecipeError
 from hftoolkit.errors import UserError
 from hftoolkit.sources.locations import expand, is_path_like
 
@@ -35,23 +35,22 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     """(train and eval splits with canonical columns, checked, labels encoded; the label names, or None).
 
     `dropped`, when given, receives the number of rows dropped for an empty input or target, per
-    source ("train": data.train, before an eval split is held out of it; "eval": data.eval or data.eval_split).
+    source ("train": data.train, before an eval split is held out of it; "eval": data.eval or data.eval_split),
+    and under "label_map" the rows data.label_map mapped to null, per split.
     """
     import datasets
 
     datasets.disable_progress_bars()
     d = recipe.data
     counts = {"train": 0, "eval": 0}
-    train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),
-                                        "data.train", d.train)
-    if d.eval:
-        evaluation, counts["eval"] = drop_empty(
-            _read(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target),
-            "data.eval", d.eval)
-    elif d.eval_split:
-        evaluation, counts["eval"] = drop_empty(_read(d.train, "data.eval_split", recipe, split=d.eval_split),
-                                                "data.eval_split", f"{d.train} (split {d.eval_split})")
-    else:
+    train, evaluation = _read_splits(recipe, counts)
+    unlabelled = {}
+    if d.label_map is not None:  # per source, before an eval split is held out, as the empty rows
+        train, unlabelled["train"] = _mapped(recipe, _as_names(train), "data.train", d.train)
+        unlabelled["eval"] = 0
+        if evaluation is not None:
+            evaluation, unlabelled["eval"] = _mapped(recipe, _as_names(evaluation), "data.eval", d.eval or d.train)
+    if evaluation is None:
         _check_not_empty(train, "data.train", d.train)
         if len(train) < 2:
             raise UserError(f"data.train: {d.train} has a single row, too few to hold out an eval split; add data")
@@ -73,7 +72,34 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
         out[split] = ds
     if dropped is not None:
         dropped.update(counts)
+        if unlabelled:
+            dropped["label_map"] = unlabelled
     return datasets.DatasetDict(out), names
+
+
+def _read_splits(recipe: Recipe, counts: dict[str, int]):
+    """(data.train, the eval source read, or None when it is held out of data.train), empty rows dropped and
+    counted; both sources' problems reported together."""
+    d, problems = recipe.data, []
+    train = evaluation = None
+    try:
+        train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),
+                                            "data.train", d.train)
+    except UserError as err:  # the eval split's problems are reported with the train split's
+        problems += getattr(err, "problems", None) or [err.message]
+    try:
+        if d.eval:
+            evaluation, counts["eval"] = drop_empty(
+                _read(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target),
+                "data.eval", d.eval)
+        elif d.eval_split:
+            evaluation, counts["eval"] = drop_empty(_read(d.train, "data.eval_split", recipe, split=d.eval_split),
+                                                    "data.eval_split", f"{d.train} (split {d.eval_split})")
+    except UserError as err:
+        problems += getattr(err, "problems", None) or [err.message]
+    if problems:
+        raise RecipeError(list(dict.fromkeys(problems)))
+    return train, evaluation
 
 
 def drop_empty(ds, key: str, source: str):
@@ -140,7 +166,8 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
         return _map_columns(ds, recipe, key, source, canonical=True)
     if path.is_file() or path.suffix.lower() in FILE_BUILDERS or is_path_like(source):
         if not path.is_file():
-            raise UserError(f"{key}: data file {source} not found: check the path")
+            raise UserError(f"{key}: data file {source} not found (looked for {path.absolute()}; a relative path "
+                            "is read from the current folder): check the path")
         if target is not None:
             return _aligned(path, expand(target, key.replace("data.train", "data.train_target")
                                                   .replace("data.eval", "data.eval_target")), key)
@@ -208,6 +235,37 @@ def use_split(recipe: Recipe, split: str, key: str = "--split") -> Recipe:
                         f"{'are' if d.eval else 'is'} not one: score another file by pointing data.eval at it")
 
 
+def unlabelled_split(recipe: Recipe, split: str, key: str = "--split") -> tuple[list, list]:
+    """(the inputs of `split` of the run's hub data set, their indexes): data.eval's set when that is a hub id,
+    else data.train's, read whether its labels are there or hidden (GLUE's test splits), for predictions. Each
+    input is a text, or a (text, text_pair) pair; the index is the set's own `idx` column where it has one."""
+    import datasets
+
+    from hftoolkit.sources import hub
+
+    d = recipe.data
+    on_eval = bool(d.eval and is_hub_source(d.eval))
+    source = d.eval if on_eval else d.train
+    if not is_hub_source(source):
+        raise UserError(f"{key}: {split!r} names a split of a hub data set, but the run's data.train ({d.train}) is "
+                        "not one: predict on a file of inputs with --input FILE")
+    with hub.explained(key, source, "dataset", config=d.config, revision=d.revision):
+        ds = datasets.load_dataset(source, d.config, split=split, revision=d.revision)
+    text = (d.eval_text_column if on_eval else None) or d.text_column
+    wanted = {"data.text_column": text, **({"data.text_pair_column": d.text_pair_column} if d.text_pair_column
+                                           else {})}
+    missing = {k: v for k, v in wanted.items() if v not in ds.column_names}
+    if missing:
+        raise UserError(f"{key}: split {split!r} of {source} has no column {' or '.join(map(repr, missing.values()))} "
+                        f"({' and '.join(missing)} of the run); columns found: {', '.join(ds.column_names)}")
+    texts = ds[text]
+    inputs = list(zip(texts, ds[d.text_pair_column])) if d.text_pair_column else list(texts)
+    if recipe.task == "tagging":
+        inputs = [x if isinstance(x, list) else str(x).split() for x in inputs]
+    index = list(ds["idx"]) if "idx" in ds.column_names else list(range(len(ds)))
+    return inputs, index
+
+
 def _load_builder(builder: str, kwargs: dict, key: str, source: str):
     import datasets
 
@@ -269,7 +327,7 @@ def _aligned(source: Path, target: Path, key: str):
 
 def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = False):
     """Rename the recipe's columns to canonical names and drop the rest; a dotted name reads a nested field."""
-    mapping = {}
+    mapping, missing = {}, {}
     for name in _columns(recipe):
         field = tasks.COLUMN_KEYS[name]
         if name == "text" and key == "data.eval" and recipe.data.eval_text_column:
@@ -278,9 +336,13 @@ def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fa
         if column not in ds.column_names and "." in column and column.split(".")[0] in ds.column_names:
             ds = ds.flatten()  # translation: {de, en} -> columns translation.de, translation.en
         if column not in ds.column_names:
-            raise UserError(f"data.{field}: column {column!r} not found in {source}; columns found: "
-                            f"{', '.join(ds.column_names)}; set data.{field}")
+            missing[f"data.{field}"] = column
         mapping[column] = name
+    if missing:  # every column the split lacks, in one line
+        many = len(missing) > 1
+        raise UserError(f"{', '.join(missing)}: column{'s' * many} {', '.join(map(repr, missing.values()))} not "
+                        f"found in {source}; columns found: {', '.join(ds.column_names)}; set "
+                        f"{' and '.join(missing)} to {'the names' if many else 'the name'} in the data")
     ds = ds.select_columns(list(mapping))
     return ds.rename_columns({k: v for k, v in mapping.items() if k != v})
 
@@ -307,37 +369,72 @@ def _check_not_empty(ds, key: str, source: str) -> None:
 
 def _encode_labels(recipe: Recipe, train, evaluation):
     """Map label values to ids 0..n-1 in the order of `data.label_names` (found in the data if unset: a hub set's
-    or an image folder's own class names in their order, else the values seen, sorted)."""
+    or an image folder's own class names in their order, data.label_map's names in the order it first gives them,
+    else the values seen, sorted: 1 to 5 stars are five classes)."""
     from datasets import ClassLabel
 
+    d = recipe.data
     feature = train.features["label"]
     inner = getattr(feature, "feature", feature)  # a Sequence (tagging) holds its item feature
-    names = recipe.data.label_names
+    names = d.label_names
     if isinstance(inner, ClassLabel):  # imagefolder and hub sets: ids -> their names first
-        names = names or list(inner.names)
+        names = names or (None if d.label_map else list(inner.names))
         train, evaluation = _as_names(train), _as_names(evaluation)
+    if d.label_map:  # (the rows were mapped as they were read)
+        names = names or list(dict.fromkeys(v for v in d.label_map.values() if v is not None))
     values = _flat(train["label"]) + _flat(evaluation["label"])
     kinds = {type(v).__name__ for v in values}
     if len(kinds) > 1 or not kinds <= {"int", "str"}:
-        raise UserError(f"data.label_column: labels in {recipe.data.train} are of types {', '.join(sorted(kinds))}: "
+        raise UserError(f"data.label_column: labels in {d.train} are of types {', '.join(sorted(kinds))}: "
                         "make every label a name or every label an integer id")
-    if names is None:
-        unique = sorted(set(values), key=lambda v: (str(type(v)), v))
-        names = [str(v) for v in unique] if kinds != {"int"} else [str(i) for i in range(max(unique) + 1)]
     if recipe.task != "tagging" and len(set(_flat(train["label"]))) < 2:
-        raise UserError(f"data.train: only one class ({values[0]!r}) in {recipe.data.train}: "
+        raise UserError(f"data.train: only one class ({values[0]!r}) in {d.train}: "
                         "classification needs examples of at least two labels")
-    index = {n: i for i, n in enumerate(names)}
-    for v in values:
-        if (str(v) if kinds != {"int"} else names[v] if 0 <= v < len(names) else None) not in index:
-            raise UserError(f"data.label_column: label {v!r} is not one of data.label_names ({', '.join(names)}): "
-                            "fix the data or add the label to data.label_names")
-    to_id = (lambda v: index[str(v)]) if kinds != {"int"} else (lambda v: v)
+    names, to_id = _class_ids(values, names)
     encode = lambda batch: {"label": [[to_id(v) for v in label] if isinstance(label, list) else to_id(label)
                                       for label in batch["label"]]}
     # The id column's type is given: map keeps a column's old type when it returns the same name, and ids
     # stored as strings ("1", from a CSV's large_string column) would reach the collator as text.
     return (*(ds.map(encode, batched=True, features=_id_features(ds)) for ds in (train, evaluation)), names)
+
+
+def _class_ids(values: list, names: list[str] | None):
+    """(the class names, value -> id). A value names its class by its text (the integer 5 is the class '5').
+    Integers that are none of the given names but all fit them are read as positions, the older convention
+    (0 and 1 with label_names [negative, positive]), so runs written before it still load."""
+    if names is None:
+        names = [str(v) for v in sorted(set(values))]  # integers in numeric order, texts in text order
+    index = {n: i for i, n in enumerate(names)}
+    if values and all(isinstance(v, int) and 0 <= v < len(names) for v in values) \
+            and not any(str(v) in index for v in values):
+        return names, lambda v: v
+    unknown = sorted({v for v in values if str(v) not in index}, key=lambda v: (str(type(v)), v))
+    if unknown:
+        shown = ", ".join(map(repr, unknown[:5])) + (" ..." if len(unknown) > 5 else "")
+        many = len(unknown) > 1
+        raise UserError(f"data.label_column: label{'s' * many} {shown} {'are' if many else 'is'} not one of "
+                        f"data.label_names ({', '.join(names)}): fix the data, add {'them' if many else 'it'} to "
+                        "data.label_names, or map the values to names with data.label_map")
+    return names, lambda v: index[str(v)]
+
+
+def _mapped(recipe: Recipe, ds, key: str, source: str):
+    """(the rows whose label data.label_map names, relabelled with the names; how many it mapped to null).
+    A value the map does not mention is refused: a class silently lost would be worse than a question."""
+    label_map = recipe.data.label_map
+    labels = ds["label"]
+    unmapped = sorted({str(v) for v in labels if str(v) not in label_map})
+    if unmapped:
+        shown = ", ".join(unmapped[:5]) + (" ..." if len(unmapped) > 5 else "")
+        raise UserError(f"data.label_map: {source} has label{'s' * (len(unmapped) > 1)} {shown} that data.label_map "
+                        "does not mention: map each to a class name, or to null to drop its rows")
+    names = [label_map[str(v)] for v in labels]
+    keep = [i for i, name in enumerate(names) if name is not None]
+    if not keep:
+        raise UserError(f"data.label_map: every row of {source} maps to null, so nothing is left to use: map some "
+                        f"of its labels to class names, or point {key} at other data")
+    ds = ds.select(keep).remove_columns("label")
+    return ds.add_column("label", [names[i] for i in keep]), len(labels) - len(keep)
 
 
 def _id_features(ds):

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import csv
+import json
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -11,8 +15,17 @@ from hftoolkit.workflows.evaluate import load_trained
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
 
-def predict(run_dir: Path, given: str, generation: dict, batch_size: int | None = None) -> list[dict]:
-    """One record per input: the input and the family's prediction (label and probability, or text).
+# Tables predict reads, by suffix: the field delimiter of the csv module's reader, or the reader's name.
+TABLE_SUFFIXES = {".csv": ",", ".tsv": "\t", ".jsonl": "jsonl", ".json": "json", ".parquet": "parquet"}
+# Columns that identify a row, kept in the output (GLUE's test files call it index, hub sets idx).
+ID_COLUMNS = ("id", "idx", "index")
+
+
+def predict(run_dir: Path, given: str | None, generation: dict, batch_size: int | None = None,
+            column: str | None = None, pair_column: str | None = None, split: str | None = None) -> list[dict]:
+    """One record per input: the input and the family's prediction (label and probability, or text); a table's
+    rows keep their id. With `split`, the rows of that split of the run's hub data set (its labels may be
+    hidden), each as {index, prediction}: what a GLUE-style submission holds.
 
     generation overrides eval.generation (--strategy and friends), batch_size eval.batch_size: the inputs go
     through the model in batches of that many.
@@ -21,6 +34,7 @@ def predict(run_dir: Path, given: str, generation: dict, batch_size: int | None 
 
     from hftoolkit.config.recipe import replaced
 
+    table = None if split else _table_path(given)  # a missing file is refused before the model loads
     job, form, model, processor = load_trained(run_dir)
     # --strategy and friends, and --batch-size, validated like the recipe's own eval section
     values = {f"eval.generation.{k}": v for k, v in generation.items()}
@@ -29,17 +43,120 @@ def predict(run_dir: Path, given: str, generation: dict, batch_size: int | None 
     if values:
         job = dataclasses.replace(job, recipe=replaced(job.recipe, values, "predict options"))
     recipe = job.recipe
-    given_lines = input_lines(given, recipe.task)
+    if split:
+        from hftoolkit.sources.data import unlabelled_split
+
+        inputs, index = unlabelled_split(recipe, split)
+        outputs = form.generate(job, model, processor, inputs)
+        return [{"index": i, "prediction": o.get("label", o.get("value"))} for i, o in zip(index, outputs)]
+    if table is not None:
+        ids, given_lines = table_inputs(table, recipe, column, pair_column)
+    else:
+        ids, given_lines = None, input_lines(given, recipe.task)
     inputs = parse_inputs(given_lines, recipe.task, pairs=bool(recipe.data.text_pair_column))
     outputs = form.generate(job, model, processor, inputs)
     shown = ["\t".join(x) if isinstance(x, tuple) else x if isinstance(x, str) else line
              for line, x in zip(given_lines, inputs)]
-    return [{"input": x, **o} for x, o in zip(shown, outputs)]
+    records = [{"input": x, **o} for x, o in zip(shown, outputs)]
+    return [{**i, **r} for i, r in zip(ids, records)] if ids else records
+
+
+def looks_like_path(given: str) -> bool:
+    """Whether `--input` names a file rather than giving a text: it exists, or it has a suffix (a table's, a text
+    file's or an image's anywhere; any short one when it holds no space), or a path separator and no space.
+    Such an input is read as a file or refused: predict never labels a path."""
+    if "\n" in given or not given.strip():
+        return False
+    path = Path(given)
+    if path.exists():
+        return True
+    if path.suffix.lower() in TABLE_SUFFIXES or path.suffix.lower() in IMAGE_SUFFIXES | {".txt"}:
+        return True
+    spaced = any(c.isspace() for c in given)
+    return not spaced and ("/" in given or os.sep in given or re.fullmatch(r"\.[A-Za-z0-9]{1,8}", path.suffix) is
+                           not None)
+
+
+def _table_path(given: str) -> Path | None:
+    """The table `--input` names, or None for any other input; a path that is not a readable file is refused."""
+    if given == "-" or not looks_like_path(given):
+        return None
+    path = Path(given).expanduser()
+    if not path.exists():
+        raise UserError(f"--input: {given} looks like a file path, and there is no such file (looked for "
+                        f"{path.absolute()}): check the path, or pipe a text that looks like one through "
+                        "--input - to predict on it")
+    if path.is_dir():
+        raise UserError(f"--input: {given} is a folder: pass a file (csv, tsv, jsonl, json, parquet, or txt with "
+                        "one input a line)")
+    return path if path.suffix.lower() in TABLE_SUFFIXES else None
+
+
+def table_inputs(path: Path, recipe, column: str | None, pair_column: str | None) -> tuple[list[dict], list]:
+    """(each row's id as {name: value}, or [] when the table has no id column; each row's input, as input_lines
+    gives it: a text, `first<TAB>second` for sentence pairs, or an image path), from the recipe's text column
+    (the image column for images) or --column, and its text_pair_column or --pair-column."""
+    rows = read_table(path)
+    found = list(dict.fromkeys(k for row in rows[:100] for k in row))
+    d = recipe.data
+    if pair_column and not d.text_pair_column:
+        raise UserError(f"--pair-column: this run reads one text per example, not sentence pairs: drop "
+                        f"--pair-column {pair_column}")
+    wanted = {"--column": column or (d.image_column if recipe.task == "image-classification" else d.text_column)}
+    if d.text_pair_column:
+        wanted["--pair-column"] = pair_column or d.text_pair_column
+    missing = [f"{v!r} ({k})" for k, v in wanted.items() if v not in found]
+    if missing:
+        raise UserError(f"--input: {path} has no column {' or '.join(missing)}; columns found: {', '.join(found)}: "
+                        "name the input column with --column" + (" and --pair-column" if d.text_pair_column else ""))
+    name = next((c for c in ID_COLUMNS if c in found), None)
+    ids = [{name: row.get(name)} for row in rows] if name else []
+    texts = [[_cell(row.get(c)) for c in wanted.values()] for row in rows]
+    return ids, [t[0] if len(t) == 1 else "\t".join(t) for t in texts]
+
+
+def _cell(value) -> str:
+    if isinstance(value, list):
+        return " ".join(map(str, value))  # a tagging row's words
+    return "" if value is None else str(value)
+
+
+def read_table(path: Path) -> list[dict]:
+    """A table's rows as dicts, read by its suffix; cells are kept as written (an id of 007 stays 007)."""
+    kind = TABLE_SUFFIXES[path.suffix.lower()]
+    try:
+        if kind == "parquet":
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(path).to_pylist()
+        elif kind in ("jsonl", "json"):
+            rows = _json_rows(path, kind)
+        else:
+            with path.open(encoding="utf-8-sig", newline="") as f:
+                rows = list(csv.DictReader(f, delimiter=kind))
+    except UnicodeDecodeError:
+        raise UserError(f"--input: {path} is not UTF-8 text: convert it to UTF-8") from None
+    except (ValueError, OSError) as err:  # json's and pyarrow's parse errors are ValueErrors
+        raise UserError(f"--input: could not read {path} as {path.suffix.lstrip('.')} "
+                        f"({str(err).splitlines()[0][:160]}): check its format") from None
+    if not rows:
+        raise UserError(f"--input: {path} has no rows: add one input a row")
+    return rows
+
+
+def _json_rows(path: Path, kind: str) -> list[dict]:
+    text = path.read_text(encoding="utf-8")
+    rows = json.loads(text) if kind == "json" and text.lstrip().startswith("[") else \
+        [json.loads(line) for line in text.splitlines() if line.strip()]
+    if not all(isinstance(row, dict) for row in rows):
+        raise ValueError("every row must be a JSON object of column: value")
+    return rows
 
 
 def input_lines(given: str, task: str) -> list[str]:
     """What `--input` gives, one string per input: a literal text; `-`, standard input, one input a line; a .txt
-    file, one input a line; for an image task, an image file, or with `-` one image path a line."""
+    file, one input a line; for an image task, an image file, or with `-` one image path a line. Anything that
+    looks like a path (looks_like_path) is read as a file or refused, never predicted on as a text."""
     if given == "-":
         try:
             lines = [line.strip() for line in sys.stdin.read().splitlines() if line.strip()]
@@ -48,10 +165,10 @@ def input_lines(given: str, task: str) -> list[str]:
         if not lines:
             raise UserError("--input -: standard input has no lines of text: pipe one input per line")
         return lines
-    path = Path(given)
+    path = Path(given).expanduser()
     if task == "image-classification":
         return [given]
-    if path.suffix == ".txt" and path.is_file():
+    if path.suffix.lower() == ".txt" and path.is_file():
         try:
             lines = [line.strip() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
         except UnicodeDecodeError:
@@ -59,8 +176,10 @@ def input_lines(given: str, task: str) -> list[str]:
         if not lines:
             raise UserError(f"--input: {given} has no lines of text: add one input per line")
         return lines
-    if path.suffix.lower() in IMAGE_SUFFIXES | {".txt"} and not path.exists():
-        raise UserError(f"--input: file {given} not found: check the path, or pass the text itself")
+    if looks_like_path(given):
+        suffix = path.suffix or "(none)"
+        raise UserError(f"--input: predict reads csv, tsv, jsonl, json, parquet and txt files, and {given} has suffix "
+                        f"{suffix}: convert it to one of those, or pipe its lines through --input -")
     return [given]
 
 

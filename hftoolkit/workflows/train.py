@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from hftoolkit import console
-from hftoolkit.config.recipe import Recipe, recipe_to_yaml
+from hftoolkit.config.recipe import Recipe, RecipeError, recipe_to_yaml
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.resolve import resolve_job
@@ -72,16 +72,17 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     # would otherwise each run alone as rank 0, and all write the run directory.
     state = PartialState(cpu=not torch.cuda.is_available())
     run = RunDirectory(run_dir)
-    if state.is_main_process:
-        run.claim(overwrite=overwrite, resume=resume)
-    state.wait_for_everyone()
     started = time.perf_counter()
-    existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
+    existed = run.path.exists()  # another run's, until claimed: never removed on error
     progress = Progress()
     try:
         check_hardware(recipe)  # flash attention or TF32 asked of a machine without them
         with state.main_process_first():  # resolved on the main process first; the others read its caches
-            job = resolve_job(recipe)
+            job = _resolve(recipe, run.refusal(overwrite, resume) if state.is_main_process else None)
+        if state.is_main_process:
+            run.claim(overwrite=overwrite, resume=resume)
+        state.wait_for_everyone()
+        existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
         for line in job.findings.notes:
             console.note(f"preflight: {line}")
         console.phase(console.data_line({split: len(ds) for split, ds in job.data.items()}))
@@ -90,6 +91,20 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     except BaseException as err:
         _fail(err, run, state, existed, progress)
         raise
+
+
+def _resolve(recipe: Recipe, refusal: str | None) -> Job:
+    """The job, or every problem at once: the run folder's refusal (a folder in use) among the recipe's and
+    the data's, not before them, so one run tells all that is wrong."""
+    try:
+        job = resolve_job(recipe)
+    except UserError as err:
+        if refusal is None:
+            raise
+        raise RecipeError([refusal, *(getattr(err, "problems", None) or [err.message])]) from None
+    if refusal is not None:
+        raise UserError(refusal)
+    return job
 
 
 class Progress:
