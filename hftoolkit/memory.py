@@ -17,7 +17,20 @@ def peak_memory_mb() -> float:
 
     if torch.cuda.is_available():
         return round(torch.cuda.max_memory_allocated() / 2**20, 1)
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+    return round(resident_peak_kb() / 1024, 1)
+
+
+def resident_peak_kb() -> float:
+    """The process's own peak resident set: Linux's VmHWM, which `reset_peak_memory` resets. getrusage's
+    ru_maxrss is the fallback elsewhere: on Linux a process started by a larger one inherits its peak there."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
 
 
 def release_freed_memory() -> None:

@@ -22,8 +22,11 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 @pytest.fixture(scope="session", autouse=True)
 def tiny_cache(tmp_path_factory):
-    """Tiny init: checkpoints go to one folder per test session (built once, reused)."""
-    cache = os.environ.get("HFTOOLKIT_TEST_CACHE") or str(tmp_path_factory.mktemp("hftoolkit-cache"))
+    """Tiny init: checkpoints go to one folder per test session (built once, reused). Under pytest-xdist the
+    workers share it: building a tiny checkpoint and converting a GGUF file are safe to race (file locks)."""
+    shared = tmp_path_factory.getbasetemp().parent / "hftoolkit-cache"
+    cache = os.environ.get("HFTOOLKIT_TEST_CACHE") or str(
+        shared if os.environ.get("PYTEST_XDIST_WORKER") else tmp_path_factory.mktemp("hftoolkit-cache"))
     os.environ["HFTOOLKIT_CACHE"] = cache
     return Path(cache)
 

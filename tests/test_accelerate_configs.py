@@ -197,6 +197,7 @@ accelerator.end_training()
 """
 
 
+@pytest.mark.slow
 def test_cpu_config_launches_two_communicating_processes(tmp_path):
     """Really launch with the shipped config: two ranks on gloo that can all-reduce."""
     probe = tmp_path / "probe.py"

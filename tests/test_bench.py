@@ -32,6 +32,7 @@ def bench_out(tmp_path_factory):
     return out, run_cli(*args)
 
 
+@pytest.mark.slow
 def test_bench_trains_each_task_with_each_architecture_and_reports_them(bench_out):
     out, result = bench_out
     report = (out / "report.md").read_text()
@@ -53,6 +54,7 @@ def test_bench_trains_each_task_with_each_architecture_and_reports_them(bench_ou
         assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(browser.missing_reason() is not None, reason=str(browser.missing_reason()))
 def test_real_report_renders_in_chromium(bench_out, tmp_path):
     out, _ = bench_out

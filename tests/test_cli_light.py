@@ -25,6 +25,7 @@ def test_light_commands_import_no_torch(argv):
     assert "HEAVY []" in out.stdout, out.stdout
 
 
+@pytest.mark.slow
 def test_a_run_that_quantizes_nothing_never_imports_bitsandbytes():
     # A real process: bitsandbytes (and the torch compiler it imports) must stay out of sys.modules,
     # and a quantized model loaded afterwards in the same process must still find it.

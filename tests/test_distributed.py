@@ -120,6 +120,7 @@ def read_json_lines(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropout):
     sets = (f"model.checkpoint={no_dropout['bert']}", *SAME_BATCHES,
             # 21 eval examples in per-process batches of 8: the last step is padded with repeated examples.
@@ -148,6 +149,7 @@ def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropo
     print(f"encoder: 1 process {one_s:.0f} s, 2 processes {two_s:.0f} s, {figures}")
 
 
+@pytest.mark.slow
 def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, no_dropout):
     sets = (f"model.checkpoint={no_dropout['t5']}", *SAME_BATCHES,
             "data.max_eval_samples=20", "eval.batch_size=5", "eval.generation.max_new_tokens=12")
@@ -173,6 +175,7 @@ def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, n
     print(f"seq2seq: 1 process {one_s:.0f} s, 2 processes {two_s:.0f} s, {figures}")
 
 
+@pytest.mark.slow
 def test_a_process_that_fails_ends_the_run_instead_of_hanging(tmp_path):
     """Bad input found on the main process (inside main_process_first, where the other process waits)."""
     missing = tmp_path / "missing.csv"

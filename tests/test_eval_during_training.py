@@ -102,6 +102,7 @@ def test_keep_best_keeps_the_best_checkpoint_and_its_weights(tmp_path):
     assert metrics["eval"]["loss"] == pytest.approx(during[best]["eval_loss"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_keep_best_survives_a_sigkill_and_resume(tmp_path):
     sets = (*TINY, "eval.every=1", "eval.keep_best=true", "training.keep_last=1")
     reference, killed = tmp_path / "reference", tmp_path / "killed"

@@ -15,6 +15,9 @@ from hftoolkit.sources import gguf
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 TEXTS = ["Hello, world! 123 naïve café 東京", "  two spaces\nand\ttabs", "<|im_start|>user\nHi<|im_end|>"]
 
+# One xdist worker takes the SmolLM2 tests, so the session converts the GGUF file once.
+pytestmark = pytest.mark.xdist_group("smollm2")
+
 
 def fake_gguf(path: Path, body: bytes = b"\x03\x00\x00\x00") -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -58,6 +61,7 @@ def test_converted_smollm2_generates_exactly_what_the_gguf_load_generates(smollm
     assert tokenizer.decode(first[0]).startswith("The capital of France is Paris")
 
 
+@pytest.mark.slow
 def test_second_call_reuses_the_converted_folder(smollm2_checkpoint):
     weights = smollm2_checkpoint / "model.safetensors"
     written = weights.stat().st_mtime_ns
@@ -65,6 +69,7 @@ def test_second_call_reuses_the_converted_folder(smollm2_checkpoint):
     assert weights.stat().st_mtime_ns == written, "not converted again"
 
 
+@pytest.mark.slow
 def test_converted_folder_loads_as_a_classifier_with_a_pad_token(smollm2_checkpoint):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

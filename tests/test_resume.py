@@ -119,6 +119,7 @@ def encoder_runs(tmp_path_factory):
     return reference, killed
 
 
+@pytest.mark.slow
 def test_encoder_resumed_mid_epoch_matches_the_uninterrupted_run(encoder_runs):
     reference, resumed = encoder_runs
     assert_same_training(reference, resumed, steps=STEPS)
@@ -128,6 +129,7 @@ def test_encoder_resumed_mid_epoch_matches_the_uninterrupted_run(encoder_runs):
         json.loads((reference / "metrics.json").read_text())["eval"]["accuracy"])
 
 
+@pytest.mark.slow
 def test_mlm_resumed_mid_epoch_masks_as_the_uninterrupted_run(tmp_path):
     from safetensors.torch import load_file
 
@@ -147,6 +149,7 @@ def test_mlm_resumed_mid_epoch_masks_as_the_uninterrupted_run(tmp_path):
     assert metrics[0]["loss"] == pytest.approx(metrics[1]["loss"], abs=TOLERANCE), "eval masks as epoch 0 in both"
 
 
+@pytest.mark.slow
 def test_seq2seq_killed_during_a_save_keeps_the_previous_checkpoint_and_resumes_exactly(tmp_path):
     import torch
     from safetensors.torch import load_file
@@ -193,6 +196,7 @@ def _snapshot(folder):
     return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_complete_run_and_leaves_it_alone(encoder_runs):
     reference, _ = encoder_runs
     before = _snapshot(reference)
@@ -201,6 +205,7 @@ def test_resume_refuses_a_complete_run_and_leaves_it_alone(encoder_runs):
     assert _snapshot(reference) == before
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_recipe_and_leaves_the_run_alone(encoder_runs, tmp_path):
     copy = _unfinished_copy(encoder_runs[0], tmp_path)
     before = _snapshot(copy)

@@ -54,6 +54,7 @@ def bart_translation(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_translation_recipe_beats_copying_the_source(bart_translation):
     import sacrebleu
 
@@ -72,6 +73,7 @@ def test_translation_recipe_beats_copying_the_source(bart_translation):
     assert metrics["trainable_params"] == lora_parameters(tiny_config("bart"), 64)
 
 
+@pytest.mark.slow
 def test_predict_with_beam_search_keeps_the_input_order(bart_translation, tmp_path):
     sentences = ["the dog sees a cat near the river", "a bird likes the man",
                  "the small woman follows a big dog near the house", "a cat sees the child"]
@@ -329,6 +331,7 @@ def test_denoise_preprocessing_keeps_special_tokens_and_is_seeded():
     assert encoded["input_ids"] != denoise.preprocess(reseeded, tokenizer, rows)["input_ids"]
 
 
+@pytest.mark.slow
 def test_beam_search_returns_the_best_scoring_beam(bart_translation):
     """The text `generate` gives for strategy beam is the beam that model.generate scores highest."""
     import dataclasses

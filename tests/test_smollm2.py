@@ -19,6 +19,9 @@ PROMPTS = ["Before we proceed any further, hear", "O Romeo, Romeo! wherefore art
 SMALL = ("data.max_length=32", "training.batch_size=8", "training.logging_steps=1", "training.warmup_ratio=0",
          "eval.max_predictions=2", "eval.generation.max_new_tokens=8")
 
+# One xdist worker takes the SmolLM2 tests, so the session converts the GGUF file once.
+pytestmark = pytest.mark.xdist_group("smollm2")
+
 
 @pytest.fixture(scope="module")
 def gguf_folder(smollm2_checkpoint) -> str:
@@ -69,6 +72,7 @@ def test_recipes_name_the_gguf_file_the_package_ships(gguf_folder):
         assert resolve_job(load_recipe(path, [f"model.checkpoint={gguf_folder}"]), data=False).family == "decoder"
 
 
+@pytest.mark.slow
 def test_lora_steps_on_shakespeare_lower_the_eval_perplexity(clm_run, gguf_folder, tmp_path):
     """The run against `hftoolkit eval RECIPE`: the same eval blocks scored by the base model, untrained."""
     metrics = json.loads((clm_run / "metrics.json").read_text())
@@ -83,6 +87,7 @@ def test_lora_steps_on_shakespeare_lower_the_eval_perplexity(clm_run, gguf_folde
     assert metrics["eval"]["perplexity"] < 0.9 * untrained, (metrics["eval"]["perplexity"], untrained)
 
 
+@pytest.mark.slow
 def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, merged, plain_model):
     import torch
 
@@ -107,6 +112,7 @@ def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, mer
     (["--strategy", "sample", "--temperature", "0.8", "--top-k", "40"],
      dict(do_sample=True, num_beams=1, temperature=0.8, top_k=40, top_p=1.0)),
 ], ids=["greedy", "beam", "sample"])
+@pytest.mark.slow
 def test_predict_decodes_as_plain_transformers_does_with_the_merged_checkpoint(clm_run, plain_model, options, generate,
                                                                                tmp_path):
     """What `predict` prints for two prompts (one batch, left-padded) is what a user gets from the merged folder
@@ -129,6 +135,7 @@ def test_predict_decodes_as_plain_transformers_does_with_the_merged_checkpoint(c
         {"input": prompt, "text": text} for prompt, text in zip(PROMPTS, texts)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits, layer", [("8bit", "Linear8bitLt"), ("4bit", "Linear4bit")])
 def test_quantized_lora_loads_and_takes_a_step(gguf_folder, bits, layer, tmp_path):
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed")
@@ -153,6 +160,7 @@ def test_quantized_lora_loads_and_takes_a_step(gguf_folder, bits, layer, tmp_pat
     assert len(bases) == 60 and all(type(b).__name__ == layer for b in bases)
 
 
+@pytest.mark.slow
 def test_classification_with_the_last_token_head_trains(gguf_folder, tmp_path):
     from safetensors.torch import load_file
 
@@ -173,6 +181,7 @@ def test_classification_with_the_last_token_head_trains(gguf_folder, tmp_path):
     assert label == "positive" and 0.5 < float(probability) <= 1
 
 
+@pytest.mark.slow
 def test_instruction_prompt_is_the_chat_template_and_the_loss_falls_on_the_answer(gguf_folder):
     from datasets import Dataset
 
@@ -199,6 +208,7 @@ def test_instruction_prompt_is_the_chat_template_and_the_loss_falls_on_the_answe
     assert len(long["input_ids"]) - len(target) == job.max_length == recipe.data.max_length
 
 
+@pytest.mark.slow
 def test_a_template_that_ends_the_turn_with_its_own_token_trains_and_stops_on_it(gguf_folder):
     """As Llama 3's <|eot_id|>: the answer ends with that token rather than eos, and generation stops at either."""
     from hftoolkit.config.recipe import load_recipe
@@ -217,6 +227,7 @@ def test_a_template_that_ends_the_turn_with_its_own_token_trains_and_stops_on_it
     assert formulation.stops(tokenizer) == [tokenizer.eos_token_id, end]
 
 
+@pytest.mark.slow
 def test_instruction_recipe_trains_and_answers(gguf_folder, tmp_path):
     run = tmp_path / "instruct"
     train_recipe(INSTRUCT, run, f"model.checkpoint={gguf_folder}", "data.max_train_samples=32",

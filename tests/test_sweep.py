@@ -45,6 +45,7 @@ def four_checkpoints(tmp_path_factory):
     return out / "encoder-classification", result
 
 
+@pytest.mark.slow
 def test_four_checkpoint_grid_trains_every_variant_and_reports(four_checkpoints):
     folder, result = four_checkpoints
     lines = progress(result.output)
@@ -109,6 +110,7 @@ def test_memory_an_earlier_variant_freed_is_not_counted_in_the_next_peak():
     libc.free(chunks[-1])
 
 
+@pytest.mark.slow
 def test_running_again_skips_complete_variants(four_checkpoints):
     folder, _ = four_checkpoints
     before = {run.name: (run / "metrics.json").stat().st_mtime_ns for run in folder.iterdir() if run.is_dir()}
@@ -118,6 +120,7 @@ def test_running_again_skips_complete_variants(four_checkpoints):
     assert {name: (folder / name / "metrics.json").stat().st_mtime_ns for name in before} == before
 
 
+@pytest.mark.slow
 def test_changed_recipe_is_refused_before_anything_trains(four_checkpoints):
     folder, _ = four_checkpoints
     result = run_cli(*sweep_args(folder.parent, "model.checkpoint=init:bert,init:gpt2", sets=(*SHORT, "lora.r=4")),
@@ -126,6 +129,7 @@ def test_changed_recipe_is_refused_before_anything_trains(four_checkpoints):
     assert "--overwrite" in result.output
 
 
+@pytest.mark.slow
 def test_a_failing_variant_does_not_stop_the_others_and_is_retried(tmp_path):
     from hftoolkit.sources.tiny import init_model
 
@@ -195,6 +199,7 @@ def test_grid_values_split_like_yaml_and_name_variants_safely():
     assert clash == ["model.dtype-a_lora.dtype-b"]
 
 
+@pytest.mark.slow
 def test_killed_sweep_completes_when_run_again_without_retraining_finished_variants(tmp_path):
     """The sweep is SIGKILLed while its second variant pauses after checkpoint 4 (a test hook); the same command
     then skips the first variant and resumes the second from that checkpoint."""

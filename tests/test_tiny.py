@@ -9,6 +9,7 @@ import sys
 from tests.conftest import ROOT
 
 
+@pytest.mark.slow
 def test_two_runs_building_the_same_tiny_checkpoint_at_once_both_get_it(tmp_path):
     # Real processes: two runs started together on a cold cache both build init:bert; the one that
     # finishes second must use the first one's folder, not fail on it.

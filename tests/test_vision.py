@@ -140,6 +140,7 @@ def test_lora_targets_keep_only_the_names_a_vit_release_has():
     assert modeling.lora_targets_for(OlderViT(), resolve_job(recipe, data=False)) == ["query", "value"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization,layer", [("8bit", "Linear8bitLt"), ("4bit", "Linear4bit")])
 def test_lora_on_a_quantized_vit_trains_on_cpu(quantization, layer, tmp_path):
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed, so 8-bit/4-bit loading can't run")
