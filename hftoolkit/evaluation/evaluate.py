@@ -44,13 +44,13 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
                if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second", "_time"))}
     if task.main_metric == "perplexity" and "loss" in results:
         results["perplexity"] = math.exp(min(results["loss"], 50))
-    inputs = raw[column][:count]
+    inputs = raw[column][:count] if column in raw.column_names else _questions(raw, count)
     if outputs is None:
         prompt = {"prompt_fraction": task.prompt_fraction} if task.prompt_fraction < 1 else {}
         sharded = trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled
         outputs = generate_everywhere(form, job, trainer.model, processor, inputs, sharded, **prompt)  # shared
     if task.scoring == "generation":
-        results.update(scorer.compute([o["text"] for o in outputs], raw["target"]))
+        results.update(scorer.compute([o["text"] for o in outputs], _references(job, raw, count)))
     references = _references(job, raw, count)
     pairs = raw["text_pair"][:count] if "text_pair" in raw.column_names else [None] * len(inputs)
     predictions = [{"input": _show(x), **({"input_pair": p} if p is not None else {}),
@@ -71,6 +71,10 @@ def _pass_records(task, predicted, id2label: dict) -> list[dict]:
 def _references(job: Job, raw, count: int) -> list:
     if "target" in raw.column_names:
         return raw["target"][:count]
+    if "messages" in raw.column_names:  # a conversation: its final assistant turn
+        from hftoolkit.sources.conversations import reference
+
+        return [reference(turns) for turns in raw["messages"][:count]]
     if tasks.spec(job.recipe.task).labels == "value":
         return [round(float(v), 4) for v in raw["label"][:count]]
     if "label" in raw.column_names and job.label_names:
@@ -79,7 +83,18 @@ def _references(job: Job, raw, count: int) -> list:
     return [None] * count
 
 
+def _questions(raw, count: int) -> list:
+    """The conversations of the eval split as the model answers them: up to their last user turn."""
+    from hftoolkit.sources.conversations import question
+
+    return [question(turns) for turns in raw["messages"][:count]]
+
+
 def _show(value):
+    if isinstance(value, list) and value and isinstance(value[0], dict):  # a conversation: its last user turn
+        from hftoolkit.sources.conversations import last_user_text
+
+        return last_user_text(value)
     return value if isinstance(value, (str, list)) else f"<{type(value).__name__}>"
 
 

@@ -73,6 +73,8 @@ def preflight(recipe: Recipe, model: ResolvedModel | None, data, label_names: li
             if count:
                 key = "data.train" if split == "train" else ("data.eval" if recipe.data.eval else "data.eval_split")
                 what = "text or target" if "target" in tasks.spec(recipe.task).columns else "text"
+                if data is not None and "messages" in data["train"].column_names:
+                    what = "conversation (no assistant turn with text)"
                 found.notes.append(f"{key}: dropped {count} row{'s' * (count != 1)} with an empty {what}")
     return found
 
@@ -310,4 +312,54 @@ def _name(item, row: int, split: str) -> str:
     return f"image file {path}" if path else f"the image in row {row} of the {split} split"
 
 
-CHECKS = (check_head, check_tokenizer, check_lengths, check_labels, check_images)
+def check_packing(s: Subject, found: Findings) -> None:
+    """data.packing true packs whole examples for a decoder, on a model type that keeps them apart by position ids
+    (architectures.packs_by_positions); tasks with nothing to pack ignore the key, as they always have."""
+    recipe, config = s.recipe, s.config
+    if recipe.data.packing is not True or recipe.task not in ("clm", *tasks.PROMPTED) or config is None:
+        return
+    from hftoolkit.job.architectures import packs_by_positions
+
+    ckpt = recipe.model.checkpoint
+    if s.family != "decoder":
+        found.problems.append(f"data.packing: packing whole examples into rows is for decoder models, and {ckpt} is "
+                              f"{s.family}: set data.packing to false")
+    elif not packs_by_positions(config.model_type):
+        other = " or blocks" if recipe.task == "clm" else ""
+        found.problems.append(f"data.packing: {config.model_type} models build their attention from the attention "
+                              "mask alone (or carry a state along the sequence), so packed examples would see each "
+                              f"other: set data.packing to false{other}, or use a model type that packs (llama, "
+                              "mistral, qwen2, gemma, gpt2, phi3 and most decoders)")
+
+
+def check_conversations(s: Subject, found: Findings) -> None:
+    """A conversation set trains a decoder; its chat template splits answers from prompts; conversations longer
+    than data.max_length are counted, by where they are cut (after a whole turn, or inside one)."""
+    recipe, data, processor = s.recipe, s.data, s.processor
+    if data is None or "messages" not in data["train"].column_names:
+        return
+    if s.family is not None and s.family != "decoder":
+        found.problems.append(f"data.messages_column: conversations train decoder models, and "
+                              f"{recipe.model.checkpoint} is {s.family}: use a decoder checkpoint, or text and target "
+                              "columns (data.text_column, data.target_column)")
+        return
+    if processor is None:
+        return
+    from hftoolkit.errors import UserError
+    from hftoolkit.sources.conversations import cut_counts
+
+    size = found.lengths.get("max_length", recipe.data.max_length)
+    try:
+        counts = [cut_counts(processor, data[split]["messages"], size) for split in ("train", "eval")]
+    except UserError as err:
+        found.problems.append(err.message)
+        return
+    turn, inside = (sum(c[kind] for c in counts) for kind in ("turn", "inside"))
+    if turn or inside:
+        found.record["conversations_cut"] = {"turn": turn, "inside": inside}
+        found.notes.append(f"data.max_length: {turn + inside} conversation{'s' * (turn + inside != 1)} longer than "
+                           f"{size} tokens: {turn} cut after the last assistant turn that fits, {inside} cut inside "
+                           "a turn (raise data.max_length to keep them whole)")
+
+
+CHECKS = (check_head, check_tokenizer, check_lengths, check_labels, check_images, check_packing, check_conversations)

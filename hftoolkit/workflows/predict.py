@@ -29,12 +29,43 @@ def predict(run_dir: Path, given: str, generation: dict, batch_size: int | None 
     if values:
         job = dataclasses.replace(job, recipe=replaced(job.recipe, values, "predict options"))
     recipe = job.recipe
+    talks = conversation_inputs(given, recipe)
+    if talks is not None:  # the file a conversation run trained on answers its last user turns
+        from hftoolkit.sources.conversations import last_user_text, question
+
+        outputs = form.generate(job, model, processor, [question(turns) for turns in talks])
+        return [{"input": last_user_text(turns), **o} for turns, o in zip(talks, outputs)]
     given_lines = input_lines(given, recipe.task)
     inputs = parse_inputs(given_lines, recipe.task, pairs=bool(recipe.data.text_pair_column))
     outputs = form.generate(job, model, processor, inputs)
     shown = ["\t".join(x) if isinstance(x, tuple) else x if isinstance(x, str) else line
              for line, x in zip(given_lines, inputs)]
     return [{"input": x, **o} for x, o in zip(shown, outputs)]
+
+
+def conversation_inputs(given: str, recipe) -> list[list[dict]] | None:
+    """The conversations of a .jsonl or .json file for an instruction run, read from data.messages_column (the
+    format `train` and `eval` read); None where `given` is no such file, or its rows hold no such column."""
+    import json
+
+    path = Path(given)
+    if recipe.task != "instruction" or path.suffix.lower() not in (".jsonl", ".json") or not path.is_file():
+        return None
+    from hftoolkit.sources.conversations import problem
+
+    column, text = recipe.data.messages_column, path.read_text(encoding="utf-8")
+    try:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix.lower() == ".jsonl" \
+            else json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"--input: {given} is not JSON lines ({err.msg}, line {err.lineno}): write one JSON object "
+                        "a line") from None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and column in r for r in rows):
+        return None
+    for row, item in enumerate(rows):
+        if (line := problem(item[column], row, given, "--input")) is not None:
+            raise UserError(line)
+    return [item[column] for item in rows]
 
 
 def input_lines(given: str, task: str) -> list[str]:
