@@ -11,6 +11,9 @@ longest example, where a prompt and its target together are longer). A batch of 
 transformers' DataCollatorWithFlattening one row at a time (it restarts the position ids and keeps the
 label of each example's first token out of the loss, as the unpacked shift does) and the rows are stacked;
 with flash_attention_2 the whole batch is one flattened row instead, the layout its varlen kernel reads.
+
+The restarts are read only where the model runs without a key/value cache (masking_utils skips them when one is
+passed): the Trainer turns the cache off for training and eval (TrainingArguments.use_cache, False by default).
 """
 
 from __future__ import annotations
