@@ -120,8 +120,11 @@ def test_the_same_file_trains_evaluates_and_predicts(tmp_path):
     run = tmp_path / "run"
     sets = ("model.checkpoint=init:gpt2", "model.gguf_file=null", "model.revision=null", f"data.train={data}",
             "data.eval_split=null", "data.max_eval_samples=4", "data.max_length=64", "training.max_steps=3",
-            "training.batch_size=4", "eval.batch_size=4", "eval.generation.max_new_tokens=4", "data.packing=false")
+            "training.batch_size=4", "eval.batch_size=4", "eval.generation.max_new_tokens=4", "data.packing=false",
+            "eval.every=3")
     train_recipe(RECIPE, run, *sets)
+    logged = [json.loads(line) for line in (run / "log_history.jsonl").read_text().splitlines()]
+    assert any("eval_rougeL" in entry for entry in logged), "an eval during training scores the answers too"
     records = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
     assert records and all(r["input"] == "Say it again." for r in records), "eval answers the last user turn"
     assert {r["reference"] for r in records} <= {"blue", "green", "red", "white", "black"}

@@ -35,7 +35,8 @@ class TokenCounter:
         """Add one collated batch of `samples` examples to the counts; a batch without an attention mask (packed
         rows, data.packing true) holds `tokens` real tokens, the rest of its input ids are padding."""
         mask = batch.get("attention_mask")
-        if mask is None and tokens and "input_ids" in batch:
+        if mask is None and "input_ids" in batch:  # (collated elsewhere, `tokens` unknown: the rows' padding counts)
+            tokens = tokens or batch["input_ids"].numel()
             self.real += tokens
             self.total += batch["input_ids"].numel()
             self.attention_flops += tokens * batch["input_ids"].shape[-1]
