@@ -132,3 +132,25 @@ def test_the_same_file_trains_evaluates_and_predicts(tmp_path):
     result = run_cli("predict", run, "--input", str(data), "--format", "jsonl")
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.strip()]
     assert len(rows) == 40 and rows[0]["input"] == "Say it again." and "text" in rows[0]
+
+
+def test_the_recipe_s_hub_set_loads_as_conversations_through_its_hub_id(tmp_path, monkeypatch):
+    """HuggingFaceH4/no_robots planted in the caches as an online load leaves it (its columns and splits)."""
+    import datasets
+
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
+    from tests import hub_cache
+
+    turn = {"role": datasets.Value("string"), "content": datasets.Value("string")}
+    features = datasets.Features({"prompt": datasets.Value("string"), "prompt_id": datasets.Value("string"),
+                                  "messages": datasets.List(turn), "category": datasets.Value("string")})
+    rows = lambda split, n: [{"prompt": t[0]["content"], "prompt_id": f"{split}{i}", "messages": t,  # noqa: E731
+                              "category": "Chat"} for i, t in enumerate(_chats(n))]
+    home = tmp_path / "hf-home"
+    hub_cache.plant_dataset(home / "hub", home / "datasets", "HuggingFaceH4/no_robots",
+                            {"default": (features, {"train": rows("train", 10), "test": rows("test", 4)})})
+    hub_cache.use_hf_home(monkeypatch, home)
+    data, _ = load_data(load_recipe(RECIPE))
+    assert data["train"].column_names == ["messages"] and (len(data["train"]), len(data["eval"])) == (10, 4)
+    assert data["eval"][0]["messages"][-1] == {"role": "assistant", "content": "blue"}
