@@ -154,3 +154,18 @@ def test_the_recipe_s_hub_set_loads_as_conversations_through_its_hub_id(tmp_path
     data, _ = load_data(load_recipe(RECIPE))
     assert data["train"].column_names == ["messages"] and (len(data["train"]), len(data["eval"])) == (10, 4)
     assert data["eval"][0]["messages"][-1] == {"role": "assistant", "content": "blue"}
+
+
+@pytest.mark.slow
+def test_smollm2_trains_packed_conversations_and_answers_the_last_user_turn(tmp_path, smollm2_checkpoint):
+    """The shipped recipe, offline: a local conversation file, packed rows on a real llama, the chat template."""
+    data = _write(tmp_path / "chats.jsonl", _chats(12))
+    run = tmp_path / "run"
+    train_recipe(RECIPE, run, f"model.checkpoint={smollm2_checkpoint}", "model.gguf_file=null", "model.revision=null",
+                 f"data.train={data}", "data.eval_split=null", "data.max_eval_samples=2", "data.max_length=128",
+                 "training.max_steps=2", "training.batch_size=4", "eval.generation.max_new_tokens=4")
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["padding_fraction"] < 0.1, "packed rows"
+    rows = [json.loads(line) for line in run_cli("predict", run, "--input", str(data), "--format", "jsonl",
+                                                 "--max-new-tokens", "3").stdout.splitlines() if line.strip()]
+    assert len(rows) == 12 and {r["input"] for r in rows} == {"Say it again."} and all(r["text"] for r in rows)
