@@ -159,7 +159,8 @@ def check_lengths(s: Subject, found: Findings) -> None:
         return
     d, ckpt = recipe.data, recipe.model.checkpoint
     where = f"more than {ckpt} takes ({limit} positions)"
-    if s.family == "decoder" and recipe.task in tasks.PROMPTED:
+    talks = s.data is not None and "messages" in s.data["train"].column_names  # a conversation: max_length bounds it
+    if s.family == "decoder" and recipe.task in tasks.PROMPTED and not talks:
         if d.max_length + d.max_target_length > limit:  # prompt and target are one sequence
             target = min(d.max_target_length, max(limit - d.max_length, limit // 2))
             source = min(d.max_length, limit - target)
