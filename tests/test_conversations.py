@@ -169,3 +169,13 @@ def test_smollm2_trains_packed_conversations_and_answers_the_last_user_turn(tmp_
     rows = [json.loads(line) for line in run_cli("predict", run, "--input", str(data), "--format", "jsonl",
                                                  "--max-new-tokens", "3").stdout.splitlines() if line.strip()]
     assert len(rows) == 12 and {r["input"] for r in rows} == {"Say it again."} and all(r["text"] for r in rows)
+
+
+def test_a_conversation_without_an_answer_is_dropped_and_counted():
+    from datasets import Dataset
+
+    from hftoolkit.sources.data import drop_empty
+
+    unanswered = [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "  "}]
+    kept, dropped = drop_empty(Dataset.from_dict({"messages": [*_chats(2), unanswered]}), "data.train", "chats.jsonl")
+    assert (len(kept), dropped) == (2, 1)
