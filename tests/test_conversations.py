@@ -179,3 +179,13 @@ def test_a_conversation_without_an_answer_is_dropped_and_counted():
     unanswered = [{"role": "user", "content": "Hello?"}, {"role": "assistant", "content": "  "}]
     kept, dropped = drop_empty(Dataset.from_dict({"messages": [*_chats(2), unanswered]}), "data.train", "chats.jsonl")
     assert (len(kept), dropped) == (2, 1)
+
+
+def test_conversations_on_an_encoder_decoder_are_refused_with_every_problem_at_once(tmp_path):
+    data = _write(tmp_path / "chats.jsonl", _chats(6))
+    sets = ("model.checkpoint=init:t5", "model.gguf_file=null", "model.revision=null", f"data.train={data}",
+            "data.eval_split=null", "lora.targets=auto")
+    result = run_cli("validate", RECIPE, "--data", *[a for s in sets for a in ("--set", s)], expect=2)
+    text = plain(result.output)
+    assert "data.messages_column: conversations train decoder models, and init:t5 is seq2seq" in text
+    assert "data.packing: packing whole examples into rows is for decoder models" in text

@@ -110,7 +110,12 @@ def encode(tokenizer, turns: list[dict], max_length: int) -> Encoded:
     even the first answer does not."""
     full = render(tokenizer, turns)
     spans = answer_spans(tokenizer, turns, full)
-    tokens = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    try:
+        tokens = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    except NotImplementedError:  # a Python ("slow") tokenizer: no character offsets
+        raise UserError("data.messages_column: the checkpoint's tokenizer can't say which characters each token "
+                        "covers (a slow tokenizer), so the answers can't be found: save its fast version "
+                        "(tokenizer.json) into the checkpoint") from None
     ids, offsets = tokens["input_ids"], tokens["offset_mapping"]
     labels, ends, span = [IGNORE_INDEX] * len(ids), [], 0
     for j, (start, _) in enumerate(offsets):
