@@ -139,10 +139,16 @@ def prompt(tokenizer, turns: list[dict]) -> list[int]:
 
 
 def cut_counts(tokenizer, conversations, max_length: int) -> dict[str, int]:
-    """How many conversations are longer than max_length, by how they are cut: {"turn": n, "inside": m}."""
+    """How many conversations are longer than max_length, by how they are cut: {"turn": n, "inside": m}; raises
+    UserError where the template can't be split into prompts and answers."""
     counts = {"turn": 0, "inside": 0}
-    for turns in conversations:
-        kind = encode(tokenizer, turns, max_length).cut
+    conversations = list(conversations)
+    # One batched tokenization finds the long ones; only those are encoded turn by turn to see where they are cut.
+    lengths = [len(ids) for ids in tokenizer([render(tokenizer, turns) for turns in conversations],
+                                             add_special_tokens=False)["input_ids"]]
+    for i, (turns, length) in enumerate(zip(conversations, lengths)):
+        # (the first is encoded whatever its length: a template whose answers can't be found is refused here)
+        kind = encode(tokenizer, turns, max_length).cut if length > max_length or i == 0 else None
         if kind:
             counts[kind] += 1
     return counts
