@@ -189,3 +189,17 @@ def test_conversations_on_an_encoder_decoder_are_refused_with_every_problem_at_o
     text = plain(result.output)
     assert "data.messages_column: conversations train decoder models, and init:t5 is seq2seq" in text
     assert "data.packing: packing whole examples into rows is for decoder models" in text
+
+
+def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line(smol_tokenizer):
+    import copy
+
+    from hftoolkit.errors import UserError
+    from hftoolkit.sources.conversations import encode
+
+    tok = copy.deepcopy(smol_tokenizer)
+    # Marks the last turn: a conversation's beginning renders differently once more turns follow.
+    tok.chat_template = ("{% for m in messages %}{% if loop.last %}[last]{% endif %}{{ m['role'] }}: "
+                         "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}assistant: {% endif %}")
+    with pytest.raises(UserError, match="renders a conversation's beginning differently when more turns follow"):
+        encode(tok, TALK, 1000)
