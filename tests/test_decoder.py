@@ -154,7 +154,7 @@ def test_quantized_lora_trains_with_lm_head_in_full_precision(bits, layer, tmp_p
 def test_packing_cuts_exact_blocks_with_eos_between_documents():
     from datasets import Dataset
 
-    job = _job("data.max_length=16", "data.packing=true")
+    job = _job("data.max_length=16", "data.packing=blocks")
     tokenizer = job.model.processor
     texts = [f"the dog sees a cat number {i} near the river." for i in range(10)]
     blocks = _clm().preprocess(job, tokenizer, Dataset.from_dict({"text": texts}))

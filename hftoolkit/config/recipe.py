@@ -116,6 +116,8 @@ class DataSection(Section):
                                                            "and regression), e.g. hypothesis or sentence2")
     label_column: str = "label"
     target_column: str = "target"
+    messages_column: str = Field("messages", min_length=1, description="instruction: a column of conversations, "
+                                 "lists of {role, content} turns; a data set that has it is read as conversations")
     image_column: str = "image"
     train_target: str | None = Field(None, description="aligned targets, one a line, matching data.train's lines")
     eval_target: str | None = Field(None, description="aligned targets for data.eval")
@@ -126,7 +128,10 @@ class DataSection(Section):
     max_length: int = Field(128, gt=0)
     max_target_length: int = Field(64, gt=0)
     source_prefix: str = ""
-    packing: bool = True
+    packing: bool | Literal["blocks"] | None = Field(
+        None, description="clm and instruction on a decoder: true packs whole examples into full rows, attention "
+                          "never crossing from one into the next; blocks (clm only) cuts the concatenated texts into "
+                          "blocks of data.max_length; false pads each batch; unset: blocks for clm, false otherwise")
     mask_probability: float = Field(0.15, ge=0.1, le=0.3)
     max_train_samples: int | None = Field(None, gt=0)
     max_eval_samples: int | None = Field(None, gt=0)
@@ -278,6 +283,9 @@ class Recipe(Section):
         if self.model.quantization != "none" and not self.lora.enabled:
             raise ValueError(f"{self.model.quantization} weights can't be trained directly: "
                              "set lora.enabled to true, or model.quantization to none for full fine-tuning")
+        if self.data.packing == "blocks" and self.task != "clm":
+            raise ValueError(f"data.packing blocks cuts concatenated texts, which only task clm trains on, and the "
+                             f"task is {self.task}: set data.packing to true (whole examples) or false")
         problems = _training_rules(self)
         if problems:
             raise ValueError("; ".join(problems))

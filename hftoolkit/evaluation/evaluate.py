@@ -27,7 +27,6 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
     console.phase(f"eval: {len(data['eval']):,} examples")
     started = time.perf_counter()
     task = tasks.spec(job.recipe.task)
-    column = task.columns[0]
     raw = data["eval"]
     count = len(raw) if task.scoring == "generation" else min(len(raw), job.recipe.eval.max_predictions)
     eval_set, order = shortest_first(encoded["eval"])
@@ -44,18 +43,18 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
                if k.startswith("eval_") and not k.endswith(("_runtime", "_per_second", "_time"))}
     if task.main_metric == "perplexity" and "loss" in results:
         results["perplexity"] = math.exp(min(results["loss"], 50))
-    inputs = raw[column][:count]
+    inputs = eval_inputs(raw, count, task.columns[0])
     if outputs is None:
         prompt = {"prompt_fraction": task.prompt_fraction} if task.prompt_fraction < 1 else {}
         sharded = trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled
         outputs = generate_everywhere(form, job, trainer.model, processor, inputs, sharded, **prompt)  # shared
     if task.scoring == "generation":
-        results.update(scorer.compute([o["text"] for o in outputs], raw["target"]))
-    references = _references(job, raw, count)
+        results.update(scorer.compute([o["text"] for o in outputs], references(job, raw, count)))
+    refs = references(job, raw, count)
     pairs = raw["text_pair"][:count] if "text_pair" in raw.column_names else [None] * len(inputs)
     predictions = [{"input": _show(x), **({"input_pair": p} if p is not None else {}),
                     **({"reference": r} if r is not None else {}), **o}
-                   for x, p, r, o in zip(inputs, pairs, references, outputs)][:job.recipe.eval.max_predictions]
+                   for x, p, r, o in zip(inputs, pairs, refs, outputs)][:job.recipe.eval.max_predictions]
     return results, predictions, time.perf_counter() - started
 
 
@@ -68,9 +67,14 @@ def _pass_records(task, predicted, id2label: dict) -> list[dict]:
     return label_records(predicted, id2label)
 
 
-def _references(job: Job, raw, count: int) -> list:
+def references(job: Job, raw, count: int) -> list:
+    """What the first `count` predictions are compared with: targets, a conversation's final answer, or labels."""
     if "target" in raw.column_names:
         return raw["target"][:count]
+    if "messages" in raw.column_names:  # a conversation: its final assistant turn
+        from hftoolkit.sources.conversations import reference
+
+        return [reference(turns) for turns in raw["messages"][:count]]
     if tasks.spec(job.recipe.task).labels == "value":
         return [round(float(v), 4) for v in raw["label"][:count]]
     if "label" in raw.column_names and job.label_names:
@@ -79,7 +83,21 @@ def _references(job: Job, raw, count: int) -> list:
     return [None] * count
 
 
+def eval_inputs(raw, count: int, column: str) -> list:
+    """The first `count` inputs of the eval split as the model takes them: the task's input `column`, or each
+    conversation up to its last user turn."""
+    if "messages" not in raw.column_names:
+        return raw[column][:count]
+    from hftoolkit.sources.conversations import question
+
+    return [question(turns) for turns in raw["messages"][:count]]
+
+
 def _show(value):
+    if isinstance(value, list) and value and isinstance(value[0], dict):  # a conversation: its last user turn
+        from hftoolkit.sources.conversations import last_user_text
+
+        return last_user_text(value)
     return value if isinstance(value, (str, list)) else f"<{type(value).__name__}>"
 
 

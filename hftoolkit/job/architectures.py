@@ -267,3 +267,44 @@ def _targets(model, names: list[str]) -> list[str]:
 
 def _shown(names: list[str]) -> str:
     return ", ".join(dict.fromkeys(name.rsplit(".", 1)[-1] for name in names))
+
+
+# A call that builds the attention mask (transformers.masking_utils), with position_ids among its arguments, or the
+# mask arguments gathered in a dict that holds them first.
+_MASK_FROM_POSITIONS = (r"(?:create_\w*causal_mask|mask_function)\((?:[^()]|\([^()]*\))*?\bposition_ids\s*=",
+                        r"mask_kwargs\s*=\s*\{[^}]*[\"']position_ids[\"']\s*:")
+
+# Names that modeling code gives a state carried along the sequence.
+_STATE_ALONG_SEQUENCE = ("conv_state", "ssm_state", "recurrent_state", "linear_attn")
+
+
+def packs_by_positions(model_type: str) -> bool:
+    """Whether the model type's causal LM keeps packed examples apart by their position ids alone.
+
+    transformers 5 does this in masking_utils: called with position_ids and no attention mask, its mask builders
+    find where positions restart (find_packed_sequence_indices) and let a token attend only within its own
+    example, for the eager, sdpa and flex kernels; flash_attention_2 reads the restarts from position_ids
+    itself. A model type takes part only where its modeling code hands position_ids to those builders; one that
+    builds its mask from the attention mask alone (bloom, opt) would let packed examples attend to each other.
+    Layers that carry a state along the sequence (Mamba, linear attention, short convolutions: Jamba, Qwen3-Next,
+    LFM2) would carry it across examples whatever the mask, so their types are refused too.
+    That is read from the model type's own modeling module, so a new release's types are known without a list.
+    """
+    import importlib
+    import inspect
+    import re
+
+    from transformers.models.auto import modeling_auto
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+
+    name = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.get(model_type)
+    if not isinstance(name, str):
+        return False
+    module_name = model_type_to_module_name(model_type)
+    try:
+        source = inspect.getsource(importlib.import_module(f"transformers.models.{module_name}.modeling_{module_name}"))
+    except (ImportError, OSError, TypeError):
+        return False
+    if any(word in source for word in _STATE_ALONG_SEQUENCE):
+        return False
+    return any(re.search(pattern, source) for pattern in _MASK_FROM_POSITIONS)

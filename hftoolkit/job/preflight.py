@@ -68,11 +68,11 @@ def preflight(recipe: Recipe, model: ResolvedModel | None, data, label_names: li
     for check in CHECKS:
         check(subject, found)
     if dropped is not None:
-        _dropped(recipe, dropped, found)
+        _dropped(recipe, dropped, found, data)
     return found
 
 
-def _dropped(recipe: Recipe, dropped: dict, found: Findings) -> None:
+def _dropped(recipe: Recipe, dropped: dict, found: Findings, data) -> None:
     """The rows set aside as the data was read, one note per split and reason: an empty input or target, and a
     label that data.label_map maps to null."""
     unlabelled = dropped.get("label_map")
@@ -80,6 +80,8 @@ def _dropped(recipe: Recipe, dropped: dict, found: Findings) -> None:
     if unlabelled is not None:
         found.record["dropped_by_label_map"] = dict(unlabelled)
     what = "text or target" if "target" in tasks.spec(recipe.task).columns else "text"
+    if data is not None and "messages" in data["train"].column_names:
+        what = "conversation (no assistant turn with text)"
     for split, count in found.record["dropped_empty"].items():
         if count:
             found.notes.append(f"{_split_key(recipe, split)}: dropped {count} row{'s' * (count != 1)} with an "
@@ -174,7 +176,8 @@ def check_lengths(s: Subject, found: Findings) -> None:
         return
     d, ckpt = recipe.data, recipe.model.checkpoint
     where = f"more than {ckpt} takes ({limit} positions)"
-    if s.family == "decoder" and recipe.task in tasks.PROMPTED:
+    talks = s.data is not None and "messages" in s.data["train"].column_names  # a conversation: max_length bounds it
+    if s.family == "decoder" and recipe.task in tasks.PROMPTED and not talks:
         if d.max_length + d.max_target_length > limit:  # prompt and target are one sequence
             target = min(d.max_target_length, max(limit - d.max_length, limit // 2))
             source = min(d.max_length, limit - target)
@@ -330,4 +333,54 @@ def _name(item, row: int, split: str) -> str:
     return f"image file {path}" if path else f"the image in row {row} of the {split} split"
 
 
-CHECKS = (check_head, check_tokenizer, check_lengths, check_labels, check_images)
+def check_packing(s: Subject, found: Findings) -> None:
+    """data.packing true packs whole examples for a decoder, on a model type that keeps them apart by position ids
+    (architectures.packs_by_positions); tasks with nothing to pack ignore the key, as they always have."""
+    recipe, config = s.recipe, s.config
+    if recipe.data.packing is not True or recipe.task not in ("clm", *tasks.PROMPTED) or config is None:
+        return
+    from hftoolkit.job.architectures import packs_by_positions
+
+    ckpt = recipe.model.checkpoint
+    if s.family != "decoder":
+        found.problems.append(f"data.packing: packing whole examples into rows is for decoder models, and {ckpt} is "
+                              f"{s.family}: set data.packing to false")
+    elif not packs_by_positions(config.model_type):
+        other = " or blocks" if recipe.task == "clm" else ""
+        found.problems.append(f"data.packing: {config.model_type} models build their attention from the attention "
+                              "mask alone (or carry a state along the sequence), so packed examples would see each "
+                              f"other: set data.packing to false{other}, or use a model type that packs (llama, "
+                              "mistral, qwen2, gemma, gpt2, phi3 and most decoders)")
+
+
+def check_conversations(s: Subject, found: Findings) -> None:
+    """A conversation set trains a decoder; its chat template splits answers from prompts; conversations longer
+    than data.max_length are counted, by where they are cut (after a whole turn, or inside one)."""
+    recipe, data, processor = s.recipe, s.data, s.processor
+    if data is None or "messages" not in data["train"].column_names:
+        return
+    if s.family is not None and s.family != "decoder":
+        found.problems.append(f"data.messages_column: conversations train decoder models, and "
+                              f"{recipe.model.checkpoint} is {s.family}: use a decoder checkpoint, or text and target "
+                              "columns (data.text_column, data.target_column)")
+        return
+    if processor is None:
+        return
+    from hftoolkit.errors import UserError
+    from hftoolkit.sources.conversations import cut_counts
+
+    size = found.lengths.get("max_length", recipe.data.max_length)
+    try:
+        counts = [cut_counts(processor, data[split]["messages"], size) for split in ("train", "eval")]
+    except UserError as err:
+        found.problems.append(err.message)
+        return
+    turn, inside = (sum(c[kind] for c in counts) for kind in ("turn", "inside"))
+    if turn or inside:
+        found.record["conversations_cut"] = {"turn": turn, "inside": inside}
+        found.notes.append(f"data.max_length: {turn + inside} conversation{'s' * (turn + inside != 1)} longer than "
+                           f"{size} tokens: {turn} cut after the last assistant turn that fits, {inside} cut inside "
+                           "a turn (raise data.max_length to keep them whole)")
+
+
+CHECKS = (check_head, check_tokenizer, check_lengths, check_labels, check_images, check_packing, check_conversations)

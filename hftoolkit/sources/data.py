@@ -6,6 +6,7 @@ columns carry canonical names, so families never see the user's column names:
   text_pair  the second text of a sentence pair (classification, regression; when data.text_pair_column is set)
   label      a class id (classification, image-classification), a list of tag ids (tagging) or a float (regression)
   target     the output text (translation, summarization)
+  messages   a conversation, a list of {role, content} turns (instruction, where data.messages_column is in the data)
   image      a PIL image (image-classification)
 Label names found in the data are returned beside it (the job keeps them; the recipe is not written).
 Rows whose input or target is empty are dropped (and counted) as they are read: a model
@@ -107,7 +108,7 @@ def drop_empty(ds, key: str, source: str):
 
     Empty means missing (an empty CSV cell), blank text, or an empty word list (tagging).
     """
-    columns = [c for c in ("text", "text_pair", "target") if c in ds.column_names]
+    columns = [c for c in ("text", "text_pair", "target", "messages") if c in ds.column_names]
     if not columns or len(ds) == 0:
         return ds, 0
     empty = {c: [i for i, value in enumerate(ds[c]) if not _filled(value)] for c in columns}
@@ -123,6 +124,10 @@ def drop_empty(ds, key: str, source: str):
 
 
 def _filled(value) -> bool:
+    if isinstance(value, list) and value and isinstance(value[0], dict):  # a conversation: it needs an answer
+        from hftoolkit.sources.conversations import answered
+
+        return answered(value)
     if isinstance(value, str):
         return bool(value.strip())
     if isinstance(value, (list, tuple)):
@@ -326,7 +331,10 @@ def _aligned(source: Path, target: Path, key: str):
 
 
 def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = False):
-    """Rename the recipe's columns to canonical names and drop the rest; a dotted name reads a nested field."""
+    """Rename the recipe's columns to canonical names and drop the rest; a dotted name reads a nested field.
+    An instruction set with data.messages_column is a conversation set: that column is all it reads."""
+    if recipe.task == "instruction" and recipe.data.messages_column in ds.column_names:
+        return _conversations(ds, recipe.data.messages_column, key, source)
     mapping, missing = {}, {}
     for name in _columns(recipe):
         field = tasks.COLUMN_KEYS[name]
@@ -340,11 +348,28 @@ def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fa
         mapping[column] = name
     if missing:  # every column the split lacks, in one line
         many = len(missing) > 1
+        also = (f", or data.messages_column for a conversation set (no {recipe.data.messages_column!r} column "
+                "either)") if recipe.task == "instruction" else ""
         raise UserError(f"{', '.join(missing)}: column{'s' * many} {', '.join(map(repr, missing.values()))} not "
                         f"found in {source}; columns found: {', '.join(ds.column_names)}; set "
-                        f"{' and '.join(missing)} to {'the names' if many else 'the name'} in the data")
+                        f"{' and '.join(missing)} to {'the names' if many else 'the name'} in the data{also}")
     ds = ds.select_columns(list(mapping))
     return ds.rename_columns({k: v for k, v in mapping.items() if k != v})
+
+
+def _conversations(ds, column: str, key: str, source: str):
+    """The messages column alone, as "messages", every row checked to be a list of {role, content} turns."""
+    from hftoolkit.sources.conversations import problem
+
+    ds = ds.select_columns([column])
+    if column != "messages":
+        ds = ds.rename_column(column, "messages")
+    bad = [line for row, turns in enumerate(ds["messages"])
+           if (line := problem(turns, row, source, "data.messages_column")) is not None]
+    if bad:
+        more = f" (and {len(bad) - 1} more rows like it)" if len(bad) > 1 else ""
+        raise UserError(bad[0] + more)
+    return ds
 
 
 def _columns(recipe: Recipe) -> list[str]:

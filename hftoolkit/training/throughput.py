@@ -26,14 +26,21 @@ class TokenCounter:
     def __call__(self, features):
         for f in features:
             f.pop("length", None)
+        tokens = sum(len(f["input_ids"]) for f in features if "input_ids" in f)
         batch = self.collate(features)
-        self.count(batch, len(features))
+        self.count(batch, len(features), tokens)
         return batch
 
-    def count(self, batch, samples: int) -> None:
-        """Add one collated batch of `samples` examples to the counts."""
+    def count(self, batch, samples: int, tokens: int = 0) -> None:
+        """Add one collated batch of `samples` examples to the counts; a batch without an attention mask (packed
+        rows, data.packing true) holds `tokens` real tokens, the rest of its input ids are padding."""
         mask = batch.get("attention_mask")
-        if mask is not None:
+        if mask is None and "input_ids" in batch:  # (collated elsewhere, `tokens` unknown: the rows' padding counts)
+            tokens = tokens or batch["input_ids"].numel()
+            self.real += tokens
+            self.total += batch["input_ids"].numel()
+            self.attention_flops += tokens * batch["input_ids"].shape[-1]
+        elif mask is not None:
             real = int(mask.sum())
             self.real += real
             self.total += mask.numel()

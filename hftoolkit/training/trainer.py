@@ -421,6 +421,7 @@ class EvalDuringTraining:
             return {f"{prefix}_perplexity": math.exp(min(metrics[f"{prefix}_loss"], 50))}
         if task.scoring != "generation" or context.raw_eval is None:
             return {}
+        from hftoolkit.evaluation.evaluate import eval_inputs, references
         from hftoolkit.evaluation.generation import generate_everywhere
         from hftoolkit.models.families import formulation
 
@@ -430,10 +431,10 @@ class EvalDuringTraining:
         try:
             sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
             outputs = generate_everywhere(formulation(context.job), context.job, model, context.processor,
-                                          raw[task.columns[0]], sharded)
+                                          eval_inputs(raw, len(raw), task.columns[0]), sharded)
         finally:
             model.train(was_training)
-        scores = context.scorer.compute([o["text"] for o in outputs], raw["target"])
+        scores = context.scorer.compute([o["text"] for o in outputs], references(context.job, raw, len(raw)))
         return {f"{prefix}_{name}": value for name, value in scores.items()}
 
 

@@ -49,6 +49,12 @@ def predict(run_dir: Path, given: str | None, generation: dict, batch_size: int 
         inputs, index = unlabelled_split(recipe, split)
         outputs = form.generate(job, model, processor, inputs)
         return [{"index": i, "prediction": o.get("label", o.get("value"))} for i, o in zip(index, outputs)]
+    talks = conversation_inputs(given, recipe) if table is not None else None
+    if talks is not None:  # the file a conversation run trained on answers its last user turns
+        from hftoolkit.sources.conversations import last_user_text, question
+
+        outputs = form.generate(job, model, processor, [question(turns) for turns in talks])
+        return [{"input": last_user_text(turns), **o} for turns, o in zip(talks, outputs)]
     if table is not None:
         ids, given_lines = table_inputs(table, recipe, column, pair_column)
     else:
@@ -151,6 +157,31 @@ def _json_rows(path: Path, kind: str) -> list[dict]:
     if not all(isinstance(row, dict) for row in rows):
         raise ValueError("every row must be a JSON object of column: value")
     return rows
+
+
+def conversation_inputs(given: str, recipe) -> list[list[dict]] | None:
+    """The conversations of a .jsonl or .json file for an instruction run, read from data.messages_column (the
+    format `train` and `eval` read); None where `given` is no such file, or its rows hold no such column."""
+    import json
+
+    path = Path(given)
+    if recipe.task != "instruction" or path.suffix.lower() not in (".jsonl", ".json") or not path.is_file():
+        return None
+    from hftoolkit.sources.conversations import problem
+
+    column, text = recipe.data.messages_column, path.read_text(encoding="utf-8")
+    try:
+        rows = [json.loads(line) for line in text.splitlines() if line.strip()] if path.suffix.lower() == ".jsonl" \
+            else json.loads(text)
+    except json.JSONDecodeError as err:
+        raise UserError(f"--input: {given} is not JSON lines ({err.msg}, line {err.lineno}): write one JSON object "
+                        "a line") from None
+    if not isinstance(rows, list) or not rows or not all(isinstance(r, dict) and column in r for r in rows):
+        return None
+    for row, item in enumerate(rows):
+        if (line := problem(item[column], row, given, "--input")) is not None:
+            raise UserError(line)
+    return [item[column] for item in rows]
 
 
 def input_lines(given: str, task: str) -> list[str]:

@@ -13,7 +13,8 @@ from __future__ import annotations
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
-from hftoolkit.models.families import decoding_options, labels, sync_pad_token
+from hftoolkit.models.families import decoding_options, labels, packing, sync_pad_token
+from hftoolkit.sources import conversations
 
 IGNORE_INDEX = labels.IGNORE_INDEX
 # Between the source and the target of a prompt + target sequence (after data.source_prefix + text).
@@ -46,6 +47,46 @@ def _padding_collator(job: Job, tokenizer):
     return DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX, return_tensors="pt")
 
 
+def _packing(job: Job) -> str:
+    """How the job packs: "blocks" (clm's fixed blocks), "rows" (whole examples, padding-free) or "none"."""
+    packing = job.recipe.data.packing
+    if packing is None:
+        return "blocks" if job.task == "clm" else "none"
+    return "blocks" if packing == "blocks" else "rows" if packing else "none"
+
+
+def _blocks(job: Job, tokenizer, dataset):
+    """The split's texts, each followed by eos, concatenated and cut into blocks of exactly data.max_length."""
+    size, eos = job.max_length, tokenizer.eos_token_id
+
+    def pack(batch):
+        ids = [i for text_ids in tokenizer(batch["text"])["input_ids"] for i in [*text_ids, eos]]
+        blocks = [ids[start:start + size] for start in range(0, len(ids) - size + 1, size)]
+        return {"input_ids": blocks, "attention_mask": [[1] * size for _ in blocks],
+                "labels": [list(b) for b in blocks], "length": [size] * len(blocks)}
+
+    # batch_size=None: the whole split is one batch, so packing concatenates across every document.
+    encoded = dataset.map(pack, batched=True, batch_size=None, remove_columns=dataset.column_names)
+    if len(encoded) == 0:
+        tokens = sum(len(ids) + 1 for ids in tokenizer(list(dataset["text"]))["input_ids"])
+        raise UserError(f"data.max_length: packing cuts blocks of {size} tokens, but a split of "
+                        f"{job.recipe.data.train} holds only {tokens}: lower data.max_length, or add text "
+                        "(or a larger data.eval_fraction)")
+    return encoded
+
+
+def _packed(job: Job, encoded):
+    """The encoded examples packed into rows where data.packing is true; as they are otherwise."""
+    return packing.pack(encoded, job.max_length) if _packing(job) == "rows" else encoded
+
+
+def _collator(job: Job, tokenizer):
+    """Packed rows (data.packing true) through packing.PackedCollator, else padded batches."""
+    if _packing(job) == "rows":
+        return packing.PackedCollator(tokenizer, flat=job.recipe.model.attention == "flash_attention_2")
+    return _padding_collator(job, tokenizer)
+
+
 class CausalLM:
     """Next-token prediction on the text itself; perplexity; predictions continue a prompt."""
 
@@ -53,21 +94,24 @@ class CausalLM:
         return _load_causal_lm(job)
 
     def preprocess(self, job: Job, tokenizer, dataset):
-        """Token ids with labels = input ids, and a "length" column.
+        """Token ids with labels = input ids, and a "length" column; each text is followed by eos.
 
-        data.packing true: every text is tokenized, followed by eos, all concatenated and cut into blocks
-        of exactly data.max_length tokens; the remainder shorter than a block is dropped (no padding at all).
-        data.packing false: one example per text, truncated to data.max_length (eos appended when it fits);
-        the collator pads per batch and masks the padding out of the loss.
+        data.packing blocks (the default for clm): the texts concatenated and cut into blocks of exactly
+        data.max_length tokens; the remainder shorter than a block is dropped (no padding at all), and attention
+        runs across the documents a block holds.
+        data.packing true: each text cut into pieces of at most data.max_length tokens, the pieces packed into
+        full rows whose position ids restart per piece (packing.py): no padding, no attention across documents.
+        data.packing false: one example per text, truncated to data.max_length; the collator pads per batch.
         """
-        size = job.max_length
-        eos = tokenizer.eos_token_id
+        mode = _packing(job)
+        if mode == "blocks":
+            return _blocks(job, tokenizer, dataset)
+        size, eos = job.max_length, tokenizer.eos_token_id
 
-        def pack(batch):
-            ids = [i for text_ids in tokenizer(batch["text"])["input_ids"] for i in [*text_ids, eos]]
-            blocks = [ids[start:start + size] for start in range(0, len(ids) - size + 1, size)]
-            return {"input_ids": blocks, "attention_mask": [[1] * size for _ in blocks],
-                    "labels": [list(b) for b in blocks], "length": [size] * len(blocks)}
+        def pieces(batch):
+            ids = [x + [eos] for x in tokenizer(batch["text"])["input_ids"]]
+            ids = [text[start:start + size] for text in ids for start in range(0, len(text), size)]
+            return {"input_ids": ids, "labels": [list(x) for x in ids], "length": [len(x) for x in ids]}
 
         def truncate(batch):
             ids = [x + [eos] for x in tokenizer(batch["text"], truncation=True,
@@ -75,18 +119,12 @@ class CausalLM:
             return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids],
                     "labels": [list(x) for x in ids], "length": [len(x) for x in ids]}
 
-        encode = pack if job.recipe.data.packing else truncate
-        # batch_size=None: the whole split is one batch, so packing concatenates across every document.
-        encoded = dataset.map(encode, batched=True, batch_size=None, remove_columns=dataset.column_names)
-        if len(encoded) == 0 and job.recipe.data.packing:
-            tokens = sum(len(ids) + 1 for ids in tokenizer(list(dataset["text"]))["input_ids"])
-            raise UserError(f"data.max_length: packing cuts blocks of {size} tokens, but a split of "
-                            f"{job.recipe.data.train} holds only {tokens}: lower data.max_length, or add text "
-                            "(or a larger data.eval_fraction)")
-        return encoded
+        encoded = dataset.map(pieces if mode == "rows" else truncate, batched=True,
+                              remove_columns=dataset.column_names)
+        return packing.pack(encoded, size) if mode == "rows" else encoded
 
     def collator(self, job: Job, tokenizer):
-        return _padding_collator(job, tokenizer)
+        return _collator(job, tokenizer)
 
     def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         """Perplexity only, from the eval loss. No compute function, so the Trainer evaluates with
@@ -139,10 +177,10 @@ class PromptAndTarget:
             return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "labels": masked,
                     "length": [len(x) for x in ids]}
 
-        return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
+        return _packed(job, dataset.map(encode, batched=True, remove_columns=dataset.column_names))
 
     def collator(self, job: Job, tokenizer):
-        return _padding_collator(job, tokenizer)
+        return _collator(job, tokenizer)
 
     def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         from hftoolkit.metrics import text_metrics
@@ -170,7 +208,33 @@ class ChatPromptAndTarget(PromptAndTarget):
 
     The template is rendered once with a marker as the message, and split around it: the user's text is
     tokenized on its own, so data.max_length cuts the text and never the template around it.
+
+    A conversation set (a "messages" column, sources/conversations.py) is rendered whole with the template and
+    trained on every assistant turn; eval and predict answer its last user turn.
     """
+
+    def preprocess(self, job: Job, tokenizer, dataset):
+        if "messages" not in dataset.column_names:
+            return super().preprocess(job, tokenizer, dataset)
+
+        def encode(batch):
+            done = [conversations.encode(tokenizer, turns, job.max_length) for turns in batch["messages"]]
+            return {"input_ids": [e.input_ids for e in done], "labels": [e.labels for e in done],
+                    "attention_mask": [[1] * len(e.input_ids) for e in done],
+                    "length": [len(e.input_ids) for e in done]}
+
+        return _packed(job, dataset.map(encode, batched=True, remove_columns=dataset.column_names))
+
+    def generate(self, job: Job, model, tokenizer, inputs: list) -> list[dict]:
+        """A text is the user's turn (as PromptAndTarget's prompt); a conversation (a list of turns) is answered
+        at its last user turn."""
+        if not any(isinstance(x, list) for x in inputs):
+            return super().generate(job, model, tokenizer, inputs)
+        room = _room(job, model)
+        prompts = [(conversations.prompt(tokenizer, x) if isinstance(x, list) else self.prompts(job, tokenizer, [x])[0])
+                   [-room:] for x in inputs]
+        texts = _continue(job, model, tokenizer, prompts, self.stops(tokenizer))
+        return [{"text": text.strip()} for text in texts]
 
     def prompts(self, job: Job, tokenizer, texts: list[str]) -> list[list[int]]:
         if not getattr(tokenizer, "chat_template", None):

@@ -1,0 +1,94 @@
+"""Padding-free packing (data.packing: true): whole examples packed into full rows, attention kept apart.
+
+Each row holds several tokenized examples one after another, with position ids that restart at 0 for every
+example. transformers 5 reads those restarts (masking_utils.find_packed_sequence_indices; flash attention's
+own varlen path) and lets each token attend only within its example, so a packed batch computes what the
+same examples would compute unpacked, without the padding. job/architectures.packs_by_positions says which
+model types do; preflight refuses the others.
+
+Rows are filled best-fit, longest example first, up to a capacity of data.max_length tokens (or the
+longest example, where a prompt and its target together are longer). A batch of rows goes through
+transformers' DataCollatorWithFlattening one row at a time (it restarts the position ids and keeps the
+label of each example's first token out of the loss, as the unpacked shift does) and the rows are stacked;
+with flash_attention_2 the whole batch is one flattened row instead, the layout its varlen kernel reads.
+
+The restarts are read only where the model runs without a key/value cache (masking_utils skips them when one is
+passed): the Trainer turns the cache off for training and eval (TrainingArguments.use_cache, False by default).
+"""
+
+from __future__ import annotations
+
+import bisect
+
+IGNORE_INDEX = -100
+
+
+def pack(dataset, capacity: int):
+    """Rows of whole examples (input_ids, labels, position_ids, length), each at most `capacity` tokens."""
+    import datasets
+
+    lengths = dataset["length"]
+    capacity = max(capacity, max(lengths, default=0))
+    rows = _best_fit(lengths, capacity)
+    ids, labels = dataset["input_ids"], dataset["labels"]
+    columns = {"input_ids": [], "labels": [], "position_ids": [], "length": []}
+    for row in rows:
+        columns["input_ids"].append([t for i in row for t in ids[i]])
+        columns["labels"].append([t for i in row for t in labels[i]])
+        columns["position_ids"].append([p for i in row for p in range(len(ids[i]))])
+        columns["length"].append(sum(lengths[i] for i in row))
+    return datasets.Dataset.from_dict(columns)
+
+
+def _best_fit(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Example indices grouped into rows: longest first, each into the row it fills most tightly."""
+    rows: list[list[int]] = []
+    free: list[tuple[int, int]] = []  # (space left, row), sorted
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        at = bisect.bisect_left(free, (lengths[i], -1))
+        if at == len(free):
+            rows.append([i])
+            bisect.insort(free, (capacity - lengths[i], len(rows) - 1))
+            continue
+        space, row = free.pop(at)
+        rows[row].append(i)
+        bisect.insort(free, (space - lengths[i], row))
+    return rows
+
+
+class PackedCollator:
+    """Batches of packed rows: each row flattened by DataCollatorWithFlattening (position ids restarting per
+    example, no attention mask), the rows right-padded and stacked; or, for flash attention, one flat row."""
+
+    def __init__(self, tokenizer, flat: bool = False):
+        from transformers import DataCollatorWithFlattening
+
+        self.flatten = DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
+        self.pad_id, self.flat = tokenizer.pad_token_id, flat
+
+    def __call__(self, rows: list[dict]) -> dict:
+        import torch
+
+        examples = [split_row(row) for row in rows]
+        if self.flat:
+            return self.flatten([e for row in examples for e in row], return_tensors="pt")
+        batches = [self.flatten(row, return_tensors="pt") for row in examples]
+        width = max(b["input_ids"].shape[1] for b in batches)
+        out = {}
+        for key, fill in (("input_ids", self.pad_id), ("labels", IGNORE_INDEX), ("position_ids", None)):
+            parts = []
+            for b in batches:
+                missing = width - b[key].shape[1]
+                # padding positions count up from 0: a segment of its own that no real token attends to
+                pad = torch.arange(missing) if fill is None else torch.full((missing,), fill)
+                parts.append(torch.cat([b[key][0], pad.to(b[key].dtype)]))
+            out[key] = torch.stack(parts)
+        return out
+
+
+def split_row(row: dict) -> list[dict]:
+    """A packed row's examples, where its position ids restart."""
+    positions = list(row["position_ids"])
+    starts = [i for i, p in enumerate(positions) if p == 0] + [len(positions)]
+    return [{"input_ids": list(row["input_ids"][a:b]), "labels": list(row["labels"][a:b])}
+            for a, b in zip(starts, starts[1:])]

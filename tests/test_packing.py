@@ -1,0 +1,148 @@
+"""Padding-free packing (data.packing: true): the loss of packed rows equals the unpacked loss; who may pack."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import RECIPES, plain, run_cli, train_recipe
+
+INSTRUCT = RECIPES / "smollm2-instruct.yaml"
+ON_GPT2 = ("model.checkpoint=init:gpt2", "model.gguf_file=null", "model.revision=null")
+
+
+def _tiny(model_type: str):
+    """A tiny random causal LM, with use_cache off as the Trainer sets it (TrainingArguments.use_cache): with a
+    cache, transformers builds the mask from it and not from the position ids, and packed examples would leak."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    if model_type == "llama":
+        config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+        model = LlamaForCausalLM(config)
+    else:
+        model = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                           bos_token_id=1, eos_token_id=2))
+    model.config.use_cache = False
+    return model.eval()
+
+
+def _examples(n: int = 7):
+    """Prompt + answer examples of different lengths, the prompt's labels masked as instruction tuning does."""
+    import random
+
+    rng = random.Random(1)
+    rows = []
+    for _ in range(n):
+        prompt, answer = rng.randint(2, 9), rng.randint(1, 12)
+        ids = [rng.randrange(1, 97) for _ in range(prompt + answer)]
+        rows.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:], "length": len(ids)})
+    return rows
+
+
+class _Tokenizer:
+    pad_token_id = 0
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+@pytest.mark.parametrize("flat", [False, True], ids=["rows", "one-flat-row"])
+def test_the_loss_of_packed_rows_equals_the_loss_of_the_same_examples_unpacked(model_type, flat):
+    import torch
+    from datasets import Dataset
+
+    from hftoolkit.models.families.packing import PackedCollator, pack
+
+    model, examples = _tiny(model_type), _examples()
+    width = max(e["length"] for e in examples)
+    pad = lambda values, fill: [v + [fill] * (width - len(v)) for v in values]  # noqa: E731 (right padding)
+    padded = {"input_ids": torch.tensor(pad([e["input_ids"] for e in examples], 0)),
+              "labels": torch.tensor(pad([e["labels"] for e in examples], -100)),
+              "attention_mask": torch.tensor(pad([[1] * e["length"] for e in examples], 0))}
+    rows = pack(Dataset.from_list(examples), 24)
+    assert len(rows) < len(examples), "several examples share a row"
+    packed = PackedCollator(_Tokenizer(), flat=flat)([dict(r) for r in rows])
+    assert "attention_mask" not in packed
+    with torch.no_grad():
+        unpacked_loss = model(**padded).loss
+        packed_out = model(**packed)
+        leaking = dict(packed, position_ids=torch.arange(packed["input_ids"].shape[1]).expand_as(packed["input_ids"]))
+        leaking_out = model(**leaking)  # positions that never restart: examples attend to each other
+    assert packed_out.loss.item() == pytest.approx(unpacked_loss.item(), abs=1e-5)
+    assert (leaking_out.logits - packed_out.logits).abs().max() > 1e-2, "the check can fail"
+
+
+def test_rows_hold_every_example_once_within_the_capacity():
+    from datasets import Dataset
+
+    from hftoolkit.models.families.packing import pack, split_row
+
+    examples = _examples(30)
+    rows = pack(Dataset.from_list(examples), 24)
+    assert all(length <= 24 for length in rows["length"]) and len(rows) < 30
+    found = sorted(tuple(e["input_ids"]) for row in rows for e in split_row(row))
+    assert found == sorted(tuple(e["input_ids"]) for e in examples)
+    assert sum(rows["length"]) == sum(e["length"] for e in examples), "no padding inside a row"
+
+
+def test_clm_packing_keeps_documents_apart_and_whole():
+    from datasets import Dataset
+
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import decoder
+    from hftoolkit.models.families.packing import split_row
+
+    job = resolve_job(load_recipe(RECIPES / "decoder-clm.yaml", ["data.packing=true", "data.max_length=16"]),
+                      data=False)
+    tokenizer = job.model.processor
+    texts = ["a cat.", "the big dog sees the small cat near the old house by the river and the hill.", "a dog."]
+    rows = decoder.FORMULATIONS["clm"].preprocess(job, tokenizer, Dataset.from_dict({"text": texts}))
+    pieces = [e["input_ids"] for row in rows for e in split_row(row)]
+    assert all(len(p) <= 16 for p in pieces) and all(length <= 16 for length in rows["length"])
+    documents = [tokenizer(t)["input_ids"] + [tokenizer.eos_token_id] for t in texts]
+    long = documents[1]
+    assert [long[i:i + 16] for i in range(0, len(long), 16)] == [p for p in pieces if p[0] == long[0] or
+                                                                  p == long[16:32]], "a long text in pieces, in order"
+    assert sum(len(p) for p in pieces) == sum(len(d) for d in documents), "every token kept"
+
+
+def test_which_model_types_pack():
+    from hftoolkit.job.architectures import packs_by_positions
+
+    for model_type in ("llama", "mistral", "qwen2", "gemma", "gpt2", "phi3", "gpt_neox"):
+        assert packs_by_positions(model_type), model_type
+    for model_type in ("bloom", "opt", "jamba", "mamba", "bert"):  # mask from the attention mask, or a state
+        assert not packs_by_positions(model_type), model_type
+
+
+def test_a_model_type_that_cannot_pack_is_refused_in_one_line():
+    from transformers import BloomConfig
+
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.preflight import preflight
+    from hftoolkit.job.spec import ResolvedModel
+
+    recipe = load_recipe(INSTRUCT, [*ON_GPT2, "data.packing=true"])
+    model = ResolvedModel(checkpoint="bigscience/bloom-560m", path="x", revision=None, config=BloomConfig(),
+                          family="decoder", processor=None)
+    problems = [p for p in preflight(recipe, model, None, None).problems if p.startswith("data.packing")]
+    assert problems == [problems[0]] and "bloom models build their attention from the attention mask alone" \
+        in problems[0] and "set data.packing to false" in problems[0]
+
+
+def test_blocks_is_clm_only():
+    result = run_cli("validate", INSTRUCT, "--set", "data.packing=blocks", expect=2)
+    assert "data.packing blocks cuts concatenated texts, which only task clm trains on" in plain(result.output)
+
+
+def test_an_instruction_run_packs_without_padding(tmp_path):
+    sets = (*ON_GPT2, "training.max_steps=3", "data.max_eval_samples=8", "eval.generation.max_new_tokens=2",
+            "training.batch_size=4", "data.max_length=64", "data.max_target_length=32")
+    train_recipe(INSTRUCT, tmp_path / "padded", *sets, "data.packing=false")
+    train_recipe(INSTRUCT, tmp_path / "packed", *sets, "data.packing=true")
+    padded, packed = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("padded", "packed"))
+    assert packed["padding_fraction"] < padded["padding_fraction"]
+    assert packed["padding_fraction"] < 0.1, "rows are full"
