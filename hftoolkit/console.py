@@ -84,9 +84,13 @@ def error(message: str) -> None:
     _say(message, "error", Verbosity.QUIET, "bold red")
 
 
-def data_line(rows: Mapping[str, int]) -> str:
-    """'data loaded: 240 train, 60 eval rows' from rows per split."""
-    return "data loaded: " + ", ".join(f"{n:,} {split}" for split, n in rows.items()) + " rows"
+def data_line(rows: Mapping[str, int | None]) -> str:
+    """'data loaded: 240 train, 60 eval rows' from rows per split; None: a stream, whose rows are not counted."""
+    counted = ", ".join(f"{n:,} {split}" for split, n in rows.items() if n is not None) + " rows"
+    streamed = [split for split, n in rows.items() if n is None]
+    if not streamed:
+        return "data loaded: " + counted
+    return f"data opened: {' and '.join(streamed)} streamed" + (f", {counted}" if len(streamed) < len(rows) else "")
 
 
 def model_line(checkpoint: str, trainable: int | None, total: int, quantization: str = "none",

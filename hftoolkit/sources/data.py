@@ -40,6 +40,10 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     import datasets
 
     datasets.disable_progress_bars()
+    if recipe.data.streaming:  # (rows dropped from a stream are not counted: it is read once, by training)
+        from hftoolkit.sources.streaming import load_stream
+
+        return load_stream(recipe)
     d = recipe.data
     counts = {"train": 0, "eval": 0}
     train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),
@@ -109,7 +113,7 @@ def fingerprint(data) -> str:
     h = hashlib.sha256()
     for split in sorted(data):
         h.update(split.encode())
-        h.update(str(data[split]._fingerprint).encode())
+        h.update(str(getattr(data[split], "_fingerprint", None)).encode())
     return h.hexdigest()[:16]
 
 

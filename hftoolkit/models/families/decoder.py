@@ -13,7 +13,9 @@ from __future__ import annotations
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
+from hftoolkit.models import tokenized
 from hftoolkit.models.families import decoding_options, labels, sync_pad_token
+from hftoolkit.sources.streaming import is_stream
 
 IGNORE_INDEX = labels.IGNORE_INDEX
 # Between the source and the target of a prompt + target sequence (after data.source_prefix + text).
@@ -77,8 +79,8 @@ class CausalLM:
 
         encode = pack if job.recipe.data.packing else truncate
         # batch_size=None: the whole split is one batch, so packing concatenates across every document.
-        encoded = dataset.map(encode, batched=True, batch_size=None, remove_columns=dataset.column_names)
-        if len(encoded) == 0 and job.recipe.data.packing:
+        encoded = tokenized.encode(job, tokenizer, dataset, encode, batch_size=None)
+        if not is_stream(encoded) and len(encoded) == 0 and job.recipe.data.packing:
             tokens = sum(len(ids) + 1 for ids in tokenizer(list(dataset["text"]))["input_ids"])
             raise UserError(f"data.max_length: packing cuts blocks of {size} tokens, but a split of "
                             f"{job.recipe.data.train} holds only {tokens}: lower data.max_length, or add text "
@@ -139,7 +141,7 @@ class PromptAndTarget:
             return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "labels": masked,
                     "length": [len(x) for x in ids]}
 
-        return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
+        return tokenized.encode(job, tokenizer, dataset, encode)
 
     def collator(self, job: Job, tokenizer):
         return _padding_collator(job, tokenizer)
