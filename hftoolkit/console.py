@@ -6,6 +6,7 @@
   print and tqdm on sys.stdout/sys.stderr, native code on file descriptor 2) goes in full to the log file, to
   the console only when verbose; afterwards streams, handlers and warning hooks are as they were.
   transformers' LOAD REPORT table is said in one line of our own (`explain_load_report`).
+- `work_progress(label, total)`: the progress of long data work (tokenization, packing) on the console.
 - The training progress bar that replaces the Trainer's printers lives in progress.py.
 
 Verbosity: quiet prints errors only, normal the toolkit's lines, verbose the libraries' output as well.
@@ -91,6 +92,34 @@ def data_line(rows: Mapping[str, int | None]) -> str:
     if not streamed:
         return "data loaded: " + counted
     return f"data opened: {' and '.join(streamed)} streamed" + (f", {counted}" if len(streamed) < len(rows) else "")
+
+
+@contextlib.contextmanager
+def work_progress(label: str, total: int, unit: str = "rows"):
+    """Yields `advance(n)`: on a terminal a bar, elsewhere (CI, a pipe) a plain line at each quarter of `total`;
+    nothing on a non-main process or when quiet. The bar goes once the work is done (a line then says so)."""
+    if get_verbosity() <= Verbosity.QUIET or not is_main_process() or total <= 0:
+        yield lambda n: None
+        return
+    screen = stderr_console()
+    if screen.is_terminal and not screen.is_dumb_terminal:
+        from rich import progress as rp
+
+        bar = rp.Progress(rp.TextColumn(label), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TextColumn(unit),
+                          rp.TimeElapsedColumn(), rp.TimeRemainingColumn(), console=screen, transient=True,
+                          redirect_stdout=False, redirect_stderr=False)
+        task = bar.add_task(label, total=total)
+        with bar:
+            yield lambda n: bar.advance(task, n)
+        return
+    done, marks = [0], [total * q // 4 for q in (1, 2, 3)]
+
+    def advance(n: int) -> None:
+        before, done[0] = done[0], done[0] + n
+        if any(before < mark <= done[0] for mark in marks):
+            screen.print(f"{label}: {done[0]:,}/{total:,} {unit}", soft_wrap=True, highlight=False, markup=False)
+
+    yield advance
 
 
 def model_line(checkpoint: str, trainable: int | None, total: int, quantization: str = "none",

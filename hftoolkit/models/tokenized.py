@@ -66,9 +66,12 @@ def encode(job: Job, tokenizer, dataset, fn, *, batch_size: int | None = 1000, k
     before = set(folder.glob(f"{key}*.arrow"))
     processes = min(job.recipe.data.num_proc or 1, max(len(dataset), 1))
     started = time.perf_counter()
-    out = dataset.map(fn, batched=True, batch_size=batch_size, remove_columns=columns,
-                      num_proc=processes if processes > 1 else None, cache_file_name=str(folder / f"{key}.arrow"),
-                      new_fingerprint=key, load_from_cache_file=True, **kwargs)
+    with console.work_progress("tokenizing", len(dataset)) as advance:
+        if processes == 1:  # (with several, fn runs in other processes: each shard's end is all that is seen)
+            fn = _counted(fn, advance)
+        out = dataset.map(fn, batched=True, batch_size=batch_size, remove_columns=columns,
+                          num_proc=processes if processes > 1 else None, new_fingerprint=key,
+                          cache_file_name=str(folder / f"{key}.arrow"), load_from_cache_file=True, **kwargs)
     files = {Path(f["filename"]) for f in out.cache_files}
     if _tally is not None:
         _tally.rows += len(dataset)
@@ -76,6 +79,15 @@ def encode(job: Job, tokenizer, dataset, fn, *, batch_size: int | None = 1000, k
         _tally.processes = max(_tally.processes, processes)
         _tally.seconds += time.perf_counter() - started
     return out
+
+
+def _counted(fn, advance):
+    """`fn`, telling `advance` how many rows each batch held (the key is computed from `fn` itself)."""
+    def counted(batch, *args, **kwargs):
+        advance(len(next(iter(batch.values()))) if batch else 0)
+        return fn(batch, *args, **kwargs)
+
+    return counted
 
 
 def cache_key(job: Job, tokenizer, dataset, fn, extra=()) -> str:
