@@ -23,6 +23,7 @@ def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = Non
     adapter/ folder: a full model is read from it, an adapter's base from the recipe, the processor from it."""
     from hftoolkit.job.preflight import preflight
     from hftoolkit.sources.data import load_data
+    from hftoolkit.sources.streaming import load_stream
 
     problems, dropped, model, rows, names = [], {}, None, None, None
     try:
@@ -32,7 +33,8 @@ def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = Non
     started = time.perf_counter()
     if data:
         try:
-            rows, names = load_data(recipe, dropped)
+            # (rows dropped from a stream are not counted: it is read once, by training)
+            rows, names = load_stream(recipe) if recipe.data.streaming else load_data(recipe, dropped)
         except UserError as err:
             problems += _lines(err)
     read = time.perf_counter() - started

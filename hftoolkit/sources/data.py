@@ -40,10 +40,6 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     import datasets
 
     datasets.disable_progress_bars()
-    if recipe.data.streaming:  # (rows dropped from a stream are not counted: it is read once, by training)
-        from hftoolkit.sources.streaming import load_stream
-
-        return load_stream(recipe)
     d = recipe.data
     counts = {"train": 0, "eval": 0}
     train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),

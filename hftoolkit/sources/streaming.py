@@ -35,6 +35,7 @@ def load_stream(recipe: Recipe):
     """({"train": a datasets.IterableDataset, "eval": a datasets.Dataset}, the label names or None)."""
     import datasets
 
+    datasets.disable_progress_bars()
     d = recipe.data
     train = _open(recipe, d.train, "data.train", d.train_split)
     if d.eval or d.eval_split:
