@@ -96,6 +96,19 @@ def test_a_resumed_stream_starts_at_the_saved_row_and_never_maps_the_rows_before
     again.resume(20, first.position(20))
     assert [row["i"] for row in again][:3] == [20, 21, 22]
     assert min(seen) >= 20 - 10, "rows before the saved position were read again"
+    assert next(iter(again))["i"] == 0, "a pass after the resumed one starts at the stream's first row"
+
+
+def test_a_stream_with_its_own_eval_file_keeps_every_train_row_and_reads_that_file_for_eval(corpus, tmp_path):
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.streaming import load_stream
+
+    held = tmp_path / "held.jsonl"
+    held.write_text("".join(json.dumps({"body": f"held {i}"}) + "\n" for i in range(5)))
+    sets = [s for s in streamed(corpus) if not s.startswith("data.max_eval_samples")]
+    data, _ = load_stream(load_recipe(CLM, [*sets, f"data.eval={held}"]))
+    assert data["eval"]["text"] == [f"held {i}" for i in range(5)]
+    assert next(iter(data["train"]))["text"].startswith("doc 0:")  # nothing of the train stream held out
 
 
 @pytest.mark.slow
