@@ -48,6 +48,16 @@ def test_a_stream_without_a_step_count_or_eval_rows_is_refused_with_every_fix_at
     assert "set data.num_workers to 0" in result.output
 
 
+def test_streaming_images_or_aligned_target_files_is_refused():
+    vision = run_cli("validate", RECIPES / "vision-classification.yaml", "--set", "data.streaming=true",
+                     "--set", "training.max_steps=2", "--set", "data.max_eval_samples=4", expect=2).output
+    assert "image classification" in vision and "set data.streaming to false" in vision
+    aligned = run_cli("validate", RECIPES / "seq2seq-translation-t5.yaml", "--set", "data.streaming=true",
+                      "--set", "training.max_steps=2", "--set", "data.max_eval_samples=4",
+                      "--set", "data.train_target=targets.txt", expect=2).output
+    assert "put the targets in a column of data.train" in aligned
+
+
 def test_a_streamed_corpus_trains_its_steps_and_holds_out_its_first_rows_for_eval(corpus, tmp_path):
     run = tmp_path / "run"
     output = train_recipe(CLM, run, *streamed(corpus)).output

@@ -290,6 +290,9 @@ def _streaming_rules(recipe: Recipe) -> list[str]:
     if not d.eval and not d.eval_split and d.max_eval_samples is None:
         problems.append("data.streaming holds out the first data.max_eval_samples rows of the stream for eval: "
                         "set data.max_eval_samples, or point data.eval (or data.eval_split) at an eval split")
+    if recipe.task == "image-classification":
+        problems.append("data.streaming reads text rows, and image classification reads its images through a "
+                        "transform of a data set held whole: set data.streaming to false")
     if d.train_target or d.eval_target:
         problems.append("data.streaming reads one file of rows, and data.train_target aligns two: "
                         "put the targets in a column of data.train, or set data.streaming to false")
