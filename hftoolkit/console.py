@@ -34,6 +34,8 @@ from hftoolkit.errors import UserError
 # attaches one).
 HELD_LINES = 10_000
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Off a terminal, data work says how far it got only once it has lasted this long (short work: its result line).
+PROGRESS_AFTER = 2.0
 
 
 class Verbosity(enum.IntEnum):
@@ -96,8 +98,9 @@ def data_line(rows: Mapping[str, int | None]) -> str:
 
 @contextlib.contextmanager
 def work_progress(label: str, total: int, unit: str = "rows"):
-    """Yields `advance(n)`: on a terminal a bar, elsewhere (CI, a pipe) a plain line at each quarter of `total`;
-    nothing on a non-main process or when quiet. The bar goes once the work is done (a line then says so)."""
+    """Yields `advance(n)`: on a terminal a bar, elsewhere (CI, a pipe) a plain line at each quarter of `total`
+    reached after PROGRESS_AFTER seconds; nothing on a non-main process or when quiet. The bar goes once the
+    work is done (a line then says so)."""
     if get_verbosity() <= Verbosity.QUIET or not is_main_process() or total <= 0:
         yield lambda n: None
         return
@@ -112,11 +115,11 @@ def work_progress(label: str, total: int, unit: str = "rows"):
         with bar:
             yield lambda n: bar.advance(task, n)
         return
-    done, marks = [0], [total * q // 4 for q in (1, 2, 3)]
+    done, marks, started = [0], [total * q // 4 for q in (1, 2, 3, 4)], time.monotonic()
 
     def advance(n: int) -> None:
         before, done[0] = done[0], done[0] + n
-        if any(before < mark <= done[0] for mark in marks):
+        if any(before < mark <= done[0] for mark in marks) and time.monotonic() - started >= PROGRESS_AFTER:
             screen.print(f"{label}: {done[0]:,}/{total:,} {unit}", soft_wrap=True, highlight=False, markup=False)
 
     yield advance

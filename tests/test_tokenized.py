@@ -46,7 +46,10 @@ def lowercase_flipped(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_a_second_run_reuses_the_tokenized_data_and_a_new_max_length_or_tokenizer_does_not(tmp_path):
+def test_a_second_run_reuses_the_tokenized_data_and_a_new_max_length_or_tokenizer_does_not(tmp_path, monkeypatch):
+    from hftoolkit import console
+
+    monkeypatch.setattr(console, "PROGRESS_AFTER", 0.0)  # (off a terminal, short work shows no progress lines)
     data = reviews(tmp_path)
     first = train_recipe(ENCODER, tmp_path / "first", *short(data)).output
     assert "tokenized 60 rows in" in first and REUSED not in first
@@ -55,6 +58,7 @@ def test_a_second_run_reuses_the_tokenized_data_and_a_new_max_length_or_tokenize
     assert [line for line in again.splitlines() if REUSED in line] == [
         line for line in again.splitlines() if "tokenized" in line], "one line says the cache was reused"
     assert f"{REUSED}" in again and "60 rows, nothing tokenized" in again
+    assert "tokenizing:" not in again  # nothing tokenized: no progress
     assert eval_of(tmp_path / "again") == eval_of(tmp_path / "first")
     longer = train_recipe(ENCODER, tmp_path / "longer", *short(data, "data.max_length=48")).output
     assert "tokenized 60 rows in" in longer and REUSED not in longer
