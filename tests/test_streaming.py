@@ -58,6 +58,7 @@ def test_streaming_images_or_aligned_target_files_is_refused():
     assert "put the targets in a column of data.train" in aligned
 
 
+@pytest.mark.slow
 def test_a_streamed_corpus_trains_its_steps_and_holds_out_its_first_rows_for_eval(corpus, tmp_path):
     run = tmp_path / "run"
     output = train_recipe(CLM, run, *streamed(corpus)).output
