@@ -6,6 +6,7 @@
   print and tqdm on sys.stdout/sys.stderr, native code on file descriptor 2) goes in full to the log file, to
   the console only when verbose; afterwards streams, handlers and warning hooks are as they were.
   transformers' LOAD REPORT table is said in one line of our own (`explain_load_report`).
+- `work_progress(label, total)`: the progress of long data work (tokenization, packing) on the console.
 - The training progress bar that replaces the Trainer's printers lives in progress.py.
 
 Verbosity: quiet prints errors only, normal the toolkit's lines, verbose the libraries' output as well.
@@ -33,6 +34,8 @@ from hftoolkit.errors import UserError
 # attaches one).
 HELD_LINES = 10_000
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Off a terminal, data work says how far it got only once it has lasted this long (short work: its result line).
+PROGRESS_AFTER = 2.0
 
 
 class Verbosity(enum.IntEnum):
@@ -84,9 +87,42 @@ def error(message: str) -> None:
     _say(message, "error", Verbosity.QUIET, "bold red")
 
 
-def data_line(rows: Mapping[str, int]) -> str:
-    """'data loaded: 240 train, 60 eval rows' from rows per split."""
-    return "data loaded: " + ", ".join(f"{n:,} {split}" for split, n in rows.items()) + " rows"
+def data_line(rows: Mapping[str, int | None]) -> str:
+    """'data loaded: 240 train, 60 eval rows' from rows per split; None: a stream, whose rows are not counted."""
+    counted = ", ".join(f"{n:,} {split}" for split, n in rows.items() if n is not None) + " rows"
+    streamed = [split for split, n in rows.items() if n is None]
+    if not streamed:
+        return "data loaded: " + counted
+    return f"data opened: {' and '.join(streamed)} streamed" + (f", {counted}" if len(streamed) < len(rows) else "")
+
+
+@contextlib.contextmanager
+def work_progress(label: str, total: int, unit: str = "rows"):
+    """Yields `advance(n)`: on a terminal a bar, elsewhere (CI, a pipe) a plain line at each quarter of `total`
+    reached after PROGRESS_AFTER seconds; nothing on a non-main process or when quiet. The bar goes once the
+    work is done (a line then says so)."""
+    if get_verbosity() <= Verbosity.QUIET or not is_main_process() or total <= 0:
+        yield lambda n: None
+        return
+    screen = stderr_console()
+    if screen.is_terminal and not screen.is_dumb_terminal:
+        from rich import progress as rp
+
+        bar = rp.Progress(rp.TextColumn(label), rp.BarColumn(), rp.MofNCompleteColumn(), rp.TextColumn(unit),
+                          rp.TimeElapsedColumn(), rp.TimeRemainingColumn(), console=screen, transient=True,
+                          redirect_stdout=False, redirect_stderr=False)
+        task = bar.add_task(label, total=total)
+        with bar:
+            yield lambda n: bar.advance(task, n)
+        return
+    done, marks, started = [0], [total * q // 4 for q in (1, 2, 3, 4)], time.monotonic()
+
+    def advance(n: int) -> None:
+        before, done[0] = done[0], done[0] + n
+        if any(before < mark <= done[0] for mark in marks) and time.monotonic() - started >= PROGRESS_AFTER:
+            screen.print(f"{label}: {done[0]:,}/{total:,} {unit}", soft_wrap=True, highlight=False, markup=False)
+
+    yield advance
 
 
 def model_line(checkpoint: str, trainable: int | None, total: int, quantization: str = "none",

@@ -24,7 +24,8 @@ from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
 SHIPPED = sorted(p for p in RECIPES.glob("*.yaml"))
 SMOKE = [p for p in SHIPPED if "checkpoint: init:" in p.read_text()]
 GGUF = [p for p in SHIPPED if "gguf_file:" in p.read_text()]  # SmolLM2's, tested in test_smollm2.py
-REAL = [p for p in SHIPPED if p not in SMOKE and p not in GGUF]
+STREAMED = [p for p in SHIPPED if "streaming: true" in p.read_text()]  # tested in test_streaming.py
+REAL = [p for p in SHIPPED if p not in SMOKE and p not in GGUF and p not in STREAMED]
 SHORT = ("training.max_steps=2", "training.batch_size=4", "training.logging_steps=1", "eval.batch_size=8")
 
 

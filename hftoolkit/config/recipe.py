@@ -137,6 +137,11 @@ class DataSection(Section):
     max_eval_samples: int | None = Field(None, gt=0)
     num_workers: int = Field(0, ge=0, description="data loader worker processes (tokenized text needs none; "
                                                   "images decode in them); memory is pinned on CUDA")
+    streaming: bool = Field(False, description="read data.train as a stream (hub ids, jsonl, csv, parquet): rows "
+                                               "are read and tokenized as training takes them; needs "
+                                               "training.max_steps")
+    num_proc: int | None = Field(None, gt=0, description="processes that tokenize the data (a split held in "
+                                                         "memory; a stream is tokenized as it is read)")
 
     @field_validator("label_names", mode="before")
     @classmethod
@@ -310,9 +315,36 @@ def _training_rules(recipe: Recipe) -> list[str]:
     if t.scheduler == "reduce_lr_on_plateau" and e.every == "none":
         problems.append("training.scheduler reduce_lr_on_plateau lowers the rate when the eval metric stalls, and "
                         "eval.every is none: set eval.every to epoch or a number of steps")
+    problems += _streaming_rules(recipe)
     if e.keep_best and t.save_steps is not None and t.save_steps != e.every:
         problems.append(f"eval.keep_best saves a checkpoint at every eval (eval.every {e.every}), and "
                         f"training.save_steps {t.save_steps} asks for others: leave training.save_steps unset")
+    return problems
+
+
+def _streaming_rules(recipe: Recipe) -> list[str]:
+    """What a stream can't do: it has no length (so no epochs), and its position is kept by the main process."""
+    d, problems = recipe.data, []
+    if not d.streaming:
+        return problems
+    if recipe.training.max_steps is None:
+        problems.append("data.streaming reads rows without knowing how many there are, so epochs can't be counted: "
+                        "set training.max_steps")
+    if d.num_workers:
+        problems.append("data.streaming reads the stream in the main process, where its position is saved with "
+                        "each checkpoint: set data.num_workers to 0")
+    if not d.eval and not d.eval_split and d.max_eval_samples is None:
+        problems.append("data.streaming holds out the first data.max_eval_samples rows of the stream for eval: "
+                        "set data.max_eval_samples, or point data.eval (or data.eval_split) at an eval split")
+    if recipe.task == "image-classification":
+        problems.append("data.streaming reads text rows, and image classification reads its images through a "
+                        "transform of a data set held whole: set data.streaming to false")
+    if d.train_target or d.eval_target:
+        problems.append("data.streaming reads one file of rows, and data.train_target aligns two: "
+                        "put the targets in a column of data.train, or set data.streaming to false")
+    if d.packing is True:
+        problems.append("data.packing true sorts a split's examples by length to fill rows, which a stream can't: "
+                        "use data.packing blocks (clm) or false with data.streaming, or load the data whole")
     return problems
 
 

@@ -7,6 +7,7 @@ build or a GGUF conversion happens once; the other processes then read the cache
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from hftoolkit.config.families import model_rules
@@ -22,24 +23,30 @@ def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = Non
     adapter/ folder: a full model is read from it, an adapter's base from the recipe, the processor from it."""
     from hftoolkit.job.preflight import preflight
     from hftoolkit.sources.data import load_data
+    from hftoolkit.sources.streaming import load_stream
 
     problems, dropped, model, rows, names = [], {}, None, None, None
     try:
         model = resolve_model(recipe, weights)
     except UserError as err:
         problems += _lines(err)
+    started = time.perf_counter()
     if data:
         try:
-            rows, names = load_data(recipe, dropped)
+            # (rows dropped from a stream are not counted: it is read once, by training)
+            rows, names = load_stream(recipe) if recipe.data.streaming else load_data(recipe, dropped)
         except UserError as err:
             problems += _lines(err)
-    found = preflight(recipe, model, rows, names, dropped if data else None)
+    read = time.perf_counter() - started
+    # A stream is checked as training reads it: preflight would read it whole (its rows, its labels).
+    seen = None if recipe.data.streaming else rows
+    found = preflight(recipe, model, seen, names, dropped if data and seen is not None else None)
     found.problems[:0] = problems
     if found.problems:
         raise RecipeError(found.problems)
     names = names if names is not None else recipe.data.label_names
     return Job(recipe=recipe, model=model, precision=resolve_precision(recipe.training.precision, model.model_type),
-               data=rows, label_names=tuple(names) if names is not None else None, findings=found)
+               data=rows, label_names=tuple(names) if names is not None else None, findings=found, data_seconds=read)
 
 
 def resolve_model(recipe: Recipe, weights: Path | None = None) -> ResolvedModel:

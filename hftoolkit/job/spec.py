@@ -52,6 +52,7 @@ class Job:
     data: Any = None
     label_names: tuple[str, ...] | None = None
     findings: Findings = field(default_factory=Findings)
+    data_seconds: float = 0.0  # reading the data (a stream: opening it and reading the eval rows)
 
     @property
     def family(self) -> str:

@@ -140,7 +140,7 @@ def fingerprint(data) -> str:
     h = hashlib.sha256()
     for split in sorted(data):
         h.update(split.encode())
-        h.update(str(data[split]._fingerprint).encode())
+        h.update(str(getattr(data[split], "_fingerprint", None)).encode())
     return h.hexdigest()[:16]
 
 

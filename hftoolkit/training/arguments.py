@@ -56,12 +56,22 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
         save_total_limit=None, save_only_model=False,
         **_eval_and_save_arguments(recipe, scorer),
         # Without a "length" column (images: all one size) the sampler would decode every example to measure it.
-        train_sampling_strategy="random" if t.sampling == "group_by_length"
-        and "length" not in encoded["train"].column_names else t.sampling,
+        train_sampling_strategy=_sampling(recipe, encoded["train"]),
+        # A stream's position is restored from the checkpoint (streaming.py): nothing to skip by reading.
+        ignore_data_skip=recipe.data.streaming,
         remove_unused_columns=False,  # our collator drops "length"; the sampler needs it first
         dataloader_num_workers=recipe.data.num_workers, dataloader_pin_memory=cuda,
         disable_tqdm=False, logging_nan_inf_filter=False,
     )
+
+
+def _sampling(recipe: Recipe, train) -> str:
+    """The train order: a stream is read in its own order; without a "length" column (images: all one size)
+    the length sampler would decode every example to measure it."""
+    t = recipe.training
+    if recipe.data.streaming:
+        return "sequential"
+    return "random" if t.sampling == "group_by_length" and "length" not in train.column_names else t.sampling
 
 
 def _eval_and_save_arguments(recipe: Recipe, scorer) -> dict:

@@ -1,10 +1,12 @@
-"""The Trainer hftoolkit trains with: transformers' Trainer (or Seq2SeqTrainer) plus five mixins.
+"""The Trainer hftoolkit trains with: transformers' Trainer (or Seq2SeqTrainer) plus six mixins.
 
 - `ItemNormalizedLoss`: the loss of a step is the mean over its labelled items on any number of
   processes and accumulated micro-batches.
 - `NonFiniteGuard`: a NaN or infinite loss or gradient norm never reaches the weights (below).
 - `AtomicCheckpoints`: a checkpoint folder is complete or absent (checkpoints.py has the file work).
-- `LengthBatching`: training batches of nearly one length (batching.py), eval sets read in order.
+- `StreamPosition`: a stream's position saved with each checkpoint and restored on resume (streaming.py).
+- `LengthBatching`: training batches of nearly one length (batching.py), eval sets read in order (a stream
+  is read in its own order: the Trainer takes no sampler for it).
 - `EvalDuringTraining`: evals during training (eval.every) report the task's own metrics.
 
 `build_trainer` turns a recipe into the Trainer (its TrainingArguments come from arguments.py) with the
@@ -46,6 +48,7 @@ from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.training.batching import LengthBucketSampler
 from hftoolkit.training.checkpoints import PICKLED_ARGS, STAGING_PREFIX, commit, latest_checkpoint, rotate, test_pause
 from hftoolkit.training.progress import use_progress
+from hftoolkit.training.streaming import StreamPosition, row_stream
 
 
 def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counter, scorer, data=None):
@@ -54,9 +57,12 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
 
     from hftoolkit.training.arguments import training_arguments
 
-    t = job.recipe.training
+    t, args = job.recipe.training, training_arguments(job, run, model, encoded, scorer)
+    train = encoded["train"]
+    if job.recipe.data.streaming:  # its position is saved with each checkpoint (streaming.py)
+        train = row_stream(train, args.per_device_train_batch_size)
     trainer = toolkit_trainer(Trainer)(
-        model=model, args=training_arguments(job, run, model, encoded, scorer), train_dataset=encoded["train"],
+        model=model, args=args, train_dataset=train,
         eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
         data_collator=counter, processing_class=processor,
         compute_metrics=scorer.compute if tasks.spec(job.recipe.task).scoring == "logits" else None,
@@ -121,7 +127,8 @@ def epoch_to_collator(collate):
 def toolkit_trainer(base):
     """`base` (Trainer or Seq2SeqTrainer) with the non-finite guard, atomic checkpoints, length-bucketed
     batches and a loss scale that holds on any number of processes."""
-    mixins = (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, LengthBatching, EvalDuringTraining)
+    mixins = (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, StreamPosition, LengthBatching,
+              EvalDuringTraining)
     return type(f"Toolkit{base.__name__}", (*mixins, base), {})
 
 

@@ -23,10 +23,12 @@ from hftoolkit.job.spec import Job
 from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models import loading as modeling
 from hftoolkit.models.families import formulation
+from hftoolkit.models.tokenized import tokenizing
 from hftoolkit.runs.card import model_card
 from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, follow_umask
 from hftoolkit.sources.data import fingerprint
+from hftoolkit.sources.streaming import is_stream
 from hftoolkit.training.throughput import TokenCounter, efficiency
 
 
@@ -85,7 +87,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
         for line in job.findings.notes:
             console.note(f"preflight: {line}")
-        console.phase(console.data_line({split: len(ds) for split, ds in job.data.items()}))
+        console.phase(console.data_line({split: None if is_stream(ds) else len(ds) for split, ds in job.data.items()}))
         resume_from = _open_run(job, run, state, command, resume, log, progress)
         return _run(job, run, state, resume_from, started, progress)
     except BaseException as err:
@@ -143,7 +145,7 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
         model, processor = form.load_model(job)
     console.phase(console.model_line(recipe.model.checkpoint, *modeling.count_parameters(model),
                                      recipe.model.quantization, recipe.lora.r if recipe.lora.enabled else None))
-    with state.main_process_first():
+    with state.main_process_first(), tokenizing(job) as tokenization:  # (the main process fills the cache)
         encoded = {split: form.preprocess(job, processor, ds) for split, ds in job.data.items()}
     counter = TokenCounter(form.collator(job, processor))
     scorer = form.metrics(job, processor)
@@ -156,7 +158,8 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     save_weights(job, trainer, processor, run)  # every process: sharded weights are gathered first
     progress.trained = True
     metrics = summarize(job, trainer.model, scorer, train_counts, train_seconds, processes=state.num_processes)
-    metrics["setup_seconds"] = round(setup_seconds, 3)
+    metrics.update(setup_seconds=round(setup_seconds, 3), tokenize_seconds=round(tokenization.seconds, 3),
+                   data_seconds=round(job.data_seconds + tokenization.seconds, 3))
     metrics.update(run_record(job, trainer))  # precision used; with eval.keep_best, the best step
     if state.is_main_process:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
         run.write_jsonl("log_history.jsonl", trainer.state.log_history)

@@ -13,8 +13,10 @@ from __future__ import annotations
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
+from hftoolkit.models import tokenized
 from hftoolkit.models.families import decoding_options, labels, packing, sync_pad_token
 from hftoolkit.sources import conversations
+from hftoolkit.sources.streaming import is_stream
 
 IGNORE_INDEX = labels.IGNORE_INDEX
 # Between the source and the target of a prompt + target sequence (after data.source_prefix + text).
@@ -66,8 +68,8 @@ def _blocks(job: Job, tokenizer, dataset):
                 "labels": [list(b) for b in blocks], "length": [size] * len(blocks)}
 
     # batch_size=None: the whole split is one batch, so packing concatenates across every document.
-    encoded = dataset.map(pack, batched=True, batch_size=None, remove_columns=dataset.column_names)
-    if len(encoded) == 0:
+    encoded = tokenized.encode(job, tokenizer, dataset, pack, batch_size=None)
+    if not is_stream(encoded) and len(encoded) == 0:
         tokens = sum(len(ids) + 1 for ids in tokenizer(list(dataset["text"]))["input_ids"])
         raise UserError(f"data.max_length: packing cuts blocks of {size} tokens, but a split of "
                         f"{job.recipe.data.train} holds only {tokens}: lower data.max_length, or add text "
@@ -119,8 +121,7 @@ class CausalLM:
             return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids],
                     "labels": [list(x) for x in ids], "length": [len(x) for x in ids]}
 
-        encoded = dataset.map(pieces if mode == "rows" else truncate, batched=True,
-                              remove_columns=dataset.column_names)
+        encoded = tokenized.encode(job, tokenizer, dataset, pieces if mode == "rows" else truncate)
         return packing.pack(encoded, size) if mode == "rows" else encoded
 
     def collator(self, job: Job, tokenizer):
@@ -177,7 +178,7 @@ class PromptAndTarget:
             return {"input_ids": ids, "attention_mask": [[1] * len(x) for x in ids], "labels": masked,
                     "length": [len(x) for x in ids]}
 
-        return _packed(job, dataset.map(encode, batched=True, remove_columns=dataset.column_names))
+        return _packed(job, tokenized.encode(job, tokenizer, dataset, encode))
 
     def collator(self, job: Job, tokenizer):
         return _collator(job, tokenizer)
@@ -223,7 +224,7 @@ class ChatPromptAndTarget(PromptAndTarget):
                     "attention_mask": [[1] * len(e.input_ids) for e in done],
                     "length": [len(e.input_ids) for e in done]}
 
-        return _packed(job, dataset.map(encode, batched=True, remove_columns=dataset.column_names))
+        return _packed(job, tokenized.encode(job, tokenizer, dataset, encode))
 
     def generate(self, job: Job, model, tokenizer, inputs: list) -> list[dict]:
         """A text is the user's turn (as PromptAndTarget's prompt); a conversation (a list of turns) is answered

@@ -12,6 +12,7 @@ import hashlib
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
+from hftoolkit.models import tokenized
 from hftoolkit.models.families import labels
 
 IGNORE_INDEX = labels.IGNORE_INDEX
@@ -41,7 +42,7 @@ class MaskedLM:
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             return enc
 
-        return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
+        return tokenized.encode(job, tokenizer, dataset, encode)
 
     def collator(self, job: Job, tokenizer):
         return _SeededMasking(tokenizer, job.recipe.data.mask_probability, job.recipe.training.seed)

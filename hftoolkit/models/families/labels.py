@@ -19,6 +19,7 @@ from hftoolkit.config import tasks
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics, first
+from hftoolkit.models import tokenized
 from hftoolkit.models.families import label_records, sync_pad_token
 
 # Label id the loss ignores (torch's cross_entropy ignore_index): special tokens, padding, later subwords.
@@ -59,7 +60,7 @@ class SequenceClassification:
             enc["labels"] = batch["label"]
             return enc
 
-        return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
+        return tokenized.encode(job, tokenizer, dataset, encode)
 
     def collator(self, job: Job, tokenizer):
         from transformers import DataCollatorWithPadding
@@ -167,7 +168,7 @@ class TokenTagging:
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             return enc
 
-        return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
+        return tokenized.encode(job, tokenizer, dataset, encode)
 
     def collator(self, job: Job, tokenizer):
         from transformers import DataCollatorForTokenClassification

@@ -15,6 +15,7 @@ import zlib
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
+from hftoolkit.models import tokenized
 from hftoolkit.models.families import decoding_options, labels
 
 
@@ -43,7 +44,7 @@ class Seq2SeqGeneration:
             enc["length"] = [len(ids) for ids in enc["input_ids"]]
             return enc
 
-        return dataset.map(encode, batched=True, remove_columns=dataset.column_names)
+        return tokenized.encode(job, tokenizer, dataset, encode)
 
     def collator(self, job: Job, tokenizer):
         return _padding_collator(job, tokenizer)
@@ -120,7 +121,7 @@ def _preprocess_denoise(job: Job, tokenizer, dataset):
         return {"input_ids": noised, "attention_mask": [[1] * len(ids) for ids in noised],
                 "labels": clean, "length": [len(ids) for ids in noised]}
 
-    return dataset.map(encode, batched=True, with_indices=True, remove_columns=dataset.column_names)
+    return tokenized.encode(job, tokenizer, dataset, encode, with_indices=True, key_extra=(job.recipe.training.seed,))
 
 
 def _padding_collator(job: Job, tokenizer):
