@@ -124,7 +124,7 @@ def test_a_stream_with_its_own_eval_file_keeps_every_train_row_and_reads_that_fi
 
 @pytest.mark.slow
 def test_a_stream_killed_with_sigkill_and_resumed_matches_the_uninterrupted_run(corpus, tmp_path):
-    sets = streamed(corpus, "training.save_steps=3", "data.packing=true")
+    sets = streamed(corpus, "training.save_steps=3", "data.packing=blocks")
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     process = start_training(CLM, killed, sets, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="3")
     with killed_on_error(process):
