@@ -135,6 +135,12 @@ def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropo
     assert output.count("run directory:") == 1, "the metrics table is printed by the main process only"
     assert_complete_run(tmp_path / "two", "--num-processes 2")
     figures = assert_same_training(tmp_path / "one", tmp_path / "two")
+    ran = [json.loads((tmp_path / run / "manifest.json").read_text())["distributed"] for run in ("one", "two")]
+    precision = json.loads((tmp_path / "two" / "metrics.json").read_text())["precision"]
+    assert ran[0] == {"type": "NO", "processes": 1, "machines": 1, "sharding": None, "precision": precision,
+                      "devices": ["cpu"]}
+    assert ran[1] == {"type": "MULTI_CPU", "processes": 2, "machines": 1, "sharding": None, "precision": precision,
+                      "devices": ["cpu:0", "cpu:0"]}
 
     eval_one = json.loads((tmp_path / "one" / "metrics.json").read_text())["eval"]
     eval_two = json.loads((tmp_path / "two" / "metrics.json").read_text())["eval"]
@@ -219,6 +225,24 @@ def test_config_forcing_another_precision_is_refused(tmp_path):
 def test_missing_accelerate_config_is_named():
     result = run_cli("train", ENCODER, "--accelerate-config", "nowhere.yaml", expect=2)
     assert "accelerate config nowhere.yaml not found" in result.output
+
+
+@pytest.mark.parametrize("config, how", [("fsdp.yaml", "FSDP"), ("deepspeed-zero2.yaml", "DeepSpeed"),
+                                         ("deepspeed-zero3.yaml", "DeepSpeed")])
+def test_a_sharding_config_on_a_machine_without_gpus_is_refused_not_run_as_ddp(monkeypatch, config, how):
+    import torch
+
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.training.distributed import check, plan_from_config
+
+    recipe, plan = load_recipe(ENCODER), plan_from_config(RECIPES / "accelerate" / config, None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    refusals = [p for p in check(recipe, plan) if "runs on GPUs only" in p]
+    assert len(refusals) == 1 and f"asks for {how}" in refusals[0] and "cpu-2proc.yaml" in refusals[0]
+    result = run_cli("train", ENCODER, "--accelerate-config", RECIPES / "accelerate" / config, expect=2)
+    assert "would train as plain DDP" in result.output  # before anything is launched
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not [p for p in check(recipe, plan) if "runs on GPUs only" in p]
 
 
 def test_relaunch_command_keeps_the_users_arguments_and_drops_the_launch_options(tmp_path):

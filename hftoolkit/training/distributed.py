@@ -148,10 +148,40 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
             problems.append(f"training.precision: {precision} disagrees with mixed_precision "
                             f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
                             "config (the recipe's training.precision decides)")
+    if plan.distributed in ("FSDP", "DEEPSPEED") and not _has_cuda():
+        # accelerate engages FSDP and DeepSpeed only for accelerator processes: its CPU processes (MULTI_CPU, gloo)
+        # would train as plain DDP, every process holding the whole model, which is not what the config asks.
+        how = "FSDP" if plan.distributed == "FSDP" else "DeepSpeed"
+        problems.append(f"{plan.source} asks for {how}, which accelerate runs on GPUs only, and this machine has "
+                        "none, so it would train as plain DDP: use recipes/accelerate/cpu-2proc.yaml or "
+                        "--num-processes N for DDP on the CPU")
     if plan.distributed == "DEEPSPEED" and not plan.launched and not _installed("deepspeed"):
         problems.append(f"{plan.source} uses DeepSpeed, which is not installed: "
                         "pip install 'hftoolkit[deepspeed]', or use ddp.yaml or fsdp.yaml")
     return problems
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def what_ran(trainer, precision: str) -> dict:
+    """How the run was spread, as accelerate resolved it (manifest.json's "distributed"): its type, the processes
+    and machines, what was sharded, the precision, and each process's device. A collective call: every process."""
+    import os
+
+    from accelerate.utils import gather_object
+
+    state = trainer.accelerator.state
+    kind = state.distributed_type.name
+    stage = getattr(getattr(state, "deepspeed_plugin", None), "zero_stage", None)
+    sharding = "FSDP" if kind == "FSDP" else f"ZeRO-{stage}" if kind == "DEEPSPEED" else None
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or state.num_processes)
+    devices = gather_object([str(state.device)]) if state.num_processes > 1 else [str(state.device)]
+    return {"type": kind, "processes": state.num_processes, "machines": max(1, state.num_processes // local),
+            "sharding": sharding, "precision": precision, "devices": devices}
 
 
 def _installed(module: str) -> bool:

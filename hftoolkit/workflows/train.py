@@ -137,6 +137,7 @@ def _open_run(job: Job, run: RunDirectory, state, command: list[str], resume: bo
 def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progress: Progress) -> dict:
     """Load, train, save the weights, evaluate, and write the results."""
     from hftoolkit.training.arguments import run_record
+    from hftoolkit.training.distributed import what_ran
     from hftoolkit.training.trainer import build_trainer
 
     recipe, form = job.recipe, formulation(job)
@@ -150,6 +151,9 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     counter = TokenCounter(form.collator(job, processor))
     scorer = form.metrics(job, processor)
     trainer = progress.trainer = build_trainer(job, run, model, processor, encoded, counter, scorer, data=job.data)
+    ran = what_ran(trainer, job.precision)  # (a collective call: every process)
+    if state.is_main_process:
+        run.update_manifest(distributed=ran)
     _startup_done()
     setup_seconds = time.perf_counter() - started
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
