@@ -51,7 +51,10 @@ def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, show
         if path is not None:
             typer.echo(str(path))
     else:
-        print_metrics(shown or metrics)
+        if (shown or metrics).get("eval") is not None:
+            print_metrics(shown or metrics)
+        if metrics.get("benchmarks"):
+            print_benchmarks(metrics)
         typer.echo(f"run directory: {path}" if path is not None else
                    "run directory: none written (--output DIR keeps these scores)")
 
@@ -75,3 +78,24 @@ def print_metrics(metrics: dict) -> None:
         if metrics.get(key) is not None:
             table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else str(metrics[key]))
     Console().print(table)
+
+
+def print_benchmarks(metrics: dict) -> None:
+    """The benchmark tasks of metrics.json (or of an untrained base), one row each: metric, value, stderr, shots,
+    rows scored."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{metrics['name']}: benchmarks (lm-evaluation-harness)")
+    for column in ("task", "metric", "value", "stderr", "shots", "rows"):
+        table.add_column(column, justify="left" if column in ("task", "metric") else "right", overflow="fold")
+    for task, record in metrics["benchmarks"].items():
+        stderr = record.get("stderr")
+        table.add_row(task, str(record.get("metric")), _figure(record.get("value")),
+                      _figure(stderr) if isinstance(stderr, (int, float)) else "-",
+                      str(record.get("num_fewshot")), str(record.get("rows")))
+    Console().print(table)
+
+
+def _figure(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -1,0 +1,154 @@
+"""`eval --benchmark` and eval.benchmarks: lm-evaluation-harness on the model as hftoolkit loads it, offline.
+
+The harness's numbers are checked against what the model itself says: its log-likelihoods of each choice, its
+greedy answers as `predict` writes them. Tiny init: checkpoints, a few rows of each shipped task.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RECIPES, plain, run_cli, train_recipe
+
+pytest.importorskip("lm_eval")
+
+MC, GEN = "hftoolkit_everyday_mc", "hftoolkit_sums_gen"
+DECODER, SEQ2SEQ = RECIPES / "decoder-clm.yaml", RECIPES / "seq2seq-translation-t5.yaml"
+SHORT = ("training.max_steps=2", "data.max_train_samples=40", "data.max_eval_samples=8")
+
+
+def shipped_rows(name: str) -> list[dict]:
+    return [json.loads(line) for line in (RECIPES / "benchmarks" / f"{name}.jsonl").read_text().splitlines()]
+
+
+def samples(run: Path, task: str) -> list[dict]:
+    rows = [json.loads(line) for line in (run / "benchmark-samples.jsonl").read_text().splitlines()]
+    return sorted((r for r in rows if r["task"] == task), key=lambda r: r["doc_id"])
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory) -> Path:
+    """A LoRA run of the tiny GPT-2 whose recipe asks for both shipped tasks after training."""
+    run = tmp_path_factory.mktemp("bench") / "lora"
+    train_recipe(DECODER, run, *SHORT, f"eval.benchmarks.tasks=[{MC},{GEN}]", "eval.benchmarks.limit=5",
+                 "eval.generation.max_new_tokens=8")
+    return run
+
+
+def test_train_with_eval_benchmarks_records_each_task(lora_run):
+    metrics = json.loads((lora_run / "metrics.json").read_text())
+    assert set(metrics["benchmarks"]) == {MC, GEN}
+    mc = metrics["benchmarks"][MC]
+    assert mc["metric"] == "acc" and mc["rows"] == 5 and mc["limit"] == 5 and mc["num_fewshot"] == 0
+    assert 0.0 <= mc["value"] <= 1.0 and mc["stderr"] is not None and mc["harness_version"]
+    assert len(samples(lora_run, MC)) == 5 and len(samples(lora_run, GEN)) == 5
+    assert json.loads((lora_run / "manifest.json").read_text())["status"] == "complete"
+
+
+def _choice_logprobs(model, tokenizer, context: str, choices: list[str], seq2seq: bool) -> list[float]:
+    """Sum of log p(choice tokens | context), as the model gives them, one forward pass per choice."""
+    import torch
+
+    scores = []
+    for choice in choices:
+        continuation = " " + choice
+        if seq2seq:
+            enc = tokenizer(context, return_tensors="pt")
+            labels = tokenizer(continuation, add_special_tokens=False, return_tensors="pt").input_ids
+            logits = model(**enc, labels=labels).logits[0]
+            target = labels[0]
+        else:
+            whole = tokenizer(context + continuation).input_ids
+            n_context = len(tokenizer(context).input_ids)
+            ids = torch.tensor([whole])
+            logits = model(input_ids=ids).logits[0, n_context - 1:-1]
+            target = ids[0, n_context:]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        scores.append(logprobs.gather(1, target[:, None]).sum().item())
+    return scores
+
+
+@pytest.mark.parametrize("recipe,seq2seq", [(DECODER, False), (SEQ2SEQ, True)], ids=["gpt2", "t5"])
+def test_multiple_choice_accuracy_equals_the_accuracy_from_the_models_loglikelihoods(recipe, seq2seq, tmp_path):
+    import torch
+
+    from hftoolkit.config.recipe import load_recipe, replaced
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
+
+    base = tmp_path / "base"
+    result = run_cli("eval", recipe, "--benchmark", MC, "--limit", "6", "--output", base, *(
+        ["--set", "data.source_prefix="] if seq2seq else []), "--set", "data.max_eval_samples=8")
+    record = json.loads((base / "metrics.json").read_text())["benchmarks"][MC]
+    assert "benchmarks" in plain(result.output) and MC in result.output
+    recipe_ = replaced(load_recipe(recipe), {"lora.enabled": False})
+    job = resolve_job(recipe_, data=False)
+    model, tokenizer = formulation(job).load_model(job)
+    model.eval()
+    rows, right = shipped_rows("everyday_mc")[:6], 0
+    logged = samples(base, MC)
+    with torch.no_grad():
+        for row, sample in zip(rows, logged):
+            scores = _choice_logprobs(model, tokenizer, f"Question: {row['question']}\nAnswer:", row["choices"],
+                                      seq2seq)
+            harness = [float(r[0][0]) for r in sample["resps"]]
+            assert scores == pytest.approx(harness, abs=1e-3)
+            right += max(range(len(scores)), key=scores.__getitem__) == row["label"]
+    assert record["value"] == pytest.approx(right / len(rows))
+
+
+def test_generation_exact_match_equals_the_one_from_predicts_answers(lora_run, tmp_path):
+    rows = shipped_rows("sums_gen")[:5]
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"Question: {r['question']} Answer:\n" for r in rows))  # the task's prompt
+    predicted = run_cli("predict", lora_run, "--input", prompts, "--format", "jsonl").stdout.splitlines()
+    answers = [json.loads(line)["text"] for line in predicted]
+    harness = [s["resps"][0][0] for s in samples(lora_run, GEN)]
+    cut = [a.split("\n")[0] for a in answers]
+    assert [h.split("\n")[0] for h in harness] == cut
+    by_hand = sum(c.strip().lower() == r["answer"] for c, r in zip(cut, rows)) / len(rows)
+    record = json.loads((lora_run / "metrics.json").read_text())["benchmarks"][GEN]
+    assert record["metric"] == "exact_match" and record["value"] == pytest.approx(by_hand)
+
+
+@pytest.mark.parametrize("recipe,sets,tasks,says", [
+    (RECIPES / "encoder-classification.yaml", [], MC, "encoder checkpoint"),
+    (DECODER, ["task=classification", "data.train=builtin:sentiment", "data.packing=false"], MC,
+     "classification head"),
+    pytest.param(DECODER, [], f"{MC},no_such_task", "no task named no_such_task", marks=pytest.mark.slow),
+], ids=["encoder", "classification-head", "unknown-task"])
+def test_what_the_harness_cant_score_is_refused_in_one_line_before_loading(recipe, sets, tasks, says, tmp_path):
+    args = [a for s in sets for a in ("--set", s)]
+    result = run_cli("eval", recipe, "--benchmark", tasks, "--output", tmp_path / "base", *args, expect=2)
+    assert says in plain(result.output) and len(result.output.strip().splitlines()) == 1
+    assert not (tmp_path / "base").exists()
+
+
+def test_without_the_harness_benchmark_says_how_to_install_it(monkeypatch):
+    import importlib.metadata
+
+    real = importlib.metadata.version
+
+    def version(name):
+        if name == "lm_eval":
+            raise importlib.metadata.PackageNotFoundError(name)
+        return real(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", version)
+    result = run_cli("eval", DECODER, "--benchmark", MC, expect=2)
+    assert "pip install 'hftoolkit[benchmarks]'" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_a_lora_run_and_its_merged_folder_score_the_same(lora_run, tmp_path):
+    merged = tmp_path / "merged"
+    run_cli("merge", lora_run, "--output", merged)
+    tasks = f"{MC},{GEN}"
+    tuned = json.loads(run_cli("eval", lora_run, "--benchmark", tasks, "--limit", "4", "--json").stdout)
+    plain_ = json.loads(run_cli("eval", DECODER, "--set", f"model.checkpoint={merged}", "--benchmark", tasks,
+                                "--limit", "4", "--json").stdout)
+    for task in (MC, GEN):
+        assert tuned["benchmarks"][task]["metrics"] == pytest.approx(plain_["benchmarks"][task]["metrics"])
+    assert tuned["benchmarks"][MC]["rows"] == 4  # (the run's own eval.benchmarks asked for 5: replaced)
