@@ -152,3 +152,85 @@ def test_a_lora_run_and_its_merged_folder_score_the_same(lora_run, tmp_path):
     for task in (MC, GEN):
         assert tuned["benchmarks"][task]["metrics"] == pytest.approx(plain_["benchmarks"][task]["metrics"])
     assert tuned["benchmarks"][MC]["rows"] == 4  # (the run's own eval.benchmarks asked for 5: replaced)
+
+
+def ai2_arc_easy(n: int = 6) -> tuple:
+    """ARC-Easy's columns (question, choices {text, label}, answerKey), n made-up rows a split."""
+    import datasets
+
+    features = datasets.Features({"id": datasets.Value("string"), "question": datasets.Value("string"),
+                                  "choices": {"text": datasets.Sequence(datasets.Value("string")),
+                                              "label": datasets.Sequence(datasets.Value("string"))},
+                                  "answerKey": datasets.Value("string")})
+    rows = [{"id": f"q{i}", "question": f"Which of these is number {i}?",
+             "choices": {"text": [f"number {i}", f"letter {i}", f"colour {i}", f"sound {i}"],
+                         "label": ["A", "B", "C", "D"]}, "answerKey": "ABCD"[i % 4]} for i in range(n)]
+    return features, {"train": rows, "validation": rows, "test": rows}
+
+
+@pytest.mark.slow  # (the harness indexes its own thousands of tasks to find arc_easy)
+def test_a_hub_task_runs_from_a_planted_data_set_cache_with_limit(monkeypatch, tmp_path):
+    from tests import hub_cache
+
+    home = tmp_path / "hf"
+    hub_cache.plant_dataset(home / "hub", home / "datasets", "allenai/ai2_arc", {"ARC-Easy": ai2_arc_easy()},
+                            default="ARC-Easy")
+    hub_cache.use_hf_home(monkeypatch, home)
+    base = tmp_path / "base"
+    run_cli("eval", DECODER, "--benchmark", "arc_easy", "--limit", "3", "--output", base,
+            "--set", "data.max_eval_samples=8")
+    record = json.loads((base / "metrics.json").read_text())["benchmarks"]["arc_easy"]
+    assert record["rows"] == 3 and record["metric"] == "acc" and record["limit"] == 3
+    logged = samples(base, "arc_easy")
+    assert [s["doc"]["question"] for s in logged] == [f"Which of these is number {i}?" for i in range(3)]
+
+
+SLOW_TASK = """task: slow_to_load
+custom_dataset: !function loader.load
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{question}}"
+doc_to_choice: "{{choices}}"
+doc_to_target: label
+metric_list:
+  - metric: acc
+"""
+SLOW_LOADER = """import pathlib, time
+def load(**_):
+    pathlib.Path(__file__).with_name("loading").write_text("now")
+    time.sleep(120)
+"""
+
+
+@pytest.mark.slow  # a real process, killed
+def test_a_run_killed_during_its_benchmarks_keeps_its_weights_and_eval_completes_it(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "slow.yaml").write_text(SLOW_TASK)
+    (tasks / "loader.py").write_text(SLOW_LOADER)
+    run = tmp_path / "run"
+    argv = [sys.executable, "-m", "hftoolkit", "train", str(DECODER), "--output", str(run),
+            *[a for s in SHORT for a in ("--set", s)], "--set", "eval.benchmarks.tasks=[slow_to_load]",
+            "--set", f"eval.benchmarks.path={tasks}"]
+    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    try:
+        deadline = time.time() + 240
+        while not (tasks / "loading").exists() and process.poll() is None and time.time() < deadline:
+            time.sleep(0.5)
+        assert (tasks / "loading").exists(), "the benchmark never started"
+    finally:
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
+    assert json.loads((run / "manifest.json").read_text())["status"] != "complete"
+    result = run_cli("eval", run, "--benchmark", MC, "--limit", "3")
+    assert MC in result.output
+    assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["benchmarks"][MC]["rows"] == 3 and metrics["eval"]  # what training measured is kept
