@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from hftoolkit.runs.summary import BEST, format_value
 from tests.conftest import RECIPES, plain, run_cli, train_recipe
 
 pytest.importorskip("lm_eval")
@@ -234,3 +235,46 @@ def test_a_run_killed_during_its_benchmarks_keeps_its_weights_and_eval_completes
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["benchmarks"][MC]["rows"] == 3 and metrics["eval"]  # what training measured is kept
+
+
+@pytest.fixture(scope="module")
+def base_and_tuned_report(lora_run, tmp_path_factory) -> tuple[Path, Path]:
+    """The LoRA run and its untrained base (the same tasks and limit) in one comparison report."""
+    root = tmp_path_factory.mktemp("report")
+    base = root / "base"
+    run_cli("eval", DECODER, "--benchmark", f"{MC},{GEN}", "--limit", "5", "--output", base,
+            "--set", "data.max_eval_samples=8")
+    run_cli("compare", lora_run, base, "--output", root / "out")
+    return base, root / "out"
+
+
+def test_the_report_sets_each_benchmark_of_the_tuned_run_beside_its_base(lora_run, base_and_tuned_report):
+    base, out = base_and_tuned_report
+    report = (out / "report.md").read_text()
+    section = report[report.index("## Benchmarks"):]
+    tuned = json.loads((lora_run / "metrics.json").read_text())["benchmarks"][MC]
+    untrained = json.loads((base / "metrics.json").read_text())["benchmarks"][MC]
+    row = next(line for line in section.splitlines() if line.startswith(f"| {MC}"))
+    change = f"{tuned['value'] - untrained['value']:+.4f} vs base"
+    assert f"{format_value(tuned['value'])} ± {format_value(tuned['stderr'])} ({change})" in row
+    assert row.rstrip(" |").endswith(f"{format_value(untrained['value'])} ± {format_value(untrained['stderr'])}")
+    assert "(base)" in section.splitlines()[4]  # the header names the base's column
+    assert (out / "benchmarks.png").read_bytes().startswith(b"\x89PNG")
+    runs_table = report[:report.index("## ")]
+    assert "(untrained baseline)" in runs_table and f"(untrained baseline) {BEST}" not in runs_table
+
+
+def test_the_benchmark_section_shows_in_a_browser(base_and_tuned_report, tmp_path):
+    from tests import browser
+
+    if browser.missing_reason() is not None:
+        pytest.skip(browser.missing_reason())
+    _, out = base_and_tuned_report
+    with browser.open_page(out / "report.html", tmp_path / "profile") as (page, record):
+        section = page.locator("#benchmarks")
+        heads = section.locator("th").all_inner_texts()
+        cells = section.locator("tr").nth(1).locator("td").all_inner_texts()
+        image = section.locator("img").evaluate("img => [img.naturalWidth, img.getBoundingClientRect().width]")
+    assert record.page_errors == []
+    assert heads[:2] == ["benchmark", "metric"] and any(h.endswith("(base)") for h in heads)
+    assert any("vs base" in c for c in cells) and image[0] > 0 and image[1] > 0

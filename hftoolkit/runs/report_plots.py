@@ -239,6 +239,35 @@ def plot_same_task(runs: list[RunSummary], members: list[int], pareto: dict[str,
     _save(figure, path)
 
 
+def plot_benchmarks(runs: list[RunSummary], path: Path) -> None:
+    """One panel per benchmark task: a bar per run with its stderr; an untrained base hatched, its value a
+    dashed line across the panel, so each tuned run reads against it."""
+    members = [run for run in runs if run.benchmarks]
+    tasks = list(dict.fromkeys(task for run in members for task in run.benchmarks))
+    figure = _figure(4.0 * len(tasks) + 1.0, 0.45 * len(members) + 1.6)
+    colors = _colors(len(members))
+    for axes, task in zip(figure.subplots(1, len(tasks), squeeze=False)[0], tasks):
+        shown = [(i, run) for i, run in enumerate(members) if task in run.benchmarks]
+        positions = list(range(len(shown)))[::-1]
+        values = [run.benchmarks[task]["value"] for _, run in shown]
+        errors = [run.benchmarks[task].get("stderr") if isinstance(run.benchmarks[task].get("stderr"), float)
+                  else 0.0 for _, run in shown]
+        bars = axes.barh(positions, values, xerr=errors, color=[colors[i] for i, _ in shown], height=0.6,
+                         capsize=3)
+        for bar, (_, run), value in zip(bars, shown, values):
+            if not run.trained:
+                bar.set_hatch("//")
+                bar.set_alpha(0.5)
+                axes.axvline(value, color="0.3", linestyle="--", linewidth=1)
+            axes.text(value, bar.get_y() + bar.get_height() / 2, f" {value:.3f}", va="center", fontsize=8)
+        axes.set_yticks(positions, [run.label + ("" if run.trained else " (base)") for _, run in shown],
+                        fontsize=8)
+        axes.set_title(task, fontsize=9)
+        axes.set_xlabel(str(shown[0][1].benchmarks[task].get("metric")))
+        axes.set_xlim(0, max(1.0, max(v + e for v, e in zip(values, errors)) * 1.1))
+    _save(figure, path)
+
+
 def write_plots(runs: list[RunSummary], out: Path) -> list[str]:
     """Draw every plot into out; return the file names written."""
     plot_loss(runs, out / "loss.png")
