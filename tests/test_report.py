@@ -326,3 +326,12 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
     assert "The course recommends the encoder family for classification" in sections[0]["text"]
     assert "yes: params, time, memory" in sections[0]["text"]
     assert (ARTIFACTS / "report.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_an_untrained_baseline_is_marked_as_the_reference_and_never_starred_best(tmp_path):
+    tuned = make_run(tmp_path, "bert-tuned", family="encoder", task="classification", main_metric="accuracy",
+                     eval_={"accuracy": 0.70})
+    base = make_run(tmp_path, "bert-base", family="encoder", task="classification", main_metric="accuracy",
+                    eval_={"accuracy": 0.80}, trained=False)  # (a lucky random head: better, still no rival)
+    rows = {row["run"]: row for row in summary_rows([load_run(tuned), load_run(base)])}
+    assert set(rows) == {f"bert-tuned {BEST}", "bert-base (untrained baseline)"}
