@@ -25,19 +25,24 @@ PREDICT_FORMATS = {"tsv": tsv_row, "jsonl": jsonl_row}
 
 # The report's columns that fit a terminal; report.md and report.html have them all.
 TERMINAL_COLUMNS = ("run", "family", "task", "quant", "LoRA r", "main metric", "trainable / total", "train time")
+# Left out first where the terminal is narrow (run and main metric stay).
+FIT_DROP = ("quant", "LoRA r", "trainable / total", "family", "train time", "task")
 
 
 def print_rows(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table()
-    columns = [c for c in TERMINAL_COLUMNS if rows and c in rows[0]]
-    for column in columns:
+    from hftoolkit.console import fit_rows
+
+    console, table = Console(), Table()
+    shown = fit_rows([{c: row[c] for c in TERMINAL_COLUMNS if c in row} for row in rows], console.width,
+                     drop=FIT_DROP, shorten=("run",))
+    for column in (shown[0] if shown else ()):
         table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*(row[c] for c in columns))
-    Console().print(table)
+    for row in shown:
+        table.add_row(*row.values())
+    console.print(table)
 
 
 def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, shown: dict | None = None) -> None:
@@ -68,7 +73,12 @@ def print_metrics(metrics: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{metrics['name']} ({metrics['task']}, {metrics['checkpoint']})")
+    from hftoolkit.console import short_path
+
+    console = Console()  # a long checkpoint path shortened to its last folders: the title stays on a line or two
+    room = console.width - len(f"{metrics['name']} ({metrics['task']}, )") - 4
+    title = f"{metrics['name']} ({metrics['task']}, {short_path(str(metrics['checkpoint']), max(24, room))})"
+    table = Table(title=title, min_width=min(console.width, len(title) + 4))  # (a title wraps at the table's width)
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in metrics["eval"].items():
@@ -77,7 +87,7 @@ def print_metrics(metrics: dict) -> None:
     for key in RESULT_FIGURES:
         if metrics.get(key) is not None:
             table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else str(metrics[key]))
-    Console().print(table)
+    console.print(table)
 
 
 def print_benchmarks(metrics: dict) -> None:
