@@ -73,21 +73,27 @@ def _choice_logprobs(model, tokenizer, context: str, choices: list[str], seq2seq
     return scores
 
 
-@pytest.mark.parametrize("recipe,seq2seq", [(DECODER, False), (SEQ2SEQ, True)], ids=["gpt2", "t5"])
-def test_multiple_choice_accuracy_equals_the_accuracy_from_the_models_loglikelihoods(recipe, seq2seq, tmp_path):
+@pytest.mark.parametrize("recipe,seq2seq", [(DECODER, False), (SEQ2SEQ, True),
+                                            pytest.param("smollm2", False, marks=pytest.mark.slow)],
+                         ids=["gpt2", "t5", "smollm2"])
+def test_multiple_choice_accuracy_equals_the_accuracy_from_the_models_loglikelihoods(recipe, seq2seq, tmp_path,
+                                                                                      request):
     import torch
 
-    from hftoolkit.config.recipe import load_recipe, replaced
+    from hftoolkit.config.recipe import load_recipe
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation
 
+    sets = ["data.max_eval_samples=8", "lora.enabled=false"] + (["data.source_prefix="] if seq2seq else [])
+    if recipe == "smollm2":  # the real pretrained decoder
+        recipe = DECODER
+        sets += [f"model.checkpoint={request.getfixturevalue('smollm2_checkpoint')}"]
     base = tmp_path / "base"
-    result = run_cli("eval", recipe, "--benchmark", MC, "--limit", "6", "--output", base, *(
-        ["--set", "data.source_prefix="] if seq2seq else []), "--set", "data.max_eval_samples=8")
+    result = run_cli("eval", recipe, "--benchmark", MC, "--limit", "6", "--output", base,
+                     *[a for s in sets for a in ("--set", s)])
     record = json.loads((base / "metrics.json").read_text())["benchmarks"][MC]
     assert "benchmarks" in plain(result.output) and MC in result.output
-    recipe_ = replaced(load_recipe(recipe), {"lora.enabled": False})
-    job = resolve_job(recipe_, data=False)
+    job = resolve_job(load_recipe(recipe, sets), data=False)
     model, tokenizer = formulation(job).load_model(job)
     model.eval()
     rows, right = shipped_rows("everyday_mc")[:6], 0
