@@ -346,3 +346,13 @@ def test_a_long_checkpoint_path_is_shortened_in_the_html_table_and_whole_on_hove
     cell = re.search(r'<td class="cell" title="([^"]+)">([^<]+)</td>', page)
     assert cell and cell.group(1) == path and cell.group(2).startswith("…/") and path.endswith(cell.group(2)[2:])
     assert len(cell.group(2)) <= 40
+
+
+def test_labels_of_points_close_together_in_the_parameters_plot_are_stacked_apart():
+    from hftoolkit.runs.report_plots import LABEL_STEP, label_offsets
+
+    close = [(4_567_890, 12_345), (4_600_000, 12_500), (4_500_000, 12_000), (90_000_000, 1_000_000)]
+    offsets = label_offsets(close)
+    ys = [dy for _, dy in offsets[:3]]
+    assert len(set(ys)) == 3 and min(abs(a - b) for a in ys for b in ys if a != b) >= LABEL_STEP
+    assert offsets[3] == (6, 0)  # a point far from the others keeps its label beside it

@@ -132,9 +132,11 @@ def plot_params(runs: list[RunSummary], path: Path) -> None:
         axes.scatter(run.total_params, run.trainable_params, color=color, s=40, zorder=3)
         points.setdefault((run.total_params, run.trainable_params), []).append(
             f"{run.label} (r={lora_cell(run)})")
-    for (total, trainable), names in points.items():
-        axes.annotate("\n".join(names), (total, trainable), xytext=(6, 0), textcoords="offset points",
-                      fontsize=8, va="center")
+    offsets = label_offsets(list(points))
+    for ((total, trainable), names), (dx, dy) in zip(points.items(), offsets):
+        axes.annotate("\n".join(names), (total, trainable), xytext=(dx, dy), textcoords="offset points",
+                      fontsize=8, va="center",
+                      arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5} if dy else None)
     if not known:
         _no_data(axes, "no parameter counts in any run")
     else:
@@ -154,6 +156,24 @@ def plot_params(runs: list[RunSummary], path: Path) -> None:
         figure.text(0.01, 0.005, "no parameter counts: " + ", ".join(missing), fontsize=7, color="0.4")
     axes.set_title("Trainable vs total parameters")
     _save(figure, path)
+
+
+LABEL_STEP = 11  # points between the labels of neighbouring points: one line of 8-point text and a gap
+NEAR = 0.25  # decades on both log axes within which two points' labels would overlap
+
+
+def label_offsets(points: list[tuple[float, float]]) -> list[tuple[int, int]]:
+    """(dx, dy) in points for each point's label: beside the point, and where points lie near one another on the
+    log axes, their labels stacked apart (above and below in turn), so overlapping runs stay legible."""
+    import math
+
+    logs = [(math.log10(max(x, 1)), math.log10(max(y, 1))) for x, y in points]
+    offsets = []
+    for i, (lx, ly) in enumerate(logs):
+        near = sum(abs(lx - ox) < NEAR and abs(ly - oy) < NEAR for ox, oy in logs[:i])
+        shift = (near + 1) // 2 * LABEL_STEP * (1 if near % 2 else -1)
+        offsets.append((6, shift))
+    return offsets
 
 
 def plot_resources(runs: list[RunSummary], path: Path) -> None:
