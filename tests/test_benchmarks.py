@@ -286,3 +286,11 @@ def test_the_benchmark_section_shows_in_a_browser(base_and_tuned_report, tmp_pat
     assert record.page_errors == []
     assert heads[:2] == ["benchmark", "metric"] and any(h.endswith("(base)") for h in heads)
     assert any("vs base" in c for c in cells) and image[0] > 0 and image[1] > 0
+
+
+def test_eval_benchmarks_in_a_recipe_is_validated_with_the_rest():
+    empty = run_cli("validate", DECODER, "--set", "eval.benchmarks.tasks=[]", expect=2)
+    assert "eval.benchmarks.tasks" in plain(empty.output) and "name at least one task" in plain(empty.output)
+    typo = run_cli("validate", DECODER, "--set", f"eval.benchmarks.tasks=[{MC}]", "--set", "eval.benchmarks.shots=3",
+                   expect=2)
+    assert "eval.benchmarks.shots" in plain(typo.output)
