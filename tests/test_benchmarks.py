@@ -294,3 +294,10 @@ def test_eval_benchmarks_in_a_recipe_is_validated_with_the_rest():
     typo = run_cli("validate", DECODER, "--set", f"eval.benchmarks.tasks=[{MC}]", "--set", "eval.benchmarks.shots=3",
                    expect=2)
     assert "eval.benchmarks.shots" in plain(typo.output)
+
+
+def test_benchmark_options_without_benchmark_or_beside_split_are_refused():
+    alone = run_cli("eval", DECODER, "--limit", "3", expect=2)
+    assert "apply to --benchmark" in plain(alone.output)
+    both = run_cli("eval", DECODER, "--benchmark", MC, "--split", "test", expect=2)
+    assert "--split and --benchmark" in plain(both.output)

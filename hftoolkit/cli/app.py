@@ -144,17 +144,8 @@ def eval_(
     from hftoolkit.workflows import evaluate as evaluation
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
-    if benchmark is None and (num_fewshot is not None or limit is not None or benchmark_path is not None):
-        raise UserError("--num-fewshot, --limit and --benchmark-path apply to --benchmark: name the tasks with "
-                        "--benchmark TASKS")
-    if benchmark is not None:
-        from hftoolkit.evaluation.benchmarks import BenchmarkOptions, parse_tasks
-
-        if split is not None:
-            raise UserError("--split and --benchmark: a benchmark scores its own data, not a split of the run's: "
-                            "pass one of them")
-        options = BenchmarkOptions(parse_tasks(benchmark), num_fewshot, limit, batch_size,
-                                   str(benchmark_path) if benchmark_path else None)
+    options = _benchmark_options(benchmark, num_fewshot, limit, batch_size, benchmark_path, split)
+    if options is not None:
         _eval_benchmark(target, options, set_, output, overwrite, as_json, verbosity)
         return
     if target.is_dir():
@@ -176,6 +167,21 @@ def eval_(
         metrics = evaluation.evaluate_recipe(parsed, split, output, overwrite, command_line())
     shown = {**metrics, "name": metrics["name"] + (f" on {metrics['split']}" if metrics["split"] else "")}
     stdout.show_result(metrics, output, as_json, verbosity, shown)
+
+
+def _benchmark_options(benchmark: str | None, num_fewshot, limit, batch_size: int, path: Path | None, split):
+    """`eval`'s benchmark options, or None without --benchmark (whose companions then make no sense alone)."""
+    if benchmark is None:
+        if num_fewshot is not None or limit is not None or path is not None:
+            raise UserError("--num-fewshot, --limit and --benchmark-path apply to --benchmark: name the tasks with "
+                            "--benchmark TASKS")
+        return None
+    from hftoolkit.evaluation.benchmarks import BenchmarkOptions, parse_tasks
+
+    if split is not None:
+        raise UserError("--split and --benchmark: a benchmark scores its own data, not a split of the run's: "
+                        "pass one of them")
+    return BenchmarkOptions(parse_tasks(benchmark), num_fewshot, limit, batch_size, str(path) if path else None)
 
 
 def _eval_benchmark(target: Path, options, set_, output, overwrite: bool, as_json: bool, verbosity) -> None:
