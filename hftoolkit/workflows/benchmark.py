@@ -10,7 +10,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hftoolkit import console
-from hftoolkit.config.recipe import Recipe, replaced
+from hftoolkit.config.families import static_family
+from hftoolkit.config.recipe import Recipe, load_recipe, replaced
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation.benchmarks import (
     BenchmarkOptions,
@@ -74,10 +75,14 @@ def benchmark_run(run_dir: Path, options: BenchmarkOptions) -> dict:
         raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
     manifest = run.manifest()
     resolved = manifest.get("resolved") or {}
-    from hftoolkit.config.recipe import load_recipe
-
     recipe = load_recipe(run / "recipe.yaml")
-    manager = prepare(resolved.get("family") or recipe.model.family, recipe.task, options, str(run_dir))
+    family = resolved.get("family") or static_family(recipe.model.checkpoint, recipe.model.family)
+    if family is None:  # (a run written before manifest.json said its family: checked once its config is read)
+        harness_version()
+        manager = task_manager(options.path, options.tasks)
+        check_tasks(manager, options.tasks)
+    else:
+        manager = prepare(family, recipe.task, options, str(run_dir))
     complete = manifest.get("status") == "complete"
     if not complete:
         run.weights_dir()  # (a run killed before its weights were saved is refused here, in one line)
@@ -85,6 +90,7 @@ def benchmark_run(run_dir: Path, options: BenchmarkOptions) -> dict:
             console.phase(f"{run_dir} is not complete ({manifest.get('status')}): scoring its eval split first")
             reevaluate(run_dir)
     job, _form, model, processor = load_trained(run_dir)
+    check_benchmarkable(job.family, job.task, str(run_dir))
     benchmark_loaded(job, model, processor, options, manager, run)
     if run.manifest().get("status") != "complete":
         run.finish("complete")
@@ -94,8 +100,6 @@ def benchmark_run(run_dir: Path, options: BenchmarkOptions) -> dict:
 def check_recipe(recipe: Recipe, options: BenchmarkOptions) -> None:
     """What can be refused from the recipe alone, before anything loads: the harness missing, an encoder or a
     classification task, an unknown task name."""
-    from hftoolkit.config.families import static_family
-
     harness_version()
     static = static_family(recipe.model.checkpoint, recipe.model.family)
     if static is not None:
