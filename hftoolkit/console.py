@@ -502,20 +502,26 @@ def short_path(text: str, limit: int) -> str:
 
 def fit_rows(rows: list[dict[str, str]], width: int, drop: tuple[str, ...], shorten: tuple[str, ...]
              ) -> list[dict[str, str]]:
-    """Rows whose table fits `width` columns with one line a row: the cells of `shorten` (paths, names) cut
-    first, to no less than 24 characters, then the columns of `drop` left out, in that order."""
+    """Rows whose table fits `width` columns with one line a row: the cells of `shorten` (paths, names) cut to
+    40 characters, then the columns of `drop` left out in that order, then those cells cut to 32 and 24."""
     def needed(table: list[dict[str, str]]) -> int:
         return sum(max(len(k), *(len(r[k]) for r in table)) + 3 for k in table[0]) + 1
 
     if not rows:
         return rows
-    table = [dict(r) for r in rows]
-    for limit in (40, 32, 24):
-        if needed(table) <= width:
-            return table
-        table = [{k: short_path(v, limit) if k in shorten else v for k, v in r.items()} for r in rows]
-    for column in drop:
-        if needed(table) <= width or len(table[0]) <= 2:
+    def cut(limit: int, columns) -> list[dict[str, str]]:
+        return [{k: short_path(v, limit) if k in shorten else v for k, v in r.items() if k in columns}
+                for r in rows]
+
+    columns = list(rows[0])
+    table = cut(40, columns)
+    for column in drop:  # a column left out before a name is cut below 40
+        if needed(table) <= width or len(columns) <= 2:
             break
-        table = [{k: v for k, v in r.items() if k != column} for r in table]
+        columns.remove(column)
+        table = cut(40, columns)
+    for limit in (32, 24):
+        if needed(table) <= width:
+            break
+        table = cut(limit, columns)
     return table
