@@ -274,12 +274,12 @@ def plot_benchmarks(runs: list[RunSummary], path: Path) -> None:
                   else 0.0 for _, run in shown]
         bars = axes.barh(positions, values, xerr=errors, color=[colors[i] for i, _ in shown], height=0.6,
                          capsize=3)
-        for bar, (_, run), value in zip(bars, shown, values):
+        for bar, (_, run), value, error in zip(bars, shown, values, errors):
             if not run.trained:
                 bar.set_hatch("//")
                 bar.set_alpha(0.5)
                 axes.axvline(value, color="0.3", linestyle="--", linewidth=1)
-            axes.text(value, bar.get_y() + bar.get_height() / 2, f" {value:.3f}", va="center", fontsize=8)
+            axes.text(value + error, bar.get_y() + bar.get_height() * 0.8, f" {value:.3f}", va="center", fontsize=8)
         axes.set_yticks(positions, [run.label + ("" if run.trained else " (base)") for _, run in shown],
                         fontsize=8)
         axes.set_title(task, fontsize=9)
