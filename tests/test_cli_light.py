@@ -9,11 +9,14 @@ import pytest
 
 from tests.conftest import RECIPES, ROOT, plain, run_cli
 
-HEAVY = ("torch", "transformers", "peft", "datasets", "accelerate")
+HEAVY = ("torch", "transformers", "peft", "datasets", "accelerate", "lm_eval")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["validate", str(RECIPES / "encoder-classification.yaml")],
-                                  ["recipes"], ["doctor"], ["runs", "tests"]], ids=lambda a: a[0])
+                                  ["recipes"], ["doctor"], ["runs", "tests"], ["eval", "--help"],
+                                  ["validate", str(RECIPES / "decoder-clm.yaml"), "--set",
+                                   "eval.benchmarks.tasks=[hftoolkit_everyday_mc]"]],
+                         ids=lambda a: " ".join(a[:2]) if a[0] == "eval" else a[0] + ("+bench" if len(a) > 2 else ""))
 def test_light_commands_import_no_torch(argv):
     # A real process: what matters is what the command imports, which an in-process run can't show.
     code = ("import sys; from hftoolkit.cli.app import app\n"

@@ -209,3 +209,23 @@ def test_flags_and_phase_lines():
     assert console.model_line("init:bert", 4226, 136964, "8bit", 8) == (
         "model loaded: init:bert, 136,964 parameters, 4,226 trainable (3.09%), LoRA r=8, 8-bit weights")
     assert console.model_line("gpt2", 10, 10).endswith("10 trainable (100%), not quantized")
+
+
+def test_progress_lines_time_the_eta_after_start_up_and_say_how_old_the_loss_is(monkeypatch):
+    from rich.console import Console
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    screen = io.StringIO()
+    bar = progress.StepProgress(Console(file=screen, width=200), total=10)
+    for step in range(1, 11):
+        clock[0] = 20.0 + (step - 1)  # a 20 s first step (start-up), then 1 s a step
+        bar.advance_to(step, lr=1e-3 * step / 10)  # warmup: the rate the scheduler has now
+        if step % 5 == 0:
+            bar.show(3.0 / step, None, step)  # the Trainer logs every 5 steps, without a rate of its own
+    bar.close()
+    lines = screen.getvalue().splitlines()
+    assert lines[0].startswith("train 1/10") and "lr 1.00e-04" in lines[0] and lines[0].endswith("eta -")
+    assert lines[1].startswith("train 2/10") and lines[1].endswith("eta 0:00:08")  # 8 steps at 1 s, not 84 s
+    assert "loss 0.6000 lr 5.00e-04" in lines[4]  # logged at this step: no age
+    assert "loss 0.6000 (step 5) lr 6.00e-04" in lines[5]  # the next line says the loss is older

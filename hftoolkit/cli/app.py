@@ -122,16 +122,32 @@ def eval_(
         "With a recipe: keep the scores as a run directory (no weights) that runs and compare read."))] = None,
     overwrite: Annotated[bool, typer.Option("--overwrite", help="With --output: replace a non-empty directory.")
                          ] = False,
+    benchmark: Annotated[str | None, typer.Option("--benchmark", metavar="TASKS", help=(
+        "Run lm-evaluation-harness tasks or groups (comma-separated, e.g. arc_easy or the shipped "
+        "hftoolkit_everyday_mc,hftoolkit_sums_gen) on the model instead; needs hftoolkit[benchmarks]."))] = None,
+    num_fewshot: Annotated[int | None, typer.Option("--num-fewshot", min=0, metavar="N", help=(
+        "With --benchmark: examples in each prompt (default: each task's own)."))] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, metavar="N", help=(
+        "With --benchmark: score only the first N rows of each task."))] = None,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, metavar="N", help=(
+        "With --benchmark: rows per forward pass."))] = 8,
+    benchmark_path: Annotated[Path | None, typer.Option("--benchmark-path", metavar="DIR", help=(
+        "With --benchmark: a folder of the harness's task YAML files to add to its tasks."))] = None,
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
     quiet: QuietOption = False,
 ):
     """Score a trained run again (metrics.json updated), or a recipe's base checkpoint with no training and no
-    adapter; --split scores another split (a run directory keeps it under metrics.json's "splits")."""
+    adapter; --split scores another split (a run directory keeps it under metrics.json's "splits");
+    --benchmark runs lm-evaluation-harness tasks (metrics.json's "benchmarks")."""
     from hftoolkit import console
     from hftoolkit.workflows import evaluate as evaluation
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
+    options = _benchmark_options(benchmark, num_fewshot, limit, batch_size, benchmark_path, split)
+    if options is not None:
+        _eval_benchmark(target, options, set_, output, overwrite, as_json, verbosity)
+        return
     if target.is_dir():
         if set_ or output:
             raise UserError(f"{'--set' if set_ else '--output'}: applies to a recipe, and {target} is a run "
@@ -151,6 +167,49 @@ def eval_(
         metrics = evaluation.evaluate_recipe(parsed, split, output, overwrite, command_line())
     shown = {**metrics, "name": metrics["name"] + (f" on {metrics['split']}" if metrics["split"] else "")}
     stdout.show_result(metrics, output, as_json, verbosity, shown)
+
+
+def _benchmark_options(benchmark: str | None, num_fewshot, limit, batch_size: int, path: Path | None, split):
+    """`eval`'s benchmark options, or None without --benchmark (whose companions then make no sense alone)."""
+    if benchmark is None:
+        if num_fewshot is not None or limit is not None or path is not None:
+            raise UserError("--num-fewshot, --limit and --benchmark-path apply to --benchmark: name the tasks with "
+                            "--benchmark TASKS")
+        return None
+    from hftoolkit.evaluation.benchmarks import BenchmarkOptions, parse_tasks
+
+    if split is not None:
+        raise UserError("--split and --benchmark: a benchmark scores its own data, not a split of the run's: "
+                        "pass one of them")
+    return BenchmarkOptions(parse_tasks(benchmark), num_fewshot, limit, batch_size, str(path) if path else None)
+
+
+def _eval_benchmark(target: Path, options, set_, output, overwrite: bool, as_json: bool, verbosity) -> None:
+    """`eval --benchmark`: a run's model as trained, or a recipe's base (with --output: a baseline run directory
+    scored on its eval split as well, so the report sets it beside the tuned runs)."""
+    from hftoolkit import console
+    from hftoolkit.workflows import benchmark as bench
+
+    if target.is_dir():
+        if set_ or output:
+            raise UserError(f"{'--set' if set_ else '--output'}: applies to a recipe, and {target} is a run "
+                            "directory: its recipe is the one it trained with")
+        log = target / "train.log" if (target / "recipe.yaml").is_file() else None
+        with console.capture(log, verbosity, explain_loading=False):
+            metrics = bench.benchmark_run(target, options)
+        stdout.show_result(metrics, target, as_json, verbosity, {**metrics, "eval": None})
+        return
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.training.distributed import command_line
+    from hftoolkit.workflows import evaluate as evaluation
+
+    parsed = load_recipe(target, set_ or [])
+    with console.capture(verbosity=verbosity):
+        bench.check_recipe(parsed, options)
+        metrics = (evaluation.evaluate_recipe(parsed, None, output, overwrite, command_line()) if output else
+                   {"name": f"{parsed.name}-untrained", "task": parsed.task, "checkpoint": parsed.model.checkpoint})
+        metrics = {**metrics, "benchmarks": bench.benchmark_recipe(parsed, options, output)}
+    stdout.show_result(metrics, output, as_json, verbosity, {**metrics, "eval": None})
 
 
 @app.command()

@@ -46,19 +46,24 @@ def predict_text(records: list[dict], format_: str, submission: bool = False) ->
 
 # The report's columns that fit a terminal; report.md and report.html have them all.
 TERMINAL_COLUMNS = ("run", "family", "task", "quant", "LoRA r", "main metric", "trainable / total", "train time")
+# Left out first where the terminal is narrow (run and main metric stay).
+FIT_DROP = ("quant", "LoRA r", "trainable / total", "family", "train time", "task")
 
 
 def print_rows(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table()
-    columns = [c for c in TERMINAL_COLUMNS if rows and c in rows[0]]
-    for column in columns:
+    from hftoolkit.console import fit_rows
+
+    console, table = Console(), Table()
+    shown = fit_rows([{c: row[c] for c in TERMINAL_COLUMNS if c in row} for row in rows], console.width,
+                     drop=FIT_DROP, shorten=("run",))
+    for column in (shown[0] if shown else ()):
         table.add_column(column, overflow="fold")
-    for row in rows:
-        table.add_row(*(row[c] for c in columns))
-    Console().print(table)
+    for row in shown:
+        table.add_row(*row.values())
+    console.print(table)
 
 
 def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, shown: dict | None = None) -> None:
@@ -72,7 +77,10 @@ def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, show
         if path is not None:
             typer.echo(str(path))
     else:
-        print_metrics(shown or metrics)
+        if (shown or metrics).get("eval") is not None:
+            print_metrics(shown or metrics)
+        if metrics.get("benchmarks"):
+            print_benchmarks(metrics)
         typer.echo(f"run directory: {path}" if path is not None else
                    "run directory: none written (--output DIR keeps these scores)")
 
@@ -86,7 +94,12 @@ def print_metrics(metrics: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{metrics['name']} ({metrics['task']}, {metrics['checkpoint']})")
+    from hftoolkit.console import short_path
+
+    console = Console()  # a long checkpoint path shortened to its last folders: the title stays on a line or two
+    room = console.width - len(f"{metrics['name']} ({metrics['task']}, )") - 4
+    title = f"{metrics['name']} ({metrics['task']}, {short_path(str(metrics['checkpoint']), max(24, room))})"
+    table = Table(title=title, min_width=min(console.width, len(title) + 4))  # (a title wraps at the table's width)
     table.add_column("metric")
     table.add_column("value", justify="right")
     for key, value in metrics["eval"].items():
@@ -95,4 +108,25 @@ def print_metrics(metrics: dict) -> None:
     for key in RESULT_FIGURES:
         if metrics.get(key) is not None:
             table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else str(metrics[key]))
+    console.print(table)
+
+
+def print_benchmarks(metrics: dict) -> None:
+    """The benchmark tasks of metrics.json (or of an untrained base), one row each: metric, value, stderr, shots,
+    rows scored."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{metrics['name']}: benchmarks (lm-evaluation-harness)")
+    for column in ("task", "metric", "value", "stderr", "shots", "rows"):
+        table.add_column(column, justify="left" if column in ("task", "metric") else "right", overflow="fold")
+    for task, record in metrics["benchmarks"].items():
+        stderr = record.get("stderr")
+        table.add_row(task, str(record.get("metric")), _figure(record.get("value")),
+                      _figure(stderr) if isinstance(stderr, (int, float)) else "-",
+                      str(record.get("num_fewshot")), str(record.get("rows")))
     Console().print(table)
+
+
+def _figure(value) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -233,6 +233,21 @@ class EarlyStoppingSection(Section):
     threshold: float = Field(0.0, ge=0, description="the least change of the main metric that counts as one")
 
 
+class BenchmarksSection(Section):
+    tasks: list[str] = Field(description="lm-evaluation-harness task or group names, run after training")
+    num_fewshot: int | None = Field(None, ge=0, description="examples in each prompt; unset: each task's own")
+    limit: int | None = Field(None, gt=0, description="score only the first N rows of each task")
+    batch_size: int = Field(8, gt=0)
+    path: str | None = Field(None, description="a folder of the harness's task YAML files, added to its tasks")
+
+    @field_validator("tasks")
+    @classmethod
+    def _some_tasks(cls, value):
+        if not [t for t in value if t.strip()]:
+            raise ValueError("name at least one task, e.g. [hftoolkit_everyday_mc]")
+        return value
+
+
 class EvalSection(Section):
     batch_size: int = Field(64, gt=0)
     metrics: Literal["auto"] | list[str] = "auto"
@@ -242,6 +257,7 @@ class EvalSection(Section):
         "none", description="eval during training: none, epoch, or every N optimizer steps")
     early_stopping: EarlyStoppingSection | None = Field(None, description="stop when the main metric stalls")
     keep_best: bool = Field(False, description="keep the best checkpoint; the run's weights are the best ones")
+    benchmarks: BenchmarksSection | None = Field(None, description="lm-evaluation-harness tasks after training")
 
     @field_validator("every", mode="before")
     @classmethod

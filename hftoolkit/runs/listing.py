@@ -92,6 +92,10 @@ def table_rows(runs: list[dict], root: Path) -> list[dict[str, str]]:
     return rows
 
 
+# The columns a narrow terminal leaves out first (run and main metric stay); --json has them all.
+FIT_DROP = ("date", "checkpoint", "train time", "task", "status")
+
+
 def print_runs(runs: list[dict], root: Path) -> None:
     """The runs as a rich table and the first line of each failed run's error, or one line saying there are none."""
     from rich.console import Console
@@ -102,7 +106,9 @@ def print_runs(runs: list[dict], root: Path) -> None:
     if not runs:
         console.print(Text(f"no runs were found under {root}"), soft_wrap=True)
         return
-    rows = table_rows(runs, root)
+    from hftoolkit.console import fit_rows
+
+    rows = fit_rows(table_rows(runs, root), console.width, drop=FIT_DROP, shorten=("run", "checkpoint"))
     table = Table(title=Text(f"{len(rows)} run(s) under {root}, newest first"))
     for column in rows[0]:  # short cells stay on one line; names, paths and errors fold
         short = column in ("train time", "date")
@@ -110,6 +116,6 @@ def print_runs(runs: list[dict], root: Path) -> None:
     for row in rows:
         table.add_row(*(Text(cell) for cell in row.values()))
     console.print(table)
-    for run, row in zip(runs, rows):  # below the table, so a long message does not squeeze its columns
+    for run, row in zip(runs, table_rows(runs, root)):  # below the table: a long message squeezes no column
         if run["error"]:
             console.print(Text(f"{row['run']} failed: {run['error']}"), soft_wrap=True)

@@ -37,6 +37,10 @@ from hftoolkit.runs.summary import (
     same_task_groups,
 )
 
+BENCHMARK_PLOT = ("benchmarks.png", "Benchmarks: each run beside its base")
+BENCHMARK_NOTE = ("lm-evaluation-harness tasks (`hftoolkit eval RUN --benchmark TASKS`); each value ± the harness's "
+                  "standard error, and for a tuned run whose base checkpoint was also evaluated (`eval RECIPE "
+                  "--benchmark TASKS --output DIR`), the change from that base.")
 PLOTS = (
     ("loss.png", "Training loss"),
     ("eval.png", "Eval main metric by task"),
@@ -73,8 +77,9 @@ def summary_rows(runs: list[RunSummary]) -> list[dict[str, str]]:
             metric = f"{run.main_metric}={format_value(run.main_value)} {arrow}"
             if run.main_value is not None and not run.eval_final:
                 metric += " (interim)"
+        label = run.label if run.trained else f"{run.label} (untrained baseline)"
         rows.append({
-            "run": f"{run.label} {BEST}" if index in best else run.label,
+            "run": f"{label} {BEST}" if index in best else label,
             "status": run.status or DASH, "family": run.family or DASH,
             "checkpoint": run.checkpoint or DASH, "task": run.task or DASH,
             "quant": run.quantization or DASH, "LoRA r": lora_cell(run),
@@ -103,6 +108,40 @@ def _eval_tables(runs: list[RunSummary]) -> list[tuple[str, list[str], list[list
             rows = [[run.label] + [format_value(run.eval.get(k)) for k in names] for run in members]
             tables.append((task or "unknown task", ["run", *names], rows))
     return tables
+
+
+def base_of(run: RunSummary, runs: list[RunSummary]) -> RunSummary | None:
+    """The untrained baseline of a tuned run's checkpoint among `runs`, if one was evaluated."""
+    if not run.trained:
+        return None
+    return next((r for r in runs if not r.trained and r.checkpoint == run.checkpoint and r.benchmarks), None)
+
+
+def benchmark_table(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]] | None:
+    """Each benchmark task a row, each run with benchmark results a column: value ± stderr, and the change from
+    the run's base where the base was evaluated too; None when no run has any."""
+    members = [run for run in runs if run.benchmarks]
+    if not members:
+        return None
+    tasks_ = list(dict.fromkeys(task for run in members for task in run.benchmarks))
+    header = ["benchmark", "metric"] + [run.label + ("" if run.trained else " (base)") for run in members]
+    rows = []
+    for task in tasks_:
+        first = next(run.benchmarks[task] for run in members if task in run.benchmarks)
+        shots = f"{first.get('num_fewshot')}-shot, {first.get('rows')} rows"
+        row = [f"{task} ({shots})", str(first.get("metric"))]
+        for run in members:
+            record, base = run.benchmarks.get(task), base_of(run, members)
+            if record is None:
+                row.append(DASH)
+                continue
+            stderr = record.get("stderr")
+            cell = format_value(record["value"]) + (f" ± {format_value(stderr)}" if isinstance(stderr, float) else "")
+            if base is not None and task in base.benchmarks:
+                cell += f" ({record['value'] - base.benchmarks[task]['value']:+.4f} vs base)"
+            row.append(cell)
+        rows.append(row)
+    return header, rows
 
 
 @dataclass
@@ -190,6 +229,11 @@ def render_markdown(runs: list[RunSummary], plots: list[str]) -> str:
                   PARETO_NOTE.format(metric=comparison.metric), ""]
         if comparison.figure in plots:
             parts += [f"![{comparison.title}]({comparison.figure})", ""]
+    table = benchmark_table(runs)
+    if table is not None:
+        parts += ["## Benchmarks", "", BENCHMARK_NOTE, "", _markdown_table(*table), ""]
+        if BENCHMARK_PLOT[0] in plots:
+            parts += [f"![{BENCHMARK_PLOT[1]}]({BENCHMARK_PLOT[0]})", ""]
     for filename, title in PLOTS:
         if filename in plots:
             parts += [f"## {title}", "", f"![{title}]({filename})", ""]
@@ -200,6 +244,7 @@ _CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}
 table{border-collapse:collapse;margin:1em 0;font-size:13px}
 th,td{border:1px solid #ccc;padding:4px 8px;text-align:left;vertical-align:top}
 th{background:#f0f0f0} td.cell{white-space:nowrap} tr.best td{background:#fff6d5}
+tr.baseline td{background:#eef3f8;font-style:italic}
 td.notes{font-size:12px;color:#555;min-width:13em;max-width:28em}
 img{max-width:100%;display:block;margin:1em 0}"""
 
@@ -211,8 +256,8 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
     best = best_per_task(runs)
     head = "".join(f"<th>{esc(k)}</th>" for k in rows[0])
     body = "".join(
-        f'<tr class="run{" best" if i in best else ""}">'
-        + "".join(f'<td class="cell">{esc(v)}</td>' for k, v in row.items() if k != "notes")
+        f'<tr class="run{" best" if i in best else ""}{"" if run.trained else " baseline"}">'
+        + "".join(_cell(k, v) for k, v in row.items() if k != "notes")
         + f'<td class="notes">{"<br>".join(esc(note) for note in run.notes)}</td></tr>'
         for i, (run, row) in enumerate(zip(runs, rows)))
     parts = [f"<h2>Runs</h2><p>{len(runs)} run(s). {BEST} marks the best run of each task by its main metric "
@@ -232,6 +277,14 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
         if comparison.figure in plots:
             parts.append(_image(out, comparison.figure, comparison.title))
         parts.append("</section>")
+    table = benchmark_table(runs)
+    if table is not None:
+        header, rows_ = table
+        parts.append('<section id="benchmarks"><h2>Benchmarks</h2>'
+                     f"<p>{esc(BENCHMARK_NOTE)}</p><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header)
+                     + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows_)
+                     + "</table>" + (_image(out, *BENCHMARK_PLOT) if BENCHMARK_PLOT[0] in plots else "")
+                     + "</section>")
     for filename, title in PLOTS:
         if filename in plots:
             parts.append(f"<h2>{esc(title)}</h2>" + _image(out, filename, title))
@@ -241,6 +294,19 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
             '<link rel="icon" href="data:,"><title>hftoolkit comparison report</title>'
             f"<style>{_CSS}</style></head><body><h1>hftoolkit comparison report</h1>"
             + "".join(parts) + "</body></html>\n")
+
+
+# A run table cell longer than this is shortened in the page (paths to their last folders), whole on hover.
+CELL_LENGTH = 40
+
+
+def _cell(column: str, value: str) -> str:
+    from hftoolkit.console import short_path
+
+    esc = html.escape
+    if len(value) <= CELL_LENGTH or column == "main metric":
+        return f'<td class="cell">{esc(value)}</td>'
+    return f'<td class="cell" title="{esc(value)}">{esc(short_path(value, CELL_LENGTH))}</td>'
 
 
 def _image(out: Path, filename: str, title: str) -> str:
@@ -262,6 +328,9 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
     for comparison in same_task_comparisons(runs):
         report_plots.plot_same_task(runs, comparison.members, comparison.pareto, out / comparison.figure)
         plots.append(comparison.figure)
+    if any(run.benchmarks for run in runs):
+        report_plots.plot_benchmarks(runs, out / BENCHMARK_PLOT[0])
+        plots.append(BENCHMARK_PLOT[0])
     (out / "report.html").write_text(render_html(runs, out, plots), encoding="utf-8")
     report = out / "report.md"
     report.write_text(render_markdown(runs, plots), encoding="utf-8")

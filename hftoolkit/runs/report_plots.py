@@ -132,9 +132,11 @@ def plot_params(runs: list[RunSummary], path: Path) -> None:
         axes.scatter(run.total_params, run.trainable_params, color=color, s=40, zorder=3)
         points.setdefault((run.total_params, run.trainable_params), []).append(
             f"{run.label} (r={lora_cell(run)})")
-    for (total, trainable), names in points.items():
-        axes.annotate("\n".join(names), (total, trainable), xytext=(6, 0), textcoords="offset points",
-                      fontsize=8, va="center")
+    offsets = label_offsets(list(points))
+    for ((total, trainable), names), (dx, dy) in zip(points.items(), offsets):
+        axes.annotate("\n".join(names), (total, trainable), xytext=(dx, dy), textcoords="offset points",
+                      fontsize=8, va="center",
+                      arrowprops={"arrowstyle": "-", "color": "0.6", "lw": 0.5} if dy else None)
     if not known:
         _no_data(axes, "no parameter counts in any run")
     else:
@@ -154,6 +156,24 @@ def plot_params(runs: list[RunSummary], path: Path) -> None:
         figure.text(0.01, 0.005, "no parameter counts: " + ", ".join(missing), fontsize=7, color="0.4")
     axes.set_title("Trainable vs total parameters")
     _save(figure, path)
+
+
+LABEL_STEP = 11  # points between the labels of neighbouring points: one line of 8-point text and a gap
+NEAR = 0.25  # decades on both log axes within which two points' labels would overlap
+
+
+def label_offsets(points: list[tuple[float, float]]) -> list[tuple[int, int]]:
+    """(dx, dy) in points for each point's label: beside the point, and where points lie near one another on the
+    log axes, their labels stacked apart (above and below in turn), so overlapping runs stay legible."""
+    import math
+
+    logs = [(math.log10(max(x, 1)), math.log10(max(y, 1))) for x, y in points]
+    offsets = []
+    for i, (lx, ly) in enumerate(logs):
+        near = sum(abs(lx - ox) < NEAR and abs(ly - oy) < NEAR for ox, oy in logs[:i])
+        shift = (near + 1) // 2 * LABEL_STEP * (1 if near % 2 else -1)
+        offsets.append((6, shift))
+    return offsets
 
 
 def plot_resources(runs: list[RunSummary], path: Path) -> None:
@@ -236,6 +256,35 @@ def plot_same_task(runs: list[RunSummary], members: list[int], pareto: dict[str,
         figure.text(0.01, 0.005, "not shown (no finished main metric): " + ", ".join(unranked), fontsize=7,
                     color="0.4")
     figure.suptitle(f"{first.task or 'unknown task'}: {metric}", fontsize=11)
+    _save(figure, path)
+
+
+def plot_benchmarks(runs: list[RunSummary], path: Path) -> None:
+    """One panel per benchmark task: a bar per run with its stderr; an untrained base hatched, its value a
+    dashed line across the panel, so each tuned run reads against it."""
+    members = [run for run in runs if run.benchmarks]
+    tasks = list(dict.fromkeys(task for run in members for task in run.benchmarks))
+    figure = _figure(4.0 * len(tasks) + 1.0, 0.45 * len(members) + 1.6)
+    colors = _colors(len(members))
+    for axes, task in zip(figure.subplots(1, len(tasks), squeeze=False)[0], tasks):
+        shown = [(i, run) for i, run in enumerate(members) if task in run.benchmarks]
+        positions = list(range(len(shown)))[::-1]
+        values = [run.benchmarks[task]["value"] for _, run in shown]
+        errors = [run.benchmarks[task].get("stderr") if isinstance(run.benchmarks[task].get("stderr"), float)
+                  else 0.0 for _, run in shown]
+        bars = axes.barh(positions, values, xerr=errors, color=[colors[i] for i, _ in shown], height=0.6,
+                         capsize=3)
+        for bar, (_, run), value, error in zip(bars, shown, values, errors):
+            if not run.trained:
+                bar.set_hatch("//")
+                bar.set_alpha(0.5)
+                axes.axvline(value, color="0.3", linestyle="--", linewidth=1)
+            axes.text(value + error, bar.get_y() + bar.get_height() * 0.8, f" {value:.3f}", va="center", fontsize=8)
+        axes.set_yticks(positions, [run.label + ("" if run.trained else " (base)") for _, run in shown],
+                        fontsize=8)
+        axes.set_title(task, fontsize=9)
+        axes.set_xlabel(str(shown[0][1].benchmarks[task].get("metric")))
+        axes.set_xlim(0, max(1.0, max(v + e for v, e in zip(values, errors)) * 1.1))
     _save(figure, path)
 
 

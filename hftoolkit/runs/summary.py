@@ -59,6 +59,8 @@ class RunSummary:
     total_params: int | None = None
     hftoolkit_version: str | None = None
     loss_curve: list[tuple[float, float]] = field(default_factory=list)  # (step, training loss)
+    trained: bool = True  # False: a recipe's untrained base (`eval RECIPE --output`), the baseline
+    benchmarks: dict[str, dict] = field(default_factory=dict)  # metrics.json's benchmarks: task -> record
     notes: list[str] = field(default_factory=list)
     label: str = ""  # unique display name among the runs of one report
 
@@ -184,6 +186,9 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
         setattr(run, attr, _num(source.get(attr)))
     run.trainable_params = _int(source.get("trainable_params"))
     run.total_params = _int(source.get("total_params"))
+    run.trained = source.get("trained") is not False
+    run.benchmarks = {k: v for k, v in (source.get("benchmarks") or {}).items()
+                      if isinstance(v, dict) and _num(v.get("value")) is not None}
     run.hftoolkit_version = _str(source.get("hftoolkit_version")) or _str((manifest or {}).get("hftoolkit_version"))
     _note_files(run, manifest, metrics, notes)
     _read_eval(run, metrics, history, notes)
@@ -246,7 +251,7 @@ def best_per_task(runs: list[RunSummary]) -> set[int]:
     """Indices of the best ranked run(s) of each (task, main metric); ties are all marked."""
     groups: dict[tuple, list[int]] = {}
     for index, run in enumerate(runs):
-        if run.eval_final and run.main_value is not None:
+        if run.eval_final and run.main_value is not None and run.trained:  # a baseline is the reference, not a rival
             groups.setdefault((run.task, run.main_metric), []).append(index)
     best: set[int] = set()
     for indices in groups.values():

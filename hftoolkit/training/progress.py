@@ -33,7 +33,9 @@ def progress_callback():
 
         def on_step_end(self, args, state, control, **kwargs):
             if self.bar:
-                self.bar.advance_to(state.global_step)
+                scheduler = kwargs.get("lr_scheduler")  # the rate now, as the Trainer's next log will say it
+                lrs = scheduler.get_last_lr() if scheduler is not None and hasattr(scheduler, "get_last_lr") else []
+                self.bar.advance_to(state.global_step, lrs[0] if lrs else None)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             logs = logs or {}
@@ -41,7 +43,7 @@ def progress_callback():
                 shown = {k: f"{v:.4g}" if isinstance(v, float) else v for k, v in logs.items() if k != "total_flos"}
                 console.log_line(f"[trainer] step {state.global_step}/{state.max_steps}: {shown}")
             if self.bar and "loss" in logs:
-                self.bar.show(logs["loss"], logs.get("learning_rate"))
+                self.bar.show(logs["loss"], logs.get("learning_rate"), state.global_step)
 
         def on_train_end(self, args, state, control, **kwargs):
             if self.bar:
@@ -63,13 +65,19 @@ def use_progress(trainer) -> None:
 
 
 class StepProgress:
-    """Optimizer steps done, the last logged loss and learning rate, elapsed time and ETA: on a terminal a rich
-    bar, redrawn in place; elsewhere (CI, a pipe, a notebook) a plain line per tenth of the steps."""
+    """Optimizer steps done, the last logged loss (with the step it was logged at, when older than the current
+    step) and the current learning rate, elapsed time and ETA: on a terminal a rich bar, redrawn in place;
+    elsewhere (CI, a pipe, a notebook) a plain line per tenth of the steps.
+
+    The ETA is timed from the end of the first step on: the first step carries the run's start-up (data loader
+    workers, lazy kernels), which would otherwise count as the pace of every remaining step.
+    """
 
     def __init__(self, screen, total: int, done: int = 0):
         self.screen, self.total, self.first, self.done = screen, max(total, 1), done, done
-        self.loss = self.lr = self.live = None
+        self.loss = self.lr = self.live = self.loss_step = self.paced = None
         self.due, self.started, self.next_line = False, time.monotonic(), self._mark_after(done)
+        self.at = self.started
         if screen.is_terminal and not screen.is_dumb_terminal:
             from rich import progress as rp
 
@@ -81,19 +89,25 @@ class StepProgress:
             self.task = self.live.add_task("train", total=self.total, completed=done, loss="-", lr="-")
             self.live.start()
 
-    def advance_to(self, step: int) -> None:
+    def advance_to(self, step: int, lr: float | None = None) -> None:
         self._print_due()  # the previous step's line, which no log dict came to complete
+        self.at = time.monotonic()  # (a line is printed once the step's log dict came, or at the next step)
+        if self.paced is None and step > self.first:
+            self.paced = (step, self.at)  # the pace is timed from here
         self.done = step
+        if lr is not None:
+            self.lr = lr
         if self.live:
-            self.live.update(self.task, completed=step)
+            self.live.update(self.task, completed=step, **({"lr": _number(lr, ".2e")} if lr is not None else {}))
         elif step >= self.next_line:
             self.next_line, self.due = self._mark_after(step), True
 
-    def show(self, loss: float, lr: float | None) -> None:
+    def show(self, loss: float, lr: float | None, step: int | None = None) -> None:
         """The loss and learning rate the Trainer logged (after the step's on_step_end)."""
-        self.loss, self.lr = loss, lr
+        self.loss, self.loss_step = loss, step if step is not None else self.done
+        self.lr = lr if lr is not None else self.lr
         if self.live:
-            self.live.update(self.task, loss=_number(loss, ".4f"), lr=_number(lr, ".2e"))
+            self.live.update(self.task, loss=_number(loss, ".4f"), lr=_number(self.lr, ".2e"))
         self._print_due()
 
     def _print_due(self) -> None:
@@ -102,10 +116,15 @@ class StepProgress:
             self.due = False
 
     def line(self) -> str:
-        elapsed = time.monotonic() - self.started
-        rate = (self.done - self.first) / elapsed if elapsed > 0 else 0
+        now = self.at  # when the step the line is about ended
+        elapsed = now - self.started
+        paced_steps = self.done - self.paced[0] if self.paced else 0
+        rate = paced_steps / (now - self.paced[1]) if paced_steps and now > self.paced[1] else 0
         eta = _clock((self.total - self.done) / rate) if rate else "-"
-        return (f"train {self.done}/{self.total} ({100 * self.done // self.total}%) loss {_number(self.loss, '.4f')} "
+        loss = _number(self.loss, ".4f")
+        if self.loss is not None and self.loss_step is not None and self.loss_step != self.done:
+            loss += f" (step {self.loss_step})"  # logged every logging_steps: say how old it is
+        return (f"train {self.done}/{self.total} ({100 * self.done // self.total}%) loss {loss} "
                 f"lr {_number(self.lr, '.2e')} elapsed {_clock(elapsed)} eta {eta}")
 
     def close(self) -> None:

