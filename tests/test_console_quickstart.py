@@ -35,8 +35,8 @@ def test_the_console_shows_the_toolkits_phases_and_the_table(quickstart):
     assert re.fullmatch(r"model loaded: init:bert, 136,964 parameters, 4,226 trainable \(3.09%\), LoRA r=8, "
                         r"not quantized", err[3]), err[3]
     # (another test of the session may have tokenized the same built-in rows: the cache is then reused)
-    assert re.fullmatch(r"tokenized (1,200 rows in \d+\.\d s|data reused from the cache \(.*\): 1,200 rows, "
-                        r"nothing tokenized)", err[4]), err[4]
+    assert re.fullmatch(r"tokenized (1,200 rows in \d+\.\d s( \([\d,]+ reused from the cache\))?|data reused from "
+                        r"the cache \(.*\): 1,200 rows, nothing tokenized)", err[4]), err[4]
     progress = err[5:-1]  # without a terminal: one line per tenth of the steps
     assert [line.split(" loss ")[0] for line in progress] == [f"train {12 * i}/120 ({10 * i}%)" for i in range(1, 11)]
     assert all(re.search(r" lr \S+ elapsed \d:\d\d:\d\d eta \d:\d\d:\d\d$", line) for line in progress), progress
