@@ -98,8 +98,9 @@ def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: 
     return cached[key]
 
 
-def _measure(dtype, device: str, tokens: int, width: int, intermediate: int, repeats: int = 5) -> float:
-    """FLOP/s of one layer's products (see matmul_flops_per_second), the first pass a warm-up."""
+def _measure(dtype, device: str, tokens: int, width: int, intermediate: int, seconds: float = 0.3) -> float:
+    """FLOP/s of one layer's products (see matmul_flops_per_second): the best of passes repeated for `seconds`
+    (at least five, after a warm-up), so that a busy machine's quieter moments are found."""
     import torch
 
     x = torch.randn(tokens, width, device=device, dtype=dtype)
@@ -107,22 +108,23 @@ def _measure(dtype, device: str, tokens: int, width: int, intermediate: int, rep
     narrow = torch.randn(tokens, intermediate, device=device, dtype=dtype)
     wide_t = wide.t().contiguous()
 
-    def layer():
+    def layer() -> float:
+        if device == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
         for _ in range(4):
             x @ square
         x @ wide
         narrow @ wide_t
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - start
 
-    best = float("inf")
-    for _ in range(repeats + 1):
-        if device == "cuda":
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        layer()
-        if device == "cuda":
-            torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    return 2 * tokens * width * (4 * width + 2 * intermediate) / best
+    layer()
+    times, deadline = [], time.perf_counter() + seconds
+    while len(times) < 5 or time.perf_counter() < deadline:
+        times.append(layer())
+    return 2 * tokens * width * (4 * width + 2 * intermediate) / min(times)
 
 
 def efficiency(model, counts: dict, seconds: float, lora: bool, processes: int = 1, precision: str = "fp32") -> dict:
