@@ -1,4 +1,5 @@
-"""`doctor`: what this machine offers, read without importing torch (it takes seconds)."""
+"""`doctor`: what this machine offers, read without importing torch in this process (it takes seconds); the CPU
+row asks torch in a child process, through the rule training follows (job/machine.py)."""
 
 from __future__ import annotations
 
