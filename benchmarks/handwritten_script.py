@@ -1,7 +1,8 @@
 """The script a user would write by hand: transformers + peft Trainer, LoRA r=8 on query/value.
 
 Default random batches with dynamic padding; `--group-by-length` switches on the Trainer's own
-length grouping (train_sampling_strategy="group_by_length" in transformers 5). Prints one JSON
+length grouping (train_sampling_strategy="group_by_length" in transformers 5); `--bf16` the Trainer's
+bf16=True (bf16 autocast through accelerate, on a CPU as on a GPU). Prints one JSON
 line with its train seconds, accuracy and padding fraction. Used by classification.py.
 """
 
@@ -32,6 +33,7 @@ parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--epochs", type=float, default=1)
 parser.add_argument("--max-length", type=int, default=64)
 parser.add_argument("--seed", type=int, default=0)
+parser.add_argument("--bf16", action="store_true", help="bf16 autocast, as the Trainer does it on a CPU too")
 args = parser.parse_args()
 set_seed(args.seed)  # before the model: its new head and the LoRA weights are drawn at creation
 
@@ -64,7 +66,7 @@ def accuracy(prediction):
 training_args = TrainingArguments(
     output_dir="/tmp/handwritten-script", per_device_train_batch_size=args.batch_size,
     per_device_eval_batch_size=64, num_train_epochs=args.epochs, learning_rate=args.lr, seed=args.seed,
-    report_to="none", save_strategy="no", logging_steps=50, use_cpu=True, disable_tqdm=True,
+    report_to="none", save_strategy="no", logging_steps=50, use_cpu=True, disable_tqdm=True, bf16=args.bf16,
     train_sampling_strategy="group_by_length" if args.group_by_length else "random",
 )
 trainer = Trainer(model=model, args=training_args, train_dataset=train, eval_dataset=dev,

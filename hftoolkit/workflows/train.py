@@ -223,9 +223,12 @@ def _fail(err: BaseException, run: RunDirectory, state, existed: bool, progress:
 
 
 def resolved_record(job: Job) -> dict:
-    """What the run resolved, for manifest.json: the checkpoint's type and family, and the precision."""
+    """What the run resolved, for manifest.json: the checkpoint's type and family, the precision and the CPU
+    features `auto` read."""
+    from hftoolkit.job.machine import cpu_record
+
     return {"model_type": job.model.model_type, "family": job.family, "precision": job.precision,
-            "label_names": list(job.label_names) if job.label_names is not None else None}
+            "cpu": cpu_record(), "label_names": list(job.label_names) if job.label_names is not None else None}
 
 
 def set_seed(seed: int) -> None:
@@ -242,7 +245,8 @@ def summarize(job: Job, model, scorer, counts, train_seconds, processes: int = 1
     return metrics_record(
         job, scorer, train_seconds=round(train_seconds, 3),
         samples_per_second=round(processes * counts["samples"] / train_seconds, 3),
-        **efficiency(model, counts, train_seconds, lora=job.recipe.lora.enabled, processes=processes),
+        **efficiency(model, counts, train_seconds, lora=job.recipe.lora.enabled, processes=processes,
+                     precision=job.precision),
         peak_memory_mb=peak_memory_mb(), trainable_params=trainable, total_params=total)
 
 
