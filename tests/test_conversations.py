@@ -37,6 +37,8 @@ def _runs(labels: list[int]) -> list[tuple[int, int]]:
     return runs
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # the real SmolLM2 tokenizer: converted once, on one worker
 def test_the_loss_falls_on_every_assistant_turn_token_by_token(smol_tokenizer):
     from hftoolkit.sources.conversations import encode
 
@@ -57,6 +59,8 @@ def test_the_loss_falls_on_every_assistant_turn_token_by_token(smol_tokenizer):
     assert "Answer in one short sentence." in untrained and "And grass?" in untrained and "blue" not in untrained
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # the real SmolLM2 tokenizer: converted once, on one worker
 def test_a_system_prompt_is_rendered_and_never_trained(smol_tokenizer):
     from hftoolkit.sources.conversations import encode
 
@@ -70,6 +74,8 @@ def test_a_system_prompt_is_rendered_and_never_trained(smol_tokenizer):
             == "The sky is blue.<|im_end|>"
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # the real SmolLM2 tokenizer: converted once, on one worker
 def test_a_long_conversation_is_cut_at_a_turn_boundary(smol_tokenizer):
     from hftoolkit.sources.conversations import encode
 
@@ -96,6 +102,8 @@ def _chats(n: int) -> list[list[dict]]:
              {"role": "assistant", "content": colours[i % 5]}] for i in range(n)]
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # the real SmolLM2 tokenizer: converted once, on one worker
 def test_preflight_counts_conversations_longer_than_max_length(tmp_path, smollm2_checkpoint):
     data = _write(tmp_path / "chats.jsonl", _chats(12) + [TALK * 6])
     result = run_cli("validate", RECIPE, "--data", "--set", f"model.checkpoint={smollm2_checkpoint}",
@@ -156,6 +164,7 @@ def test_the_recipe_s_hub_set_loads_as_conversations_through_its_hub_id(tmp_path
     assert data["eval"][0]["messages"][-1] == {"role": "assistant", "content": "blue"}
 
 
+@pytest.mark.xdist_group("smollm2")  # the real SmolLM2 tokenizer: converted once, on one worker
 @pytest.mark.slow
 def test_smollm2_trains_packed_conversations_and_answers_the_last_user_turn(tmp_path, smollm2_checkpoint):
     """The shipped recipe, offline: a local conversation file, packed rows on a real llama, the chat template."""
@@ -191,6 +200,8 @@ def test_conversations_on_an_encoder_decoder_are_refused_with_every_problem_at_o
     assert "data.packing: packing whole examples into rows is for decoder models" in text
 
 
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # the real SmolLM2 tokenizer: converted once, on one worker
 def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line(smol_tokenizer):
     import copy
 
