@@ -74,7 +74,8 @@ def _choice_logprobs(model, tokenizer, context: str, choices: list[str], seq2seq
 
 
 @pytest.mark.parametrize("recipe,seq2seq", [(DECODER, False), (SEQ2SEQ, True),
-                                            pytest.param("smollm2", False, marks=[pytest.mark.slow, pytest.mark.xdist_group("smollm2")])],
+                                            pytest.param("smollm2", False, marks=[pytest.mark.slow,
+                                                                                  pytest.mark.xdist_group("smollm2")])],
                          ids=["gpt2", "t5", "smollm2"])
 def test_multiple_choice_accuracy_equals_the_accuracy_from_the_models_loglikelihoods(recipe, seq2seq, tmp_path,
                                                                                       request):
