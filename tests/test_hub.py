@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests import hub_cache
-from tests.conftest import ROOT
+from tests.conftest import RECIPES, ROOT
 
 MIRROR = "https://hf-mirror.example.org"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port on loopback: the connection is refused at once
@@ -304,3 +304,35 @@ def test_regression_metrics_load_offline_and_match_scipy(name):
     result = load_metric(name).compute(predictions=predictions, references=references)
     assert result == {name: pytest.approx(expected, abs=1e-12)}
     assert result[name] != pytest.approx(1.0)  # imperfect ranking and fit: a real correlation, not a constant
+
+
+def test_a_long_hub_read_says_how_much_has_arrived_and_a_quick_one_says_nothing(tmp_path, monkeypatch, capsys):
+    import time
+
+    import datasets
+
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources import data, hub
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(hub, "PROGRESS_AFTER", 0.2)
+    monkeypatch.setattr(hub, "PROGRESS_EVERY", 0.2)
+    blobs = tmp_path / "hub" / "datasets--someone--reviews" / "blobs"
+
+    def slow_download(*args, **kwargs):  # what load_dataset does to the cache while it downloads
+        blobs.mkdir(parents=True, exist_ok=True)
+        for part in range(3):
+            (blobs / f"part-{part}.incomplete").write_bytes(b"x" * 300_000)
+            time.sleep(0.35)
+        return datasets.Dataset.from_list([{"text": "good", "label": 1}, {"text": "bad", "label": 0}])
+
+    monkeypatch.setattr(datasets, "load_dataset", slow_download)
+    recipe = load_recipe(RECIPES / "encoder-classification.yaml", ["data.train=someone/reviews"])
+    assert len(data._read(recipe.data.train, "data.train", recipe, split="train")) == 2
+    said = [line for line in capsys.readouterr().err.splitlines() if "reading someone/reviews from the hub" in line]
+    assert said and all(line.endswith("MiB in the cache so far") for line in said)  # up to 3 x 300,000 bytes
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(
+        [{"text": "good", "label": 1}, {"text": "bad", "label": 0}]))
+    data._read(recipe.data.train, "data.train", recipe, split="train")
+    assert "from the hub" not in capsys.readouterr().err  # read from the cache at once: nothing said

@@ -204,7 +204,7 @@ def _read_hub(source: str, key: str, recipe: Recipe, split: str):
     from hftoolkit.sources import hub
 
     d = recipe.data
-    with hub.explained(key, source, "dataset", config=d.config, revision=d.revision):
+    with hub.explained(key, source, "dataset", config=d.config, revision=d.revision), hub.download_progress(source):
         ds = datasets.load_dataset(source, d.config, split=split, revision=d.revision)
     ds = _map_columns(ds, recipe, key, source)
     _check_labelled(ds, key, source, split)

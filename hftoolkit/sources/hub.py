@@ -194,6 +194,39 @@ def _token_source() -> str:
     return "not set"
 
 
+# A hub data set's read is said on the console once it has lasted this long, and again every so often.
+PROGRESS_AFTER, PROGRESS_EVERY = 2.0, 5.0
+
+
+@contextmanager
+def download_progress(repo_id: str):
+    """While a hub data set is read (downloaded, then prepared as Arrow tables): the bytes its cache folders hold,
+    said on the console when they grew, once the read has lasted PROGRESS_AFTER seconds. datasets' own bars go
+    to train.log with the rest of the libraries' output; a read from the cache says nothing."""
+    import threading
+
+    from hftoolkit import console
+
+    folders = [hub_cache() / f"datasets--{repo_id.replace('/', '--')}", datasets_cache() / repo_id.replace("/", "___")]
+    stop = threading.Event()
+
+    def watch():
+        said, wait = sum(_disk_usage(f) for f in folders), PROGRESS_AFTER
+        while not stop.wait(wait):
+            wait, now = PROGRESS_EVERY, sum(_disk_usage(f) for f in folders)
+            if now > said:
+                console.note(f"reading {repo_id} from the hub: {_size(now)} in the cache so far")
+                said = now
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def _disk_usage(root: Path) -> int:
     """Bytes of the regular files under root; symlinks (the snapshots' pointers into blobs/) are not followed,
     so each blob counts once."""
