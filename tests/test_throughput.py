@@ -83,9 +83,9 @@ def test_a_rate_cached_while_the_machine_was_busy_is_measured_again_when_a_run_b
     path = cache_root() / "matmul-rate.json"
     rates = json.loads(path.read_text())
     key = next(k for k in rates if k.endswith("-fp32-256x32x64"))
-    path.write_text(json.dumps({**rates, key: honest / 1000}))  # as if measured while something else ran
+    path.write_text(json.dumps({**rates, key: honest / 1e6}))  # as if measured while something else ran
     throughput.matmul_flops_per_second.cache_clear()
     achieved = throughput.efficiency(model, counts, seconds=2.0, lora=False)["flops_per_second"]
-    assert achieved > honest / 1000  # the run beat the cached rate, so it was measured again
+    assert achieved > honest / 1e6  # the run beat the cached rate, so it was measured again
     assert json.loads(path.read_text())[key] > honest / 10
     throughput.matmul_flops_per_second.cache_clear()
