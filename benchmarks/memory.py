@@ -28,7 +28,7 @@ def worker(checkpoint: str, variant: str, steps: int) -> None:
     from hftoolkit.config.recipe import validate_recipe
     from hftoolkit.job.resolve import load_config, resolve_precision
     from hftoolkit.job.spec import Job, ResolvedModel
-    from hftoolkit.models import loading as modeling
+    from hftoolkit.models import loading
 
     quantization, lora = VARIANTS[variant]
     recipe = validate_recipe({"name": "mem", "task": "classification",
@@ -41,7 +41,7 @@ def worker(checkpoint: str, variant: str, steps: int) -> None:
               model=ResolvedModel(checkpoint=checkpoint, path=checkpoint, revision=None, config=config,
                                   family="encoder", processor=None),
               label_names=("negative", "positive"))
-    model = modeling.load_task_model(AutoModelForSequenceClassification, job, "SEQ_CLS", num_labels=2)
+    model = loading.load_task_model(AutoModelForSequenceClassification, job, "SEQ_CLS", num_labels=2)
     footprint = model.get_memory_footprint()
     model.train()  # as the Trainer does (bitsandbytes' 8-bit layers take another code path in eval mode)
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)

@@ -1,4 +1,4 @@
-"""Help as people know it from other tools, for every command of the CLI (cli.py sets `Command` on each).
+"""Help as people know it from other tools, for every command of the CLI (cli/app.py sets `Command` on each).
 
 Typer writes usage lines as `hftoolkit train [OPTIONS] {recipe}` and lists arguments with their Python types
 (`<path>`); `Command` writes `RECIPE`, `[DIR]`, `RUN_DIR...` instead, and leaves the old option names in

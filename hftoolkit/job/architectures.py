@@ -8,7 +8,7 @@ type, the head for a task from the table of the Auto class that the family's for
 (families/*.py, FORMULATIONS), and the LoRA targets from peft's table, then ours, then the model's
 own attention layers, found structurally.
 
-Light at import: the standard library and `hftoolkit.tasks`; transformers, peft and torch are
+Light at import: the standard library and `hftoolkit.config.tasks`; transformers, peft and torch are
 imported inside the functions that need them.
 """
 
@@ -72,8 +72,7 @@ ARCHITECTURE_ENDINGS = (
 
 # LoRA's default targets (the attention's query and value projections, as in the LoRA paper) for the model
 # types peft's TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING lacks; several candidates where releases
-# renamed them, of which only those the model really has are used. (modeling.py's table, which should import
-# this one instead.)
+# renamed them, of which only those the model really has are used.
 LORA_TARGETS_PEFT_LACKS: dict[str, list[str]] = {
     "distilbert": ["q_lin", "v_lin"], "albert": ["query", "value"], "camembert": ["query", "value"],
     "mpnet": ["q", "v"], "modernbert": ["Wqkv"], "smollm3": ["q_proj", "v_proj"],
@@ -81,7 +80,7 @@ LORA_TARGETS_PEFT_LACKS: dict[str, list[str]] = {
     # transformers 5 names ViT's projections q_proj/v_proj; older releases said query/value.
     "vit": ["q_proj", "v_proj", "query", "value"], "deit": ["q_proj", "v_proj", "query", "value"],
     "beit": ["q_proj", "v_proj", "query", "value"], "dinov2": ["q_proj", "v_proj", "query", "value"],
-    "swin": ["q_proj", "v_proj", "query", "value"],  # (beit, swin: modeling.py's entries lack the new names)
+    "swin": ["q_proj", "v_proj", "query", "value"],  # (transformers 5 renamed beit's and swin's projections)
 }
 # Names of attention projections, for attention modules whose class name does not say "Attention".
 ATTENTION_NAMES = {"q", "k", "v", "query", "key", "value", "q_proj", "k_proj", "v_proj", "qkv", "qkv_proj", "Wqkv",

@@ -78,7 +78,7 @@ TEXT_SCORES = {"sacrebleu": ("bleu",), "chrf": ("chrf",), "rouge": ("rougeL", "r
 def text_metrics(names: list[str]) -> EvalMetrics:
     """EvalMetrics for generated text: compute(predictions, references) -> the named modules' scores.
 
-    Generation tasks are scored by evaluation.py on family.generate's text over the whole eval
+    Generation tasks are scored by evaluation/evaluate.py on the formulation's generated text over the whole eval
     split, so the Trainer's own evaluation computes the loss only and gathers no logits.
     """
     modules = {name: load_metric(name) for name in names}

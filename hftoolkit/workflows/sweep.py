@@ -288,7 +288,7 @@ def run_variants(variants: list[Variant], command: list[str], num_processes: int
 
 def _import_training(quantized: bool) -> None:
     """The training stack, imported before the first variant's clock starts, so each time shown is the variant's own
-    (bitsandbytes kept hidden as modeling.load_task_model keeps it when nothing is quantized)."""
+    (bitsandbytes kept hidden as loading.load_task_model keeps it when nothing is quantized)."""
     from hftoolkit.models.loading import bitsandbytes_hidden
 
     with bitsandbytes_hidden(needed=quantized):

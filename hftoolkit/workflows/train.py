@@ -21,7 +21,7 @@ from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.resolve import resolve_job
 from hftoolkit.job.spec import Job
 from hftoolkit.memory import peak_memory_mb
-from hftoolkit.models import loading as modeling
+from hftoolkit.models import loading
 from hftoolkit.models.families import formulation
 from hftoolkit.models.tokenized import tokenizing
 from hftoolkit.runs.card import model_card
@@ -145,7 +145,7 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     set_seed(recipe.training.seed)
     with state.main_process_first():  # (a quantized load prepares its weights once)
         model, processor = form.load_model(job)
-    console.phase(console.model_line(recipe.model.checkpoint, *modeling.count_parameters(model),
+    console.phase(console.model_line(recipe.model.checkpoint, *loading.count_parameters(model),
                                      recipe.model.quantization, recipe.lora.r if recipe.lora.enabled else None))
     with state.main_process_first(), tokenizing(job) as tokenization:  # (the main process fills the cache)
         encoded = {split: form.preprocess(job, processor, ds) for split, ds in job.data.items()}
@@ -233,7 +233,7 @@ def resolved_record(job: Job) -> dict:
 
 def set_seed(seed: int) -> None:
     """Seed python, numpy and torch (on every device), as transformers.set_seed does; accelerate's
-    copy, because importing transformers' imports peft, before modeling.bitsandbytes_hidden can act."""
+    copy, because importing transformers' imports peft, before loading.bitsandbytes_hidden can act."""
     from accelerate.utils import set_seed as seed_everything
 
     seed_everything(seed)
@@ -241,7 +241,7 @@ def set_seed(seed: int) -> None:
 
 def summarize(job: Job, model, scorer, counts, train_seconds, processes: int = 1) -> dict:
     """metrics.json's training figures; `counts` are this process's token counts (see throughput.efficiency)."""
-    trainable, total = modeling.count_parameters(model)
+    trainable, total = loading.count_parameters(model)
     return metrics_record(
         job, scorer, train_seconds=round(train_seconds, 3),
         samples_per_second=round(processes * counts["samples"] / train_seconds, 3),

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 
 class Family(Protocol):
-    """What train.py and evaluation.py ask of a family (or of one of its formulations)."""
+    """What training and evaluation ask of a family's formulation of a task."""
 
     def load_model(self, job: Job) -> tuple[Any, Any]:
         """(model, processor): the checkpoint with the task head, quantized as asked, wrapped in LoRA."""

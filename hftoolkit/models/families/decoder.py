@@ -30,10 +30,10 @@ def _load_causal_lm(job: Job):
     """
     import transformers as tf
 
-    from hftoolkit.models import loading as modeling
+    from hftoolkit.models import loading
 
     tokenizer = job.model.processor
-    model = modeling.load_task_model(tf.AutoModelForCausalLM, job, "CAUSAL_LM", with_head=False)
+    model = loading.load_task_model(tf.AutoModelForCausalLM, job, "CAUSAL_LM", with_head=False)
     sync_pad_token(model, tokenizer)
     return model, tokenizer
 

@@ -29,10 +29,10 @@ class MaskedLM:
     def load_model(self, job: Job):
         import transformers as tf
 
-        from hftoolkit.models import loading as modeling
+        from hftoolkit.models import loading
 
         # The MLM head is tied to the embeddings: nothing extra to train.
-        model = modeling.load_task_model(tf.AutoModelForMaskedLM, job, None, with_head=False)
+        model = loading.load_task_model(tf.AutoModelForMaskedLM, job, None, with_head=False)
         return model, job.model.processor
 
     def preprocess(self, job: Job, tokenizer, dataset):
@@ -52,7 +52,7 @@ class MaskedLM:
             raise UserError("eval.metrics: mlm is scored by perplexity (exp of the eval loss on fixed masks): "
                             "set eval.metrics to auto")
         # No compute function: the Trainer then evaluates with prediction_loss_only and never gathers the
-        # (tokens x vocabulary) logits; evaluation.py reports perplexity = exp(eval loss).
+        # (tokens x vocabulary) logits; evaluation/evaluate.py reports perplexity = exp(eval loss).
         return EvalMetrics(compute=None, main="perplexity", greater_is_better=False)
 
     def generate(self, job: Job, model, tokenizer, inputs: list[str]) -> list[dict]:

@@ -42,10 +42,10 @@ class SequenceClassification:
     def load_model(self, job: Job):
         import transformers as tf
 
-        from hftoolkit.models import loading as modeling
+        from hftoolkit.models import loading
 
         tokenizer = job.model.processor
-        model = modeling.load_task_model(tf.AutoModelForSequenceClassification, job, "SEQ_CLS",
+        model = loading.load_task_model(tf.AutoModelForSequenceClassification, job, "SEQ_CLS",
                                          **label_config(job))
         sync_pad_token(model, tokenizer)
         return model, tokenizer
@@ -85,10 +85,10 @@ class SequenceRegression(SequenceClassification):
     def load_model(self, job: Job):
         import transformers as tf
 
-        from hftoolkit.models import loading as modeling
+        from hftoolkit.models import loading
 
         tokenizer = job.model.processor
-        model = modeling.load_task_model(tf.AutoModelForSequenceClassification, job, "SEQ_CLS",
+        model = loading.load_task_model(tf.AutoModelForSequenceClassification, job, "SEQ_CLS",
                                          num_labels=1, problem_type="regression")
         sync_pad_token(model, tokenizer)
         return model, tokenizer
@@ -152,10 +152,10 @@ class TokenTagging:
     def load_model(self, job: Job):
         import transformers as tf
 
-        from hftoolkit.models import loading as modeling
+        from hftoolkit.models import loading
 
         tokenizer = job.model.processor  # (resolve gave byte-level BPE a space before each word)
-        model = modeling.load_task_model(tf.AutoModelForTokenClassification, job, "TOKEN_CLS",
+        model = loading.load_task_model(tf.AutoModelForTokenClassification, job, "TOKEN_CLS",
                                          **label_config(job))
         sync_pad_token(model, tokenizer)
         return model, tokenizer

@@ -24,13 +24,13 @@ class Seq2SeqGeneration:
     text."""
 
     def load_model(self, job: Job):
-        """Tokenizer and seq2seq LM; LoRA on the attention q and v projections (modeling.lora_targets_for)."""
+        """Tokenizer and seq2seq LM; LoRA on the attention q and v projections (loading.lora_targets_for)."""
         import transformers as tf
 
-        from hftoolkit.models import loading as modeling
+        from hftoolkit.models import loading
 
         # The LM head is the pretrained output projection (tied to the embeddings in T5 and BART): no new head.
-        model = modeling.load_task_model(tf.AutoModelForSeq2SeqLM, job, "SEQ_2_SEQ_LM", with_head=False)
+        model = loading.load_task_model(tf.AutoModelForSeq2SeqLM, job, "SEQ_2_SEQ_LM", with_head=False)
         return model, job.model.processor
 
     def preprocess(self, job: Job, tokenizer, dataset):

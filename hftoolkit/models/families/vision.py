@@ -24,11 +24,11 @@ class ImageClassification:
         """Image processor and image classifier; LoRA on q/v with the classifier in modules_to_save."""
         import transformers as tf
 
-        from hftoolkit.models import loading as modeling
+        from hftoolkit.models import loading
 
         processor = job.model.processor
         # peft has no image-classification task type: the plain PeftModel passes pixel_values and labels through.
-        model = modeling.load_task_model(tf.AutoModelForImageClassification, job, None,
+        model = loading.load_task_model(tf.AutoModelForImageClassification, job, None,
                                          ignore_mismatched_sizes=True, **labels.label_config(job))
         return model, processor
 
