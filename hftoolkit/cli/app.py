@@ -102,11 +102,12 @@ def train(
     plan = launch.plan_launch(parsed, num_processes, accelerate_config, source=str(recipe))
     if plan.relaunch:  # N processes, each running this command without the launch options
         raise typer.Exit(launch.relaunch(plan, sys.argv[1:]))
+    from hftoolkit.processes import is_main_process
     from hftoolkit.workflows.train import train as run_training
 
     metrics = run_training(parsed, run_dir, command=launch.command_line(), overwrite=overwrite, resume=resume,
                            verbosity=verbosity)
-    if console.is_main_process():
+    if is_main_process():
         stdout.show_result(metrics, run_dir, as_json, verbosity)
     launch.end_processes()
 
@@ -443,13 +444,14 @@ def sweep(
     """Train every combination of the grid values and compare them in one report. Re-running the same command
     skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
     from hftoolkit import console
+    from hftoolkit.processes import is_main_process
     from hftoolkit.training import distributed as launch
     from hftoolkit.workflows.sweep import sweep as run_sweep
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
                        command=launch.command_line(), echo=console.phase, verbosity=verbosity)
-    if console.is_main_process():
+    if is_main_process():
         _say_report(result.report, verbosity)
     launch.end_processes()
     if result.failed:

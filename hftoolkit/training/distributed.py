@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hftoolkit.config.recipe import Recipe, RecipeError, read_yaml_mapping
-from hftoolkit.console import under_launcher
 from hftoolkit.errors import UserError
+from hftoolkit.processes import under_launcher
 
 # The command the user typed, handed to the relaunched processes for manifest.json.
 COMMAND_VARIABLE = "HFTOOLKIT_COMMAND"

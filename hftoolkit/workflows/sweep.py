@@ -260,7 +260,7 @@ def run_variants(variants: list[Variant], command: list[str], num_processes: int
     A progress line per variant: `k/n <variant> <main metric>=<value> <time>`, or the error's first line.
     verbosity (console.Verbosity) is each training's, as train's -q and -v set it.
     """
-    from hftoolkit.console import is_main_process
+    from hftoolkit.processes import is_main_process
 
     if any(v.action != "skip" for v in variants):
         _import_training(any(v.recipe.model.quantization != "none" for v in variants))
@@ -387,7 +387,7 @@ def sweep(recipe_path: Path, grid_items: list[str], sets: list[str], out: Path, 
           num_processes: int | None = None, command: list[str] | None = None,
           echo: Callable[[str], None] = print, verbosity=None) -> SweepResult:
     """Validate every variant, train each into out/<recipe name>/<variant>/, write the report there."""
-    from hftoolkit.console import is_main_process
+    from hftoolkit.processes import is_main_process
     from hftoolkit.runs.report import write_report
 
     grid = parse_grid(grid_items)
