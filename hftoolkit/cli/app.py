@@ -147,17 +147,19 @@ def eval_(
     verbosity = console.verbosity_from_flags(verbose, quiet)
     options = _benchmark_options(benchmark, num_fewshot, limit, batch_size, benchmark_path, split)
     if options is not None:
-        _eval_benchmark(target, options, set_, output, overwrite, as_json, verbosity)
-        return
+        from hftoolkit.workflows import benchmark as benchmarks
     if target.is_dir():
         if set_ or output:
             raise UserError(f"{'--set' if set_ else '--output'}: applies to a recipe, and {target} is a run "
                             "directory: its recipe is the one it trained with")
         log = target / "train.log" if (target / "recipe.yaml").is_file() else None  # (a run's log goes on)
         with console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
-            metrics = evaluation.reevaluate(target) if split is None else evaluation.reevaluate_split(target, split)
-        shown = metrics if split is None else {**metrics, "name": f"{metrics['name']} on {split}",
-                                               "eval": metrics["splits"][split]}
+            if options is not None:
+                metrics = benchmarks.benchmark_run(target, options)
+            else:
+                metrics = evaluation.reevaluate(target) if split is None else evaluation.reevaluate_split(target, split)
+        shown = ({**metrics, "eval": None} if options is not None else metrics if split is None else
+                 {**metrics, "name": f"{metrics['name']} on {split}", "eval": metrics["splits"][split]})
         stdout.show_result(metrics, target, as_json, verbosity, shown)
         return
     from hftoolkit.config.recipe import load_recipe
@@ -165,8 +167,12 @@ def eval_(
 
     parsed = load_recipe(target, set_ or [])
     with console.capture(verbosity=verbosity):  # (evaluate_recipe attaches --output's train.log)
-        metrics = evaluation.evaluate_recipe(parsed, split, output, overwrite, command_line())
-    shown = {**metrics, "name": metrics["name"] + (f" on {metrics['split']}" if metrics["split"] else "")}
+        if options is not None:
+            metrics = benchmarks.benchmark_recipe(parsed, options, output, overwrite, command_line())
+        else:
+            metrics = evaluation.evaluate_recipe(parsed, split, output, overwrite, command_line())
+    shown = ({**metrics, "eval": None} if options is not None else
+             {**metrics, "name": metrics["name"] + (f" on {metrics['split']}" if metrics["split"] else "")})
     stdout.show_result(metrics, output, as_json, verbosity, shown)
 
 
@@ -183,34 +189,6 @@ def _benchmark_options(benchmark: str | None, num_fewshot, limit, batch_size: in
         raise UserError("--split and --benchmark: a benchmark scores its own data, not a split of the run's: "
                         "pass one of them")
     return BenchmarkOptions(parse_tasks(benchmark), num_fewshot, limit, batch_size, str(path) if path else None)
-
-
-def _eval_benchmark(target: Path, options, set_, output, overwrite: bool, as_json: bool, verbosity) -> None:
-    """`eval --benchmark`: a run's model as trained, or a recipe's base (with --output: a baseline run directory
-    scored on its eval split as well, so the report sets it beside the tuned runs)."""
-    from hftoolkit import console
-    from hftoolkit.workflows import benchmark as bench
-
-    if target.is_dir():
-        if set_ or output:
-            raise UserError(f"{'--set' if set_ else '--output'}: applies to a recipe, and {target} is a run "
-                            "directory: its recipe is the one it trained with")
-        log = target / "train.log" if (target / "recipe.yaml").is_file() else None
-        with console.capture(log, verbosity, explain_loading=False):
-            metrics = bench.benchmark_run(target, options)
-        stdout.show_result(metrics, target, as_json, verbosity, {**metrics, "eval": None})
-        return
-    from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.distributed import command_line
-    from hftoolkit.workflows import evaluate as evaluation
-
-    parsed = load_recipe(target, set_ or [])
-    with console.capture(verbosity=verbosity):
-        bench.check_recipe(parsed, options)
-        metrics = (evaluation.evaluate_recipe(parsed, None, output, overwrite, command_line()) if output else
-                   {"name": f"{parsed.name}-untrained", "task": parsed.task, "checkpoint": parsed.model.checkpoint})
-        metrics = {**metrics, "benchmarks": bench.benchmark_recipe(parsed, options, output)}
-    stdout.show_result(metrics, output, as_json, verbosity, {**metrics, "eval": None})
 
 
 @app.command()

@@ -107,17 +107,22 @@ def check_recipe(recipe: Recipe, options: BenchmarkOptions) -> None:
     check_tasks(task_manager(options.path, options.tasks), options.tasks)
 
 
-def benchmark_recipe(recipe: Recipe, options: BenchmarkOptions, output: Path | None = None) -> dict:
+def benchmark_recipe(recipe: Recipe, options: BenchmarkOptions, output: Path | None = None, overwrite: bool = False,
+                     command: list[str] = ()) -> dict:
     """The recipe's base checkpoint, untrained, with no adapter and unquantized (as `eval RECIPE` scores it),
-    on the tasks. With `output` (a baseline run directory `eval RECIPE --output` wrote), metrics.json there
-    gains them; returns the records, keyed by task."""
+    on the tasks; returns what `eval` shows, the records under "benchmarks". With `output`, it is also scored on
+    its eval split and kept as a baseline run directory (as `eval RECIPE --output` keeps one), whose
+    metrics.json gains the records, so a report sets it beside the tuned runs."""
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation
+    from hftoolkit.workflows.evaluate import evaluate_recipe
 
-    recipe = replaced(recipe, {"lora.enabled": False, "model.quantization": "none"})
-    check_recipe(recipe, options)
-    job = resolve_job(recipe, data=False)  # config and tokenizer: the family of a hub checkpoint, no weights
-    manager = prepare(job.family, recipe.task, options, recipe.model.checkpoint)
+    check_recipe(recipe, options)  # before the eval pass: a refusal costs nothing
+    metrics = (evaluate_recipe(recipe, None, output, overwrite, command) if output is not None else
+               {"name": f"{recipe.name}-untrained", "task": recipe.task, "checkpoint": recipe.model.checkpoint})
+    base = replaced(recipe, {"lora.enabled": False, "model.quantization": "none"})
+    job = resolve_job(base, data=False)  # config and tokenizer: the family of a hub checkpoint, no weights
+    manager = prepare(job.family, base.task, options, base.model.checkpoint)
     model, processor = formulation(job).load_model(job)
-    run = RunDirectory(output) if output is not None and (Path(output) / "metrics.json").is_file() else None
-    return benchmark_loaded(job, model, processor, options, manager, run)
+    run = RunDirectory(output) if output is not None else None
+    return {**metrics, "benchmarks": benchmark_loaded(job, model, processor, options, manager, run)}
