@@ -329,10 +329,10 @@ def test_a_long_hub_read_says_how_much_has_arrived_and_a_quick_one_says_nothing(
 
     monkeypatch.setattr(datasets, "load_dataset", slow_download)
     recipe = load_recipe(RECIPES / "encoder-classification.yaml", ["data.train=someone/reviews"])
-    assert len(data._read(recipe.data.train, "data.train", recipe, split="train")) == 2
+    assert len(data.read_source(recipe.data.train, "data.train", recipe, split="train")) == 2
     said = [line for line in capsys.readouterr().err.splitlines() if "reading someone/reviews from the hub" in line]
     assert said and all(line.endswith("MiB in the cache so far") for line in said)  # up to 3 x 300,000 bytes
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: datasets.Dataset.from_list(
         [{"text": "good", "label": 1}, {"text": "bad", "label": 0}]))
-    data._read(recipe.data.train, "data.train", recipe, split="train")
+    data.read_source(recipe.data.train, "data.train", recipe, split="train")
     assert "from the hub" not in capsys.readouterr().err  # read from the cache at once: nothing said

@@ -8,7 +8,7 @@ columns carry canonical names, so families never see the user's column names:
   target     the output text (translation, summarization)
   messages   a conversation, a list of {role, content} turns (instruction, where data.messages_column is in the data)
   image      a PIL image (image-classification)
-Label names found in the data are returned beside it (the job keeps them; the recipe is not written).
+Label names found in the data are returned beside it (labels.py encodes them; the job keeps them).
 Rows whose input or target is empty are dropped (and counted) as they are read: a model
 trained on an empty text learns nothing from it, and an empty target teaches it to stop.
 
@@ -26,6 +26,7 @@ from pathlib import Path
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe, RecipeError
 from hftoolkit.errors import UserError
+from hftoolkit.sources.labels import as_names, encode_labels, float_labels, mapped_labels
 from hftoolkit.sources.locations import expand, is_path_like
 
 FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet",
@@ -47,10 +48,10 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     train, evaluation = _read_splits(recipe, counts)
     unlabelled = {}
     if d.label_map is not None:  # per source, before an eval split is held out, as the empty rows
-        train, unlabelled["train"] = _mapped(recipe, _as_names(train), "data.train", d.train)
+        train, unlabelled["train"] = mapped_labels(recipe, as_names(train), "data.train", d.train)
         unlabelled["eval"] = 0
         if evaluation is not None:
-            evaluation, unlabelled["eval"] = _mapped(recipe, _as_names(evaluation), "data.eval", d.eval or d.train)
+            evaluation, unlabelled["eval"] = mapped_labels(recipe, as_names(evaluation), "data.eval", d.eval or d.train)
     if evaluation is None:
         _check_not_empty(train, "data.train", d.train)
         if len(train) < 2:
@@ -62,9 +63,9 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
         _check_not_empty(ds, key, source)
     names = None
     if tasks.spec(recipe.task).labels in ("class", "tags"):
-        train, evaluation, names = _encode_labels(recipe, train, evaluation)
+        train, evaluation, names = encode_labels(recipe, train, evaluation)
     elif tasks.spec(recipe.task).labels == "value":
-        train, evaluation = _float_labels(recipe, train, "data.train"), _float_labels(recipe, evaluation, "data.eval")
+        train, evaluation = float_labels(recipe, train, "data.train"), float_labels(recipe, evaluation, "data.eval")
     limit = {"train": d.max_train_samples, "eval": d.max_eval_samples}
     out = {}
     for split, ds in (("train", train), ("eval", evaluation)):
@@ -84,17 +85,17 @@ def _read_splits(recipe: Recipe, counts: dict[str, int]):
     d, problems = recipe.data, []
     train = evaluation = None
     try:
-        train, counts["train"] = drop_empty(_read(d.train, "data.train", recipe, target=d.train_target),
+        train, counts["train"] = drop_empty(read_source(d.train, "data.train", recipe, target=d.train_target),
                                             "data.train", d.train)
     except UserError as err:  # the eval split's problems are reported with the train split's
         problems += getattr(err, "problems", None) or [err.message]
     try:
         if d.eval:
             evaluation, counts["eval"] = drop_empty(
-                _read(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target),
+                read_source(d.eval, "data.eval", recipe, split=d.eval_split or "validation", target=d.eval_target),
                 "data.eval", d.eval)
         elif d.eval_split:
-            evaluation, counts["eval"] = drop_empty(_read(d.train, "data.eval_split", recipe, split=d.eval_split),
+            evaluation, counts["eval"] = drop_empty(read_source(d.train, "data.eval_split", recipe, split=d.eval_split),
                                                     "data.eval_split", f"{d.train} (split {d.eval_split})")
     except UserError as err:
         problems += getattr(err, "problems", None) or [err.message]
@@ -111,7 +112,7 @@ def drop_empty(ds, key: str, source: str):
     columns = [c for c in ("text", "text_pair", "target", "messages") if c in ds.column_names]
     if not columns or len(ds) == 0:
         return ds, 0
-    empty = {c: [i for i, value in enumerate(ds[c]) if not _filled(value)] for c in columns}
+    empty = {c: [i for i, value in enumerate(ds[c]) if not is_filled(value)] for c in columns}
     gone = sorted(set().union(*empty.values()))
     if not gone:
         return ds, 0
@@ -123,7 +124,7 @@ def drop_empty(ds, key: str, source: str):
     return ds.select([i for i in range(len(ds)) if i not in drop]), len(gone)
 
 
-def _filled(value) -> bool:
+def is_filled(value) -> bool:
     if isinstance(value, list) and value and isinstance(value[0], dict):  # a conversation: it needs an answer
         from hftoolkit.sources.conversations import answered
 
@@ -147,7 +148,7 @@ def fingerprint(data) -> str:
 # ---------------------------------------------------------------- sources
 
 
-def _read(source: str, key: str, recipe: Recipe, split: str | None = None, target: str | None = None):
+def read_source(source: str, key: str, recipe: Recipe, split: str | None = None, target: str | None = None):
     import datasets
 
     if key == "data.eval_split" and not is_hub_source(source):
@@ -162,13 +163,13 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
             raise UserError(f"{key}: unknown built-in set {source!r}; choose one of "
                             + ", ".join(f"builtin:{n}" for n in BUILTIN))
         ds = datasets.Dataset.from_list(BUILTIN[name](seed=recipe.training.seed))
-        return _map_columns(ds, recipe, key, source, canonical=True)
+        return map_columns(ds, recipe, key, source, canonical=True)
     path = expand(source, key)
     if path.is_dir():
         ds = _load_builder("imagefolder", {"data_dir": str(path)}, key, source)
         if "label" not in ds.column_names and "label" in tasks.spec(recipe.task).columns:
             ds = _single_class(ds, path, key, source)
-        return _map_columns(ds, recipe, key, source, canonical=True)
+        return map_columns(ds, recipe, key, source, canonical=True)
     if path.is_file() or path.suffix.lower() in FILE_BUILDERS or is_path_like(source):
         if not path.is_file():
             raise UserError(f"{key}: data file {source} not found (looked for {path.absolute()}; a relative path "
@@ -184,7 +185,7 @@ def _read(source: str, key: str, recipe: Recipe, split: str | None = None, targe
         else:
             kwargs = {"delimiter": "\t"} if path.suffix.lower() == ".tsv" else {}
             ds = _load_builder(builder, {"data_files": str(path), **kwargs}, key, source)
-        return _map_columns(ds, recipe, key, source)
+        return map_columns(ds, recipe, key, source)
     return _read_hub(source, key, recipe, split or recipe.data.train_split)
 
 
@@ -206,7 +207,7 @@ def _read_hub(source: str, key: str, recipe: Recipe, split: str):
     d = recipe.data
     with hub.explained(key, source, "dataset", config=d.config, revision=d.revision), hub.download_progress(source):
         ds = datasets.load_dataset(source, d.config, split=split, revision=d.revision)
-    ds = _map_columns(ds, recipe, key, source)
+    ds = map_columns(ds, recipe, key, source)
     _check_labelled(ds, key, source, split)
     return ds
 
@@ -330,7 +331,7 @@ def _aligned(source: Path, target: Path, key: str):
     return datasets.Dataset.from_dict({"text": src, "target": tgt})
 
 
-def _map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = False):
+def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = False):
     """Rename the recipe's columns to canonical names and drop the rest; a dotted name reads a nested field.
     An instruction set with data.messages_column is a conversation set: that column is all it reads."""
     if recipe.task == "instruction" and recipe.data.messages_column in ds.column_names:
@@ -387,122 +388,3 @@ def _columns(recipe: Recipe) -> list[str]:
 def _check_not_empty(ds, key: str, source: str) -> None:
     if len(ds) == 0:
         raise UserError(f"{key}: {source} has no rows: point it at a data set with examples")
-
-
-# ---------------------------------------------------------------- labels
-
-
-def _encode_labels(recipe: Recipe, train, evaluation):
-    """Map label values to ids 0..n-1 in the order of `data.label_names` (found in the data if unset: a hub set's
-    or an image folder's own class names in their order, data.label_map's names in the order it first gives them,
-    else the values seen, sorted: 1 to 5 stars are five classes)."""
-    from datasets import ClassLabel
-
-    d = recipe.data
-    feature = train.features["label"]
-    inner = getattr(feature, "feature", feature)  # a Sequence (tagging) holds its item feature
-    names = d.label_names
-    if isinstance(inner, ClassLabel):  # imagefolder and hub sets: ids -> their names first
-        names = names or (None if d.label_map else list(inner.names))
-        train, evaluation = _as_names(train), _as_names(evaluation)
-    if d.label_map:  # (the rows were mapped as they were read)
-        names = names or list(dict.fromkeys(v for v in d.label_map.values() if v is not None))
-    values = _flat(train["label"]) + _flat(evaluation["label"])
-    kinds = {type(v).__name__ for v in values}
-    if len(kinds) > 1 or not kinds <= {"int", "str"}:
-        raise UserError(f"data.label_column: labels in {d.train} are of types {', '.join(sorted(kinds))}: "
-                        "make every label a name or every label an integer id")
-    if recipe.task != "tagging" and len(set(_flat(train["label"]))) < 2:
-        raise UserError(f"data.train: only one class ({values[0]!r}) in {d.train}: "
-                        "classification needs examples of at least two labels")
-    names, to_id = _class_ids(values, names)
-    encode = lambda batch: {"label": [[to_id(v) for v in label] if isinstance(label, list) else to_id(label)
-                                      for label in batch["label"]]}
-    # The id column's type is given: map keeps a column's old type when it returns the same name, and ids
-    # stored as strings ("1", from a CSV's large_string column) would reach the collator as text.
-    return (*(ds.map(encode, batched=True, features=_id_features(ds)) for ds in (train, evaluation)), names)
-
-
-def _class_ids(values: list, names: list[str] | None):
-    """(the class names, value -> id). A value names its class by its text (the integer 5 is the class '5').
-    Integers that are none of the given names but all fit them are read as positions, the older convention
-    (0 and 1 with label_names [negative, positive]), so runs written before it still load."""
-    if names is None:
-        names = [str(v) for v in sorted(set(values))]  # integers in numeric order, texts in text order
-    index = {n: i for i, n in enumerate(names)}
-    if values and all(isinstance(v, int) and 0 <= v < len(names) for v in values) \
-            and not any(str(v) in index for v in values):
-        return names, lambda v: v
-    unknown = sorted({v for v in values if str(v) not in index}, key=lambda v: (str(type(v)), v))
-    if unknown:
-        shown = ", ".join(map(repr, unknown[:5])) + (" ..." if len(unknown) > 5 else "")
-        many = len(unknown) > 1
-        raise UserError(f"data.label_column: label{'s' * many} {shown} {'are' if many else 'is'} not one of "
-                        f"data.label_names ({', '.join(names)}): fix the data, add {'them' if many else 'it'} to "
-                        "data.label_names, or map the values to names with data.label_map")
-    return names, lambda v: index[str(v)]
-
-
-def _mapped(recipe: Recipe, ds, key: str, source: str):
-    """(the rows whose label data.label_map names, relabelled with the names; how many it mapped to null).
-    A value the map does not mention is refused: a class silently lost would be worse than a question."""
-    label_map = recipe.data.label_map
-    labels = ds["label"]
-    unmapped = sorted({str(v) for v in labels if str(v) not in label_map})
-    if unmapped:
-        shown = ", ".join(unmapped[:5]) + (" ..." if len(unmapped) > 5 else "")
-        raise UserError(f"data.label_map: {source} has label{'s' * (len(unmapped) > 1)} {shown} that data.label_map "
-                        "does not mention: map each to a class name, or to null to drop its rows")
-    names = [label_map[str(v)] for v in labels]
-    keep = [i for i, name in enumerate(names) if name is not None]
-    if not keep:
-        raise UserError(f"data.label_map: every row of {source} maps to null, so nothing is left to use: map some "
-                        f"of its labels to class names, or point {key} at other data")
-    ds = ds.select(keep).remove_columns("label")
-    return ds.add_column("label", [names[i] for i in keep]), len(labels) - len(keep)
-
-
-def _id_features(ds):
-    from datasets import List, Value
-
-    features = ds.features.copy()
-    features["label"] = List(Value("int64")) if hasattr(features["label"], "feature") else Value("int64")
-    return features
-
-
-def _float_labels(recipe: Recipe, ds, key: str):
-    """Regression targets as float32 (MSE needs float labels; a CSV of whole scores reads as integers)."""
-    from datasets import ClassLabel, Value
-
-    source = recipe.data.eval if key == "data.eval" and recipe.data.eval else recipe.data.train
-    if isinstance(ds.features["label"], ClassLabel):
-        raise UserError(f"data.label_column: {source} labels each example with a class "
-                        f"({', '.join(ds.features['label'].names[:5])}): use task classification, or a column of "
-                        "numbers for regression")
-    try:
-        return ds.cast_column("label", Value("float32"))
-    except (ValueError, TypeError) as err:  # pyarrow's ArrowInvalid is a ValueError
-        raise UserError(f"data.label_column: regression needs one number per example, but {source} holds labels "
-                        f"that are not numbers ({str(err).splitlines()[0][:120]}): point data.label_column at "
-                        "a numeric column") from None
-
-
-def _as_names(ds):
-    """Class ids -> the split's own class names; map is told the new feature, else it keeps ClassLabel (ids again)."""
-    from datasets import ClassLabel, List, Value
-
-    feature = ds.features["label"]
-    inner = getattr(feature, "feature", feature)
-    if not isinstance(inner, ClassLabel):
-        return ds
-    features = ds.features.copy()
-    features["label"] = List(Value("string")) if inner is not feature else Value("string")
-    return ds.map(lambda r: {"label": _names(r["label"], inner.names)}, features=features)
-
-
-def _names(label, names):
-    return [names[i] for i in label] if isinstance(label, list) else names[label]
-
-
-def _flat(column) -> list:
-    return [v for item in column for v in (item if isinstance(item, list) else [item])]

@@ -83,7 +83,7 @@ def _open(recipe: Recipe, source: str, key: str, split: str):
     from hftoolkit.sources import data as sources
 
     if source.startswith("builtin:"):
-        ds = sources._read(source, key, recipe).to_iterable_dataset()
+        ds = sources.read_source(source, key, recipe).to_iterable_dataset()
         return _filled(ds)
     path = expand(source, key)
     if sources.is_hub_source(source):
@@ -104,12 +104,12 @@ def _open(recipe: Recipe, source: str, key: str, split: str):
         ds = datasets.load_dataset(builder, data_files=str(path), split="train", streaming=True, **kwargs)
     if ds.features is None:  # (a builder that learns its columns from the first rows)
         ds = ds._resolve_features()
-    return _filled(sources._map_columns(ds, recipe, key, source))
+    return _filled(sources.map_columns(ds, recipe, key, source))
 
 
 def _filled(ds):
     """Rows whose texts and target are filled in (sources.data drops the others as it reads a whole split)."""
-    from hftoolkit.sources.data import _filled as filled
+    from hftoolkit.sources.data import is_filled as filled
 
     columns = [c for c in ("text", "text_pair", "target") if c in (ds.column_names or ())]
     return ds.filter(lambda row: all(filled(row[c]) for c in columns)) if columns else ds
