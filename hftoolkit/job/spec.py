@@ -89,10 +89,3 @@ class Job:
         raw["data"].update(max_length=self.max_length, max_target_length=self.max_target_length)
         raw["eval"]["generation"]["max_new_tokens"] = self.max_new_tokens
         return validate_recipe(raw, "recipe")
-
-    @property
-    def advice(self) -> str | None:
-        """The course's advice when the job pairs its task with another family than the one it recommends."""
-        from hftoolkit.config import tasks
-
-        return tasks.advice(self.task, self.family)
