@@ -146,20 +146,11 @@ def eval_(
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     options = _benchmark_options(benchmark, num_fewshot, limit, batch_size, benchmark_path, split)
-    if options is not None:
-        from hftoolkit.workflows import benchmark as benchmarks
     if target.is_dir():
         if set_ or output:
             raise UserError(f"{'--set' if set_ else '--output'}: applies to a recipe, and {target} is a run "
                             "directory: its recipe is the one it trained with")
-        log = target / "train.log" if (target / "recipe.yaml").is_file() else None  # (a run's log goes on)
-        with console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
-            if options is not None:
-                metrics = benchmarks.benchmark_run(target, options)
-            else:
-                metrics = evaluation.reevaluate(target) if split is None else evaluation.reevaluate_split(target, split)
-        shown = ({**metrics, "eval": None} if options is not None else metrics if split is None else
-                 {**metrics, "name": f"{metrics['name']} on {split}", "eval": metrics["splits"][split]})
+        metrics, shown = _eval_run(target, split, options, verbosity)
         stdout.show_result(metrics, target, as_json, verbosity, shown)
         return
     from hftoolkit.config.recipe import load_recipe
@@ -168,12 +159,34 @@ def eval_(
     parsed = load_recipe(target, set_ or [])
     with console.capture(verbosity=verbosity):  # (evaluate_recipe attaches --output's train.log)
         if options is not None:
-            metrics = benchmarks.benchmark_recipe(parsed, options, output, overwrite, command_line())
+            from hftoolkit.workflows.benchmark import benchmark_recipe
+
+            metrics = benchmark_recipe(parsed, options, output, overwrite, command_line())
         else:
             metrics = evaluation.evaluate_recipe(parsed, split, output, overwrite, command_line())
     shown = ({**metrics, "eval": None} if options is not None else
              {**metrics, "name": metrics["name"] + (f" on {metrics['split']}" if metrics["split"] else "")})
     stdout.show_result(metrics, output, as_json, verbosity, shown)
+
+
+def _eval_run(target: Path, split: str | None, options, verbosity) -> tuple[dict, dict]:
+    """`eval RUN_DIR`: (metrics.json, what the results table shows) once its eval split is scored again, another
+    split, or benchmarks."""
+    from hftoolkit import console
+    from hftoolkit.workflows import evaluate as evaluation
+
+    log = target / "train.log" if (target / "recipe.yaml").is_file() else None  # (a run's log goes on)
+    with console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
+        if options is not None:
+            from hftoolkit.workflows.benchmark import benchmark_run
+
+            metrics = benchmark_run(target, options)
+            return metrics, {**metrics, "eval": None}
+        if split is None:
+            metrics = evaluation.reevaluate(target)
+            return metrics, metrics
+        metrics = evaluation.reevaluate_split(target, split)
+    return metrics, {**metrics, "name": f"{metrics['name']} on {split}", "eval": metrics["splits"][split]}
 
 
 def _benchmark_options(benchmark: str | None, num_fewshot, limit, batch_size: int, path: Path | None, split):
