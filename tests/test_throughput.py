@@ -89,3 +89,20 @@ def test_a_rate_cached_while_the_machine_was_busy_is_measured_again_when_a_run_b
     assert achieved > honest / 1e6  # the run beat the cached rate, so it was measured again
     assert json.loads(path.read_text())[key] > honest / 10
     throughput.matmul_flops_per_second.cache_clear()
+
+
+def test_a_rate_file_cut_short_or_run_together_is_measured_again_not_fatal():
+    """Ranks and parallel runs share matmul-rate.json: a file left half-written (before writes were atomic,
+    two writers made `{...}{...}`) must cost a measurement, never the run."""
+    from hftoolkit.sources.locations import cache_root
+    from hftoolkit.training import throughput
+
+    path = cache_root() / "matmul-rate.json"
+    for broken in ('{"a": 1.0}{"a": 1.0, "b": 2.0}', '{"a": 1.', "[1, 2]"):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(broken)
+        throughput.matmul_flops_per_second.cache_clear()
+        assert throughput.matmul_flops_per_second("fp32", 64, 16, 32) > 0
+        rates = json.loads(path.read_text())
+        assert list(rates) == [next(k for k in rates if k.endswith("-fp32-64x16x32"))]
+    throughput.matmul_flops_per_second.cache_clear()

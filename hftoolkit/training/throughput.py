@@ -92,19 +92,31 @@ def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: 
 
     import torch
 
+    from hftoolkit.runs.rundir import write_atomic
     from hftoolkit.sources.locations import cache_root
 
     tokens = max(64, -(-tokens // 64) * 64)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     path = cache_root() / "matmul-rate.json"
     key = f"{platform.node()}-{torch.get_num_threads()}-{device}-{precision}-{tokens}x{width}x{intermediate}"
-    cached = json.loads(path.read_text()) if path.is_file() else {}
+    cached = _read_rates(path)
     if key not in cached or again:
         rate = _measure(getattr(torch, DTYPES[precision]), device, tokens, width, intermediate)
-        cached = {**cached, key: max(rate, cached.get(key, 0.0))}
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(cached))
+        # Other processes (a run's ranks, parallel runs) share the file: merge with what it holds now, and
+        # replace it whole, so that a reader never sees half of a write.
+        cached = _read_rates(path)
+        cached[key] = max(rate, cached.get(key, 0.0))
+        write_atomic(path, json.dumps(cached).encode("utf-8"))
     return cached[key]
+
+
+def _read_rates(path) -> dict[str, float]:
+    """The cached rates; an unreadable file is only a cache, so its rates are measured again."""
+    try:
+        rates = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return rates if isinstance(rates, dict) else {}
 
 
 def _measure(dtype, device: str, tokens: int, width: int, intermediate: int, seconds: float = 0.3) -> float:
