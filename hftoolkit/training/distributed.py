@@ -148,9 +148,10 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
             problems.append(f"training.precision: {precision} disagrees with mixed_precision "
                             f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
                             "config (the recipe's training.precision decides)")
-    if plan.distributed in ("FSDP", "DEEPSPEED") and not _has_cuda():
-        # accelerate engages FSDP and DeepSpeed only for accelerator processes: its CPU processes (MULTI_CPU, gloo)
+    if plan.distributed == "DEEPSPEED" and not _has_cuda():
+        # accelerate engages DeepSpeed only for accelerator processes: its CPU processes (MULTI_CPU, gloo)
         # would train as plain DDP, every process holding the whole model, which is not what the config asks.
+        # (FSDP runs on CPU processes too: training/fsdp.py engages it where accelerate gates on the device.)
         how = "FSDP" if plan.distributed == "FSDP" else "DeepSpeed"
         problems.append(f"{plan.source} asks for {how}, which accelerate runs on GPUs only, and this machine has "
                         "none, so it would train as plain DDP: use recipes/accelerate/cpu-2proc.yaml or "
