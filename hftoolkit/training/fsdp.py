@@ -91,17 +91,22 @@ def sharding_record(model) -> dict:
 def sharding_recorded(run):
     """A callback that, once the Trainer has sharded the model, adds to manifest.json's "distributed" record
     each process's share of the sharded parameters (`local_fraction`, one per process: 1/N each under FULL_SHARD)
-    and how many parameters are sharded. Every process computes its share; the main process writes."""
+    and how many parameters are sharded, and which processes read the checkpoint (`read_checkpoint`: only the
+    first under RAM-efficient loading). Every process computes its share; the main process writes."""
     from accelerate.utils import gather_object
     from transformers import TrainerCallback
+
+    from hftoolkit.models.loading import receives_weights
 
     class ShardingRecorded(TrainerCallback):
         def on_train_begin(self, args, state, control, model=None, **kwargs):
             mine = sharding_record(model)
             shares = gather_object([mine["local_fraction"]])
+            read = gather_object([not receives_weights()])
             if state.is_world_process_zero:
                 record = run.manifest().get("distributed") or {}
                 run.update_manifest(distributed={**record, "sharded_parameters": mine["sharded_parameters"],
-                                                 "of_parameters": mine["of_parameters"], "local_fraction": shares})
+                                                 "of_parameters": mine["of_parameters"], "local_fraction": shares,
+                                                 "read_checkpoint": read})
 
     return ShardingRecorded()
