@@ -71,6 +71,10 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
     quant = quantization_config(job, keep_full_precision)
     if quant is not None:
         from_kwargs.update(quantization_config=quant, device_map={"": _device()})
+        if fsdp_launched() and job.recipe.model.dtype == "auto":
+            # FSDP shards a unit's parameters as one flat tensor of one dtype: the unquantized ones in the dtype the
+            # 4-bit weights are stored in (quantization_config), the training dtype.
+            from_kwargs["dtype"] = quant.bnb_4bit_quant_storage
     elif receives_weights():
         return weightless_model(auto_class, from_kwargs)
     from safetensors import SafetensorError  # a truncated or damaged weights file
@@ -91,13 +95,18 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
     return model
 
 
+def fsdp_launched() -> bool:
+    """This process was launched with an FSDP config (accelerate launch sets the variable)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+
+
 def receives_weights() -> bool:
     """True on the processes that do not read the checkpoint: under FSDP with RAM-efficient loading
     (fsdp_cpu_ram_efficient_loading), accelerate's fsdp2_prepare_model broadcasts the main process's
     weights to the others as it shards the model. (Quantized weights are loaded by every process.)"""
     env = os.environ
-    return (env.get("ACCELERATE_USE_FSDP", "").lower() == "true"
-            and env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").lower() == "true" and int(env.get("RANK", "0")) > 0)
+    return (fsdp_launched() and env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").lower() == "true"
+            and int(env.get("RANK", "0")) > 0)
 
 
 def weightless_model(auto_class, from_kwargs: dict):
@@ -157,9 +166,13 @@ def quantization_config(job: Job, skip: list[str]):
     compute = job.recipe.model.compute_dtype
     if compute == "auto":  # the dtype training computes in
         compute = {"bf16": "bfloat16", "fp16": "float16"}.get(job.precision, "float32")
+    # Under FSDP the packed 4-bit weights are stored in the training dtype (QLoRA with FSDP, as peft documents it), so
+    # that FSDP can shard them with the other parameters; elsewhere bitsandbytes' default (uint8).
+    storage = {"bnb_4bit_quant_storage": getattr(torch, compute)} if fsdp_launched() else {}
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                               bnb_4bit_compute_dtype=getattr(torch, compute),
-                              bnb_4bit_use_double_quant=job.recipe.model.double_quant, llm_int8_skip_modules=skip)
+                              bnb_4bit_use_double_quant=job.recipe.model.double_quant, llm_int8_skip_modules=skip,
+                              **storage)
 
 
 def head_modules(model) -> list[str]:
@@ -262,10 +275,11 @@ def bitsandbytes_hidden(needed: bool):
 
 
 def count_parameters(model) -> tuple[int, int]:
-    """(trainable, total) parameters; 4-bit weights count as stored elements times two."""
+    """(trainable, total) parameters; 4-bit weights count two per stored byte (their storage dtype may be wider:
+    bnb_4bit_quant_storage)."""
     trainable = total = 0
     for p in model.parameters():
-        n = p.numel() * (2 if type(p).__name__ == "Params4bit" else 1)
+        n = p.numel() * (2 * p.element_size() if type(p).__name__ == "Params4bit" else 1)
         total += n
         trainable += n if p.requires_grad else 0
     return trainable, total

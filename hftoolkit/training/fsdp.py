@@ -15,13 +15,7 @@ the checkpoint and fsdp2_prepare_model broadcasts its weights to the others.
 
 from __future__ import annotations
 
-import os
 from contextlib import contextmanager
-
-
-def fsdp_launched() -> bool:
-    """This process was launched with an FSDP config (accelerate launch sets the variable)."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
 
 
 @contextmanager
@@ -31,6 +25,8 @@ def fsdp_on_cpu():
     Does what AcceleratorState.__init__ does for MULTI_GPU in the same case: the type, the plugin, the
     plugin's mixed precision, and PartialState's copy of the type. Nothing else in it depends on the device.
     """
+    from hftoolkit.models.loading import fsdp_launched
+
     if not fsdp_launched():
         yield
         return
