@@ -32,7 +32,6 @@ from tests.test_distributed import (
     NOISY_SHARE,
     SAME_BATCHES,
     STEPS,
-    assert_complete_run,
     run_bounded,
     step_losses,
 )
@@ -89,8 +88,14 @@ def runs(request, tmp_path_factory, no_dropout):
 
 
 def test_fsdp_shards_every_parameter_over_both_processes(runs):
+    from hftoolkit.runs.rundir import FILES
+
     run = runs["fsdp"]
-    assert_complete_run(run, "--accelerate-config")
+    names = {p.name for p in run.iterdir()}
+    assert set(FILES) <= names and ("adapter" if runs["mode"] == "lora" else "model") in names, names
+    assert not [n for n in names if n.startswith(".")], f"temporary files left: {names}"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and "--accelerate-config" in manifest["command"]
     ran = json.loads((run / "manifest.json").read_text())["distributed"]
     assert ran["type"] == "FSDP" and ran["sharding"] == "FSDP" and ran["processes"] == 2
     assert ran["sharded_parameters"] == ran["of_parameters"] > 0
