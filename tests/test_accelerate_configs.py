@@ -118,6 +118,10 @@ def test_fsdp_is_fsdp2_full_shard():
     assert config.fsdp_config["fsdp_auto_wrap_policy"] == "TRANSFORMER_BASED_WRAP"
     assert plugin.transformer_cls_names_to_wrap is None
     assert plugin.activation_checkpointing is False
+    # RAM-efficient loading: the main process reads the weights, the others receive them as they are sharded.
+    # (accelerate launch refuses it without sync_module_states, which FSDP2 itself no longer reads.)
+    assert env["FSDP_CPU_RAM_EFFICIENT_LOADING"] == "true" and env["FSDP_SYNC_MODULE_STATES"] == "true"
+    assert plugin.cpu_ram_efficient_loading is True
 
 
 @pytest.mark.parametrize("name,stage", [("deepspeed-zero2", 2), ("deepspeed-zero3", 3)])

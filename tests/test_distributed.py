@@ -204,13 +204,26 @@ def test_batch_that_does_not_split_over_the_processes_is_refused():
     assert "multiple of 3" in result.output
 
 
-def test_quantized_model_under_zero3_or_fsdp_is_refused():
-    for config, name in (("deepspeed-zero3.yaml", "DeepSpeed ZeRO-3"), ("fsdp.yaml", "FSDP")):
+def test_quantized_model_under_zero3_or_fsdp_is_refused(monkeypatch):
+    import torch
+
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.training.distributed import check, plan_from_config
+
+    for config, name, bits in (("deepspeed-zero3.yaml", "DeepSpeed ZeRO-3", "4bit"), ("fsdp.yaml", "FSDP", "8bit")):
         path = RECIPES / "accelerate" / config
-        result = run_cli("validate", ENCODER, "--set", "model.quantization=4bit",
+        result = run_cli("validate", ENCODER, "--set", f"model.quantization={bits}",
                          "--set", f"training.accelerate_config={path}", expect=2)
-        assert "model.quantization: 4bit (bitsandbytes) weights cannot be sharded" in result.output
+        assert f"model.quantization: {bits} (bitsandbytes) weights cannot be sharded" in result.output
         assert name in result.output and "use DDP" in result.output
+    # QLoRA under FSDP (4-bit weights stored in the training dtype): accepted with GPUs, refused on CPU processes.
+    recipe, plan = load_recipe(ENCODER, ["model.quantization=4bit"]), plan_from_config(RECIPES / "accelerate" /
+                                                                                      "fsdp.yaml", None)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not [p for p in check(recipe, plan) if "quantization" in p]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    refusals = [p for p in check(recipe, plan) if "quantization" in p]
+    assert len(refusals) == 1 and "4bit under FSDP" in refusals[0] and "GPUs only" in refusals[0]
     # DDP keeps a whole quantized copy per process: accepted.
     run_cli("validate", ENCODER, "--set", "model.quantization=8bit",
             "--set", f"training.accelerate_config={RECIPES / 'accelerate' / 'ddp.yaml'}")
@@ -229,7 +242,7 @@ def test_missing_accelerate_config_is_named():
     assert "accelerate config nowhere.yaml not found" in result.output
 
 
-@pytest.mark.parametrize("config, how", [("fsdp.yaml", "FSDP"), ("deepspeed-zero2.yaml", "DeepSpeed"),
+@pytest.mark.parametrize("config, how", [("deepspeed-zero2.yaml", "DeepSpeed"),
                                          ("deepspeed-zero3.yaml", "DeepSpeed")])
 def test_a_sharding_config_on_a_machine_without_gpus_is_refused_not_run_as_ddp(monkeypatch, config, how):
     import torch

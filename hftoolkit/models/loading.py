@@ -8,6 +8,7 @@ peft's table, then ours, then the model's own attention (job/architectures.py).
 
 from __future__ import annotations
 
+import os
 import sys
 from contextlib import contextmanager
 
@@ -70,6 +71,12 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
     quant = quantization_config(job, keep_full_precision)
     if quant is not None:
         from_kwargs.update(quantization_config=quant, device_map={"": _device()})
+        if fsdp_launched() and job.recipe.model.dtype == "auto":
+            # FSDP shards a unit's parameters as one flat tensor of one dtype: the unquantized ones in the dtype the
+            # 4-bit weights are stored in (quantization_config), the training dtype.
+            from_kwargs["dtype"] = quant.bnb_4bit_quant_storage
+    elif receives_weights():
+        return weightless_model(auto_class, from_kwargs)
     from safetensors import SafetensorError  # a truncated or damaged weights file
 
     checkpoint = job.model.path
@@ -85,6 +92,44 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
                         f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
     if quant is not None and _device() == "cpu":
         _release_checkpoint_memory(model)
+    return model
+
+
+def fsdp_launched() -> bool:
+    """This process was launched with an FSDP config (accelerate launch sets the variable)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+
+
+def receives_weights() -> bool:
+    """True on the processes that do not read the checkpoint: under FSDP with RAM-efficient loading
+    (fsdp_cpu_ram_efficient_loading), accelerate's fsdp2_prepare_model broadcasts the main process's
+    weights to the others as it shards the model. (Quantized weights are loaded by every process.)"""
+    env = os.environ
+    return (fsdp_launched() and env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").lower() == "true"
+            and int(env.get("RANK", "0")) > 0)
+
+
+def weightless_model(auto_class, from_kwargs: dict):
+    """The model from its config alone, nothing read from the checkpoint: parameters in untouched memory
+    (the operating system maps pages only when written, and the broadcast writes them), buffers computed
+    as the model builds them (position ids, rotary frequencies: the broadcast skips non-persistent ones).
+
+    Not left on the meta device: the Trainer builds its optimizer before sharding, and accelerate maps the
+    optimizer's parameters to the sharded ones by data pointer, which is 0 for every meta tensor.
+    """
+    import torch
+    from accelerate import init_empty_weights
+
+    keys = ("config", "dtype", "attn_implementation", "trust_remote_code")
+    with init_empty_weights(include_buffers=False):
+        model = auto_class.from_config(**{k: v for k, v in from_kwargs.items() if k in keys})
+    for module in model.modules():
+        for name, param in module.named_parameters(recurse=False):
+            if param.is_meta:
+                setattr(module, name, torch.nn.Parameter(torch.empty_like(param, device="cpu"),
+                                                         requires_grad=param.requires_grad))
+    if hasattr(model, "tie_weights"):
+        model.tie_weights()  # (tied parameters were replaced one by one above)
     return model
 
 
@@ -121,9 +166,13 @@ def quantization_config(job: Job, skip: list[str]):
     compute = job.recipe.model.compute_dtype
     if compute == "auto":  # the dtype training computes in
         compute = {"bf16": "bfloat16", "fp16": "float16"}.get(job.precision, "float32")
+    # Under FSDP the packed 4-bit weights are stored in the training dtype (QLoRA with FSDP, as peft documents it), so
+    # that FSDP can shard them with the other parameters; elsewhere bitsandbytes' default (uint8).
+    storage = {"bnb_4bit_quant_storage": getattr(torch, compute)} if fsdp_launched() else {}
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                               bnb_4bit_compute_dtype=getattr(torch, compute),
-                              bnb_4bit_use_double_quant=job.recipe.model.double_quant, llm_int8_skip_modules=skip)
+                              bnb_4bit_use_double_quant=job.recipe.model.double_quant, llm_int8_skip_modules=skip,
+                              **storage)
 
 
 def head_modules(model) -> list[str]:
@@ -226,10 +275,11 @@ def bitsandbytes_hidden(needed: bool):
 
 
 def count_parameters(model) -> tuple[int, int]:
-    """(trainable, total) parameters; 4-bit weights count as stored elements times two."""
+    """(trainable, total) parameters; 4-bit weights count two per stored byte (their storage dtype may be wider:
+    bnb_4bit_quant_storage)."""
     trainable = total = 0
     for p in model.parameters():
-        n = p.numel() * (2 if type(p).__name__ == "Params4bit" else 1)
+        n = p.numel() * (2 * p.element_size() if type(p).__name__ == "Params4bit" else 1)
         total += n
         trainable += n if p.requires_grad else 0
     return trainable, total

@@ -130,12 +130,22 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
                         f"processes ({plan.source}): set it to a multiple of {n}, each process then takes "
                         f"batch_size / {n}")
     quantized = recipe.model.quantization != "none"
-    if quantized and plan.shards_parameters:
+    # QLoRA under FSDP: 4-bit weights stored in the training dtype (bnb_4bit_quant_storage, models/loading.py) are
+    # floating tensors FSDP can shard; 8-bit weights are int8 tensors with their scales beside them, which it can't.
+    fsdp_qlora = plan.distributed == "FSDP" and recipe.model.quantization == "4bit"
+    if quantized and plan.shards_parameters and not fsdp_qlora:
         how = "FSDP" if plan.distributed == "FSDP" else "DeepSpeed ZeRO-3"
+        also = " (4-bit weights can: set model.quantization to 4bit)" if plan.distributed == "FSDP" else ""
         problems.append(f"model.quantization: {recipe.model.quantization} (bitsandbytes) weights cannot be sharded "
-                        f"across processes, which {how} ({plan.source}) does to every weight: use DDP "
+                        f"across processes, which {how} ({plan.source}) does to every weight{also}: use DDP "
                         "(--num-processes N or recipes/accelerate/ddp.yaml) or DeepSpeed ZeRO-2, or set "
                         "model.quantization to none")
+    if fsdp_qlora and not _has_cuda():
+        # Loaded, sharded and run forward on CPU processes, its first backward gives an infinite gradient norm
+        # (bitsandbytes' CPU 4-bit path under FSDP2; one process with the same storage trains normally).
+        problems.append(f"model.quantization: 4bit under FSDP ({plan.source}) trains on GPUs only; on this machine's "
+                        "CPU processes its gradients come out infinite: use DDP (--num-processes N) for 4-bit on the "
+                        "CPU, or set model.quantization to none for FSDP")
     if plan.mixed_precision != "no":  # (auto is resolved, importing torch, only when there is something to compare)
         from hftoolkit.job.machine import resolve_precision
         from hftoolkit.sources.checkpoint import model_type_of
@@ -148,9 +158,10 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
             problems.append(f"training.precision: {precision} disagrees with mixed_precision "
                             f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
                             "config (the recipe's training.precision decides)")
-    if plan.distributed in ("FSDP", "DEEPSPEED") and not _has_cuda():
-        # accelerate engages FSDP and DeepSpeed only for accelerator processes: its CPU processes (MULTI_CPU, gloo)
+    if plan.distributed == "DEEPSPEED" and not _has_cuda():
+        # accelerate engages DeepSpeed only for accelerator processes: its CPU processes (MULTI_CPU, gloo)
         # would train as plain DDP, every process holding the whole model, which is not what the config asks.
+        # (FSDP runs on CPU processes too: training/fsdp.py engages it where accelerate gates on the device.)
         how = "FSDP" if plan.distributed == "FSDP" else "DeepSpeed"
         problems.append(f"{plan.source} asks for {how}, which accelerate runs on GPUs only, and this machine has "
                         "none, so it would train as plain DDP: use recipes/accelerate/cpu-2proc.yaml or "

@@ -47,6 +47,7 @@ from hftoolkit.job.spec import Job
 from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.training.batching import LengthBucketSampler
 from hftoolkit.training.checkpoints import PICKLED_ARGS, STAGING_PREFIX, commit, latest_checkpoint, rotate, test_pause
+from hftoolkit.training.fsdp import fsdp_on_cpu, sharding_recorded, wrap_blocks_without_embeddings
 from hftoolkit.training.progress import use_progress
 from hftoolkit.training.streaming import StreamPosition, row_stream
 
@@ -61,12 +62,13 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
     train = encoded["train"]
     if job.recipe.data.streaming:  # its position is saved with each checkpoint (streaming.py)
         train = row_stream(train, args.per_device_train_batch_size)
-    trainer = toolkit_trainer(Trainer)(
-        model=model, args=args, train_dataset=train,
-        eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
-        data_collator=counter, processing_class=processor,
-        compute_metrics=scorer.compute if tasks.spec(job.recipe.task).scoring == "logits" else None,
-        preprocess_logits_for_metrics=scorer.reduce_logits)
+    with fsdp_on_cpu():  # (the Trainer builds its Accelerator here: FSDP engaged on CPU processes too)
+        trainer = toolkit_trainer(Trainer)(
+            model=model, args=args, train_dataset=train,
+            eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
+            data_collator=counter, processing_class=processor,
+            compute_metrics=scorer.compute if tasks.spec(job.recipe.task).scoring == "logits" else None,
+            preprocess_logits_for_metrics=scorer.reduce_logits)
     use_progress(trainer)  # one progress bar instead of the Trainer's tqdm bars and printed log dicts
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
     trainer.keep_last, trainer.keep_best = t.keep_last, job.recipe.eval.keep_best
@@ -82,6 +84,9 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
     if job.recipe.eval.keep_best:
         trainer.add_callback(best_checkpoint_found())
     _tensorboard_into(trainer, run / "tensorboard")
+    if trainer.is_fsdp_enabled:
+        wrap_blocks_without_embeddings(trainer.accelerator.state.fsdp_plugin, model)
+        trainer.add_callback(sharding_recorded(run))
     return trainer
 
 

@@ -1,0 +1,168 @@
+"""FSDP2 executed on CPU processes (gloo), through the path a GPU run takes: Trainer -> accelerate -> fully_shard.
+
+For LoRA and for full fine-tuning, one module-scoped set of runs serves every assertion:
+- `one`: the recipe on 1 process (in-process), the reference;
+- `fsdp`: `train --accelerate-config recipes/accelerate/fsdp.yaml` on 2 processes, a checkpoint every 2 of 4 steps;
+- `killed`: the same, SIGKILLed once checkpoint 2 is committed, then `train --resume` on 2 processes.
+The killed run starts first and waits at its test pause (asleep) while `fsdp` runs, so the two launches overlap.
+
+Tolerances: 1 vs 2 processes sum float32 in another order, so per-step losses and final weights are held to
+tests/test_distributed.py's derived bounds (LOSS_RTOL, Adam's 2 x lr x steps, NOISY_SHARE); a resumed run
+replays the same sums in the same order, so it must equal the uninterrupted 2-process run to the bit.
+The runs use a copy of the tiny BERT with dropout 0 (each process draws its own dropout masks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from hftoolkit.training.checkpoints import PAUSED
+from tests import test_distributed
+from tests.conftest import RECIPES, ROOT, run_cli, train_recipe
+from tests.test_distributed import (
+    BOUND_S,
+    LOSS_RTOL,
+    NOISY_SHARE,
+    SAME_BATCHES,
+    STEPS,
+    run_bounded,
+    step_losses,
+)
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
+
+ENCODER = RECIPES / "encoder-classification.yaml"
+FSDP = RECIPES / "accelerate" / "fsdp.yaml"
+MODES = {"lora": (), "full": ("lora.enabled=false",)}
+no_dropout = test_distributed.no_dropout  # (the fixture: the tiny BERT with every dropout at 0)
+
+
+def _weights(run):
+    from safetensors.torch import load_file
+
+    folder = run / "adapter" if (run / "adapter").is_dir() else run / "model"
+    return load_file(folder / ("adapter_model.safetensors" if folder.name == "adapter" else "model.safetensors"))
+
+
+def _argv(sets) -> list[str]:
+    return [a for s in sets for a in ("--set", s)]
+
+
+@pytest.fixture(scope="module", params=list(MODES))
+def runs(request, tmp_path_factory, no_dropout):
+    """mode -> {"one", "fsdp", "killed"} run directories, as the module docstring describes."""
+    root = tmp_path_factory.mktemp(f"fsdp-{request.param}")
+    sets = (f"model.checkpoint={no_dropout['bert']}", *SAME_BATCHES, *MODES[request.param],
+            "data.max_eval_samples=16", "eval.max_predictions=4", "training.save_steps=2")
+    launch = [sys.executable, "-m", "hftoolkit", "train", ENCODER, "--accelerate-config", FSDP, *_argv(sets)]
+    killed = root / "killed"
+    log = root / "killed.log"
+    with open(log, "wb") as out:  # (its own process group: the launcher and both training processes are killed)
+        process = subprocess.Popen([str(a) for a in [*launch, "--output", killed]], cwd=ROOT, stdout=out,
+                                   stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1", "HFTOOLKIT_TEST_PAUSE_AFTER_SAVE": "2"})
+    try:
+        rc, output, _ = run_bounded([*launch, "--output", root / "fsdp"])
+        assert rc == 0, output[-4000:]
+        assert output.count("run directory:") == 1, "the results are printed by the main process only"
+        train_recipe(ENCODER, root / "one", *sets)
+        deadline = time.monotonic() + BOUND_S
+        while PAUSED not in log.read_text(errors="replace"):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # mid-run: checkpoint 2 of 4 committed
+        process.wait()
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["checkpoint-2"]
+    rc, output, _ = run_bounded([sys.executable, "-m", "hftoolkit", "train", "--resume", killed,
+                                 "--accelerate-config", FSDP])
+    assert rc == 0, output[-4000:]
+    return {"mode": request.param, "one": root / "one", "fsdp": root / "fsdp", "killed": killed}
+
+
+def test_fsdp_shards_every_parameter_over_both_processes(runs):
+    from hftoolkit.runs.rundir import FILES
+
+    run = runs["fsdp"]
+    names = {p.name for p in run.iterdir()}
+    assert set(FILES) <= names and ("adapter" if runs["mode"] == "lora" else "model") in names, names
+    assert not [n for n in names if n.startswith(".")], f"temporary files left: {names}"
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["status"] == "complete" and "--accelerate-config" in manifest["command"]
+    ran = json.loads((run / "manifest.json").read_text())["distributed"]
+    assert ran["type"] == "FSDP" and ran["sharding"] == "FSDP" and ran["processes"] == 2
+    assert ran["sharded_parameters"] == ran["of_parameters"] > 0
+    # Each process holds about half of the elements (a tensor of odd length leaves one row more on one side).
+    assert len(ran["local_fraction"]) == 2 and sum(ran["local_fraction"]) == pytest.approx(1, abs=1e-3)
+    assert all(abs(share - 0.5) < 0.01 for share in ran["local_fraction"]), ran["local_fraction"]
+    # RAM-efficient loading (fsdp.yaml): only the main process read the checkpoint; the other received its weights.
+    assert ran["read_checkpoint"] == [True, False]
+
+
+def test_fsdp_trains_as_one_process_does(runs):
+    import torch
+    import yaml
+
+    one, two = step_losses(runs["one"]), step_losses(runs["fsdp"])
+    assert sorted(one) == sorted(two) == list(range(1, STEPS + 1))
+    rel = max(abs(two[s] - one[s]) / abs(one[s]) for s in one)
+    assert rel < LOSS_RTOL, f"per-step losses differ: 1 process {one}, FSDP on 2 {two}"
+    lr = yaml.safe_load((runs["one"] / "recipe.yaml").read_text())["training"]["learning_rate"]
+    w1, w2 = _weights(runs["one"]), _weights(runs["fsdp"])
+    assert w1.keys() == w2.keys()
+    assert {k: tuple(v.shape) for k, v in w1.items()} == {k: tuple(v.shape) for k, v in w2.items()}, "whole tensors"
+    gaps = torch.cat([(w1[k] - w2[k]).abs().flatten() for k in w1])
+    assert float(gaps.max()) <= 2 * lr * STEPS
+    assert float((gaps > lr / 100).float().mean()) <= NOISY_SHARE
+    print(f"{runs['mode']}: max rel loss diff {rel:.2g}, max weight diff {float(gaps.max()):.2g}")
+
+
+def test_saved_weights_are_the_gathered_state(runs):
+    """adapter/ or model/ holds every tensor whole, equal to the full state the last checkpoint gathered from both
+    processes (accelerate's FULL_STATE_DICT save; its LoRA save once kept only rank 0's slice)."""
+    import torch
+
+    saved = _weights(runs["fsdp"])
+    gathered = torch.load(runs["fsdp"] / "checkpoints" / f"checkpoint-{STEPS}" / "pytorch_model_fsdp.bin",
+                          weights_only=True)
+    # (peft's names in the model: the adapter's name "default", the head's trained copy under modules_to_save)
+    gathered = {k.replace(".modules_to_save.default", "").replace(".default", ""): v for k, v in gathered.items()}
+    if runs["mode"] == "full":
+        assert saved.keys() <= gathered.keys()
+    else:
+        assert saved.keys() == gathered.keys()
+    for name, tensor in saved.items():
+        assert tensor.shape == gathered[name].shape and torch.equal(tensor, gathered[name]), name
+
+
+def test_killed_and_resumed_fsdp_run_ends_as_the_uninterrupted_one(runs):
+    import torch
+
+    assert json.loads((runs["killed"] / "manifest.json").read_text())["resumed_from"].endswith("checkpoint-2")
+    assert step_losses(runs["killed"]) == step_losses(runs["fsdp"])
+    resumed, uninterrupted = _weights(runs["killed"]), _weights(runs["fsdp"])
+    assert resumed.keys() == uninterrupted.keys()
+    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+
+
+def test_merge_folds_the_fsdp_adapter(runs, tmp_path):
+    if runs["mode"] != "lora":
+        pytest.skip("merge folds a LoRA adapter; a full fine-tuning run's model/ is the merged model already")
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    from hftoolkit.workflows.evaluate import load_trained
+
+    run_cli("merge", runs["fsdp"], "--out", tmp_path / "merged")
+    merged = AutoModelForSequenceClassification.from_pretrained(tmp_path / "merged")
+    _, _, adapter_model, processor = load_trained(runs["fsdp"], full_precision=True)
+    batch = processor(["the film was brilliant", "every scene was dull"], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        assert torch.allclose(adapter_model(**batch).logits, merged(**batch).logits, atol=1e-5)
