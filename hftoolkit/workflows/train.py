@@ -255,7 +255,7 @@ def save_weights(job: Job, trainer, processor, run: RunDirectory) -> None:
 
     Called on every process. Under FSDP or DeepSpeed each process holds only shards of the weights:
     the Trainer's save_model gathers them (a collective call) and writes on the main process alone.
-    Not exercised on these CPU machines; DDP and single-process runs take the plain path.
+    tests/test_fsdp.py runs it on 2 CPU processes; DDP and single-process runs take the plain path.
     """
     target = run / ("adapter" if job.recipe.lora.enabled else "model")
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
