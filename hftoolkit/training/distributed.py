@@ -148,7 +148,8 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
             problems.append(f"training.precision: {precision} disagrees with mixed_precision "
                             f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
                             "config (the recipe's training.precision decides)")
-    if plan.distributed in ("FSDP", "DEEPSPEED") and not _has_cuda():
+    # (DeepSpeed runs on a CPU machine too, on DeepSpeed's CPU accelerator: training/zero.py)
+    if plan.distributed == "FSDP" and not _has_cuda():
         # accelerate engages FSDP and DeepSpeed only for accelerator processes: its CPU processes (MULTI_CPU, gloo)
         # would train as plain DDP, every process holding the whole model, which is not what the config asks.
         how = "FSDP" if plan.distributed == "FSDP" else "DeepSpeed"
@@ -209,7 +210,7 @@ def launch_command(plan: LaunchPlan, argv: list[str], cuda: bool) -> tuple[list[
         cmd += ["--multi_gpu"]
     cmd += ["-m", "hftoolkit", *strip_launch_options(argv)]
     env = {**os.environ, COMMAND_VARIABLE: json.dumps(["hftoolkit", *argv])}
-    if not cuda:
+    if not cuda and plan.distributed != "DEEPSPEED":  # (DeepSpeed: its CPU accelerator, training/zero.py)
         env["ACCELERATE_USE_CPU"] = "true"  # without it the processes look for GPUs (and each thinks it is rank 0)
     return cmd, env
 
