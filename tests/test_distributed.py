@@ -123,6 +123,7 @@ def read_json_lines(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropout):
     sets = (f"model.checkpoint={no_dropout['bert']}", *SAME_BATCHES,
             # 21 eval examples in per-process batches of 8: the last step is padded with repeated examples.
@@ -158,6 +159,7 @@ def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropo
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, no_dropout):
     sets = (f"model.checkpoint={no_dropout['t5']}", *SAME_BATCHES,
             "data.max_eval_samples=20", "eval.batch_size=5", "eval.generation.max_new_tokens=12")
@@ -184,6 +186,7 @@ def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, n
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 def test_a_process_that_fails_ends_the_run_instead_of_hanging(tmp_path):
     """Bad input found on the main process (inside main_process_first, where the other process waits)."""
     missing = tmp_path / "missing.csv"
@@ -229,8 +232,7 @@ def test_missing_accelerate_config_is_named():
     assert "accelerate config nowhere.yaml not found" in result.output
 
 
-@pytest.mark.parametrize("config, how", [("fsdp.yaml", "FSDP"), ("deepspeed-zero2.yaml", "DeepSpeed"),
-                                         ("deepspeed-zero3.yaml", "DeepSpeed")])
+@pytest.mark.parametrize("config, how", [("fsdp.yaml", "FSDP")])  # (DeepSpeed runs on CPUs: tests/test_zero.py)
 def test_a_sharding_config_on_a_machine_without_gpus_is_refused_not_run_as_ddp(monkeypatch, config, how):
     import torch
 
