@@ -91,8 +91,8 @@ def shard_record(model) -> dict | None:
 
 
 def optimizer_state_record(trainer) -> dict | None:
-    """Under DeepSpeed, the optimizer-state elements (Adam's moments, the fp32 master copy) this process holds,
-    per process, against the trainable parameters: ZeRO-1/2/3 split them over the processes (a collective call:
+    """Under DeepSpeed, the elements of the torch optimizer's state (Adam's two moments) each process holds, against
+    the trainable parameters: ZeRO-1/2/3 give each process the moments of its 1/N of them (a collective call:
     every process). None when DeepSpeed does not run the optimizer."""
     engine = getattr(trainer, "model_wrapped", None)
     optimizer = getattr(engine, "optimizer", None)

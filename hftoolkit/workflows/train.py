@@ -259,8 +259,8 @@ def save_weights(job: Job, trainer, processor, run: RunDirectory) -> None:
     """The adapter (LoRA) or the whole model (full fine-tuning), as safetensors, with the processor.
 
     Called on every process. Under FSDP or DeepSpeed each process holds only shards of the weights:
-    the Trainer's save_model gathers them (a collective call) and writes on the main process alone.
-    Not exercised on these CPU machines; DDP and single-process runs take the plain path.
+    the Trainer's save_model gathers them (a collective call) and writes on the main process alone
+    (tests/test_zero.py runs it for DeepSpeed on CPU processes); DDP and single-process runs take the plain path.
     """
     target = run / ("adapter" if job.recipe.lora.enabled else "model")
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
