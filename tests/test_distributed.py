@@ -123,6 +123,7 @@ def read_json_lines(path: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropout):
     sets = (f"model.checkpoint={no_dropout['bert']}", *SAME_BATCHES,
             # 21 eval examples in per-process batches of 8: the last step is padded with repeated examples.
@@ -158,6 +159,7 @@ def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropo
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, no_dropout):
     sets = (f"model.checkpoint={no_dropout['t5']}", *SAME_BATCHES,
             "data.max_eval_samples=20", "eval.batch_size=5", "eval.generation.max_new_tokens=12")
@@ -184,6 +186,7 @@ def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, n
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 def test_a_process_that_fails_ends_the_run_instead_of_hanging(tmp_path):
     """Bad input found on the main process (inside main_process_first, where the other process waits)."""
     missing = tmp_path / "missing.csv"
@@ -242,24 +245,6 @@ def test_missing_accelerate_config_is_named():
     assert "accelerate config nowhere.yaml not found" in result.output
 
 
-@pytest.mark.parametrize("config, how", [("deepspeed-zero2.yaml", "DeepSpeed"),
-                                         ("deepspeed-zero3.yaml", "DeepSpeed")])
-def test_a_sharding_config_on_a_machine_without_gpus_is_refused_not_run_as_ddp(monkeypatch, config, how):
-    import torch
-
-    from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.distributed import check, plan_from_config
-
-    recipe, plan = load_recipe(ENCODER), plan_from_config(RECIPES / "accelerate" / config, None)
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    refusals = [p for p in check(recipe, plan) if "runs on GPUs only" in p]
-    assert len(refusals) == 1 and f"asks for {how}" in refusals[0] and "cpu-2proc.yaml" in refusals[0]
-    result = run_cli("train", ENCODER, "--accelerate-config", RECIPES / "accelerate" / config, expect=2)
-    assert "would train as plain DDP" in result.output  # before anything is launched
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert not [p for p in check(recipe, plan) if "runs on GPUs only" in p]
-
-
 def test_relaunch_command_keeps_the_users_arguments_and_drops_the_launch_options(tmp_path):
     from hftoolkit.training.distributed import launch_command, plan_from_config
 
@@ -299,3 +284,25 @@ def test_a_launched_process_never_relaunches(monkeypatch):
         plan_launch(recipe, 4, None)
 
 
+
+
+@pytest.mark.parametrize("variable, asked", [("ACCELERATE_USE_FSDP", "FSDP"),
+                                             ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED")])
+def test_a_sharding_launch_that_accelerate_sets_up_as_ddp_stops_instead_of_training(monkeypatch, variable, asked):
+    """A config asking for FSDP or ZeRO is never downgraded in silence: were accelerate to resolve the processes
+    as plain DDP (a library change, a machine the shims in fsdp.py and zero.py do not cover), the run stops."""
+    from types import SimpleNamespace
+
+    from accelerate.utils import DistributedType
+
+    from hftoolkit.errors import UserError
+    from hftoolkit.training.distributed import what_ran
+
+    monkeypatch.setenv(variable, "true")
+    state = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, num_processes=1, device="cpu")
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(state=state))
+    with pytest.raises(UserError, match=f"the launch asked for {asked}, but accelerate set the processes up as "
+                                        "MULTI_CPU"):
+        what_ran(trainer, "fp32")
+    state.distributed_type = DistributedType[asked]
+    assert what_ran(trainer, "fp32")["type"] == asked

@@ -34,8 +34,11 @@ def load_task_model(auto_class, job: Job, task_type: str | None, with_head: bool
 def task_head_of(auto_class, job: Job, **kwargs) -> list[str]:
     """The head modules `auto_class` adds, read from a weightless (meta-device) copy of the model."""
     from accelerate import init_empty_weights
+    from transformers.modeling_utils import set_zero3_state
 
-    with init_empty_weights():
+    # set_zero3_state: transformers' switch for "no deepspeed.zero.Init here", which under ZeRO-3 would try to
+    # partition the meta tensors of this weightless copy.
+    with init_empty_weights(), set_zero3_state():
         return head_modules(auto_class.from_config(configured(job, kwargs)[0],
                                                    trust_remote_code=job.recipe.model.trust_remote_code))
 
@@ -279,7 +282,8 @@ def count_parameters(model) -> tuple[int, int]:
     bnb_4bit_quant_storage)."""
     trainable = total = 0
     for p in model.parameters():
-        n = p.numel() * (2 * p.element_size() if type(p).__name__ == "Params4bit" else 1)
+        n = getattr(p, "ds_numel", p.numel())  # (ZeRO-3 leaves an empty placeholder: ds_numel is its size)
+        n *= 2 * p.element_size() if type(p).__name__ == "Params4bit" else 1
         total += n
         trainable += n if p.requires_grad else 0
     return trainable, total

@@ -158,17 +158,9 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
             problems.append(f"training.precision: {precision} disagrees with mixed_precision "
                             f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
                             "config (the recipe's training.precision decides)")
-    if plan.distributed == "DEEPSPEED" and not _has_cuda():
-        # accelerate engages DeepSpeed only for accelerator processes: its CPU processes (MULTI_CPU, gloo)
-        # would train as plain DDP, every process holding the whole model, which is not what the config asks.
-        # (FSDP runs on CPU processes too: training/fsdp.py engages it where accelerate gates on the device.)
-        how = "FSDP" if plan.distributed == "FSDP" else "DeepSpeed"
-        problems.append(f"{plan.source} asks for {how}, which accelerate runs on GPUs only, and this machine has "
-                        "none, so it would train as plain DDP: use recipes/accelerate/cpu-2proc.yaml or "
-                        "--num-processes N for DDP on the CPU")
     if plan.distributed == "DEEPSPEED" and not plan.launched and not _installed("deepspeed"):
-        problems.append(f"{plan.source} uses DeepSpeed, which is not installed: "
-                        "pip install 'hftoolkit[deepspeed]', or use ddp.yaml or fsdp.yaml")
+        problems.append(f"{plan.source} uses DeepSpeed, which is not installed: pip install --no-build-isolation "
+                        "deepspeed (its setup imports torch), or use ddp.yaml or fsdp.yaml")
     return problems
 
 
@@ -187,6 +179,10 @@ def what_ran(trainer, precision: str) -> dict:
 
     state = trainer.accelerator.state
     kind = state.distributed_type.name
+    asked = plan_from_environment().distributed
+    if asked in ("FSDP", "DEEPSPEED") and kind != asked:  # never trained as plain DDP while the config says otherwise
+        raise UserError(f"the launch asked for {asked}, but accelerate set the processes up as {kind}: this "
+                        "combination of machine and libraries is not supported; use --num-processes N for DDP")
     stage = getattr(getattr(state, "deepspeed_plugin", None), "zero_stage", None)
     sharding = "FSDP" if kind == "FSDP" else f"ZeRO-{stage}" if kind == "DEEPSPEED" else None
     local = int(os.environ.get("LOCAL_WORLD_SIZE") or state.num_processes)
@@ -220,7 +216,7 @@ def launch_command(plan: LaunchPlan, argv: list[str], cuda: bool) -> tuple[list[
         cmd += ["--multi_gpu"]
     cmd += ["-m", "hftoolkit", *strip_launch_options(argv)]
     env = {**os.environ, COMMAND_VARIABLE: json.dumps(["hftoolkit", *argv])}
-    if not cuda:
+    if not cuda and plan.distributed != "DEEPSPEED":  # (DeepSpeed: its CPU accelerator, training/zero.py)
         env["ACCELERATE_USE_CPU"] = "true"  # without it the processes look for GPUs (and each thinks it is rank 0)
     return cmd, env
 

@@ -65,14 +65,10 @@ def _startup_done() -> None:
 
 
 def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool, log) -> dict:
-    import torch
-    from accelerate import PartialState
-
     from hftoolkit.job.machine import check_hardware
+    from hftoolkit.training.zero import process_state
 
-    # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
-    # would otherwise each run alone as rank 0, and all write the run directory.
-    state = PartialState(cpu=not torch.cuda.is_available())
+    state = process_state()
     run = RunDirectory(run_dir)
     started = time.perf_counter()
     existed = run.path.exists()  # another run's, until claimed: never removed on error
@@ -140,11 +136,14 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     from hftoolkit.training.arguments import run_record
     from hftoolkit.training.distributed import what_ran
     from hftoolkit.training.trainer import build_trainer
+    from hftoolkit.training.zero import config_at_load, loading_order, optimizer_state_record, shard_record
 
     recipe, form = job.recipe, formulation(job)
     set_seed(recipe.training.seed)
-    with state.main_process_first():  # (a quantized load prepares its weights once)
+    zero3 = config_at_load()  # ZeRO-3 builds the model partitioned: its config is live before the load
+    with loading_order(state, zero3):  # (the main process first: a quantized load prepares its weights once)
         model, processor = form.load_model(job)
+    shards = shard_record(model)  # (a collective call: every process)
     console.phase(console.model_line(recipe.model.checkpoint, *loading.count_parameters(model),
                                      recipe.model.quantization, recipe.lora.r if recipe.lora.enabled else None))
     with state.main_process_first(), tokenizing(job) as tokenization:  # (the main process fills the cache)
@@ -153,6 +152,9 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     scorer = form.metrics(job, processor)
     trainer = progress.trainer = build_trainer(job, run, model, processor, encoded, counter, scorer, data=job.data)
     ran = what_ran(trainer, job.precision)  # (a collective call: every process)
+    del zero3  # the Trainer's own DeepSpeed config is live now
+    if shards:
+        ran.update(shards_at_load=shards)
     if state.is_main_process:
         run.update_manifest(distributed=ran)
     _startup_done()
@@ -160,6 +162,9 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     train_seconds = time.perf_counter() - started - setup_seconds
     train_counts = counter.snapshot()  # before eval batches pass through the same collator
+    optimizer_shards = optimizer_state_record(trainer)  # (a collective call: every process)
+    if optimizer_shards and state.is_main_process:
+        run.update_manifest(distributed={**ran, **optimizer_shards})
     save_weights(job, trainer, processor, run)  # every process: sharded weights are gathered first
     progress.trained = True
     metrics = summarize(job, trainer.model, scorer, train_counts, train_seconds, processes=state.num_processes)
@@ -254,8 +259,9 @@ def save_weights(job: Job, trainer, processor, run: RunDirectory) -> None:
     """The adapter (LoRA) or the whole model (full fine-tuning), as safetensors, with the processor.
 
     Called on every process. Under FSDP or DeepSpeed each process holds only shards of the weights:
-    the Trainer's save_model gathers them (a collective call) and writes on the main process alone.
-    tests/test_fsdp.py runs it on 2 CPU processes; DDP and single-process runs take the plain path.
+    the Trainer's save_model gathers them (a collective call) and writes on the main process alone
+    (tests/test_fsdp.py and tests/test_zero.py run it on CPU processes); DDP and single-process runs take the
+    plain path.
     """
     target = run / ("adapter" if job.recipe.lora.enabled else "model")
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:

@@ -1,0 +1,175 @@
+"""DeepSpeed ZeRO-2 and ZeRO-3 executed on two CPU processes (DeepSpeed's CPU accelerator, gloo), through the CLI and
+the shipped accelerate configs, equal training on one process.
+
+Each (stage, LoRA or full fine-tuning) pair trains once on 2 processes, shared by the tests below. The runs use a
+copy of the tiny BERT with every dropout at 0 and the same global batches as the 1-process run (see
+tests/test_distributed.py, whose tolerance derivation applies unchanged: ZeRO sums the same float32 gradients,
+partitioned, as DDP does). What each process holds is asserted from inside the run, from manifest.json's
+"distributed" record, which a user reads too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RECIPES, ROOT, run_cli, train_recipe
+from tests.test_distributed import BOUND_S, LOSS_RTOL, SAME_BATCHES, STEPS, no_dropout, run_bounded, step_losses
+
+pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install --no-build-isolation deepspeed")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
+__all__ = ["no_dropout"]  # (a fixture, imported to be shared)
+
+ENCODER = RECIPES / "encoder-classification.yaml"
+CONFIGS = {2: RECIPES / "accelerate" / "deepspeed-zero2.yaml", 3: RECIPES / "accelerate" / "deepspeed-zero3.yaml"}
+CASES = [(stage, lora) for stage in (2, 3) for lora in (True, False)]
+IDS = [f"zero{stage}-{'lora' if lora else 'full'}" for stage, lora in CASES]
+SAVE_EVERY = 2  # checkpoints at steps 2 and 4: the kill lands after the first
+
+
+def sets_for(checkpoint: Path, lora: bool) -> list[str]:
+    return [f"model.checkpoint={checkpoint}", *SAME_BATCHES, f"lora.enabled={str(lora).lower()}",
+            "data.max_eval_samples=16", f"training.save_steps={SAVE_EVERY}"]
+
+
+def cli(*args) -> list[str]:
+    return [sys.executable, "-m", "hftoolkit", *map(str, args)]
+
+
+@pytest.fixture(scope="module")
+def one_process(no_dropout, tmp_path_factory):
+    """lora -> the 1-process run of the same recipe."""
+    root = tmp_path_factory.mktemp("one")
+    for lora in (True, False):
+        train_recipe(ENCODER, root / str(lora), *sets_for(no_dropout["bert"], lora))
+    return {lora: root / str(lora) for lora in (True, False)}
+
+
+@pytest.fixture(scope="module")
+def zero_runs(no_dropout, tmp_path_factory):
+    """(stage, lora) -> the 2-process DeepSpeed run, and its wall seconds."""
+    root, runs = tmp_path_factory.mktemp("zero"), {}
+    for (stage, lora), name in zip(CASES, IDS):
+        overrides = [a for s in sets_for(no_dropout["bert"], lora) for a in ("--set", s)]
+        rc, output, seconds = run_bounded(cli("train", ENCODER, "--output", root / name,
+                                              "--accelerate-config", CONFIGS[stage], *overrides))
+        assert rc == 0, output[-4000:]
+        print(f"{name}: {seconds:.0f} s")
+        runs[stage, lora] = root / name
+    return runs
+
+
+def distributed(run: Path) -> dict:
+    return json.loads((run / "manifest.json").read_text())["distributed"]
+
+
+@pytest.mark.parametrize("stage, lora", CASES, ids=IDS)
+def test_runs_as_deepspeed_with_its_checkpoints(zero_runs, stage, lora):
+    run = zero_runs[stage, lora]
+    ran = distributed(run)
+    assert (ran["type"], ran["sharding"], ran["processes"], ran["devices"]) == ("DEEPSPEED", f"ZeRO-{stage}", 2,
+                                                                                ["cpu", "cpu"])
+    # DeepSpeed's checkpoint: each process's partition in global_step folders, no single optimizer.pt.
+    checkpoint = run / "checkpoints" / f"checkpoint-{STEPS}"
+    assert (checkpoint / "latest").read_text().strip() == f"global_step{STEPS}"
+    states = sorted(p.name for p in (checkpoint / f"global_step{STEPS}").iterdir())
+    assert {f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt" for rank in (0, 1)} <= set(states), states
+    assert not (checkpoint / "optimizer.pt").exists()
+
+
+@pytest.mark.parametrize("stage, lora", CASES, ids=IDS)
+def test_each_process_holds_its_share(zero_runs, stage, lora):
+    ran = distributed(zero_runs[stage, lora])
+    # Adam keeps two moments per trainable parameter; partitioned, each process holds about half of them.
+    trainable, held = ran["trainable_parameters"], ran["optimizer_state_per_process"]
+    assert sum(held) >= 2 * trainable, f"moments missing: {held} for {trainable} trainable parameters"
+    assert all(h <= trainable + 16 for h in held), f"not partitioned: {held} for {trainable} trainable parameters"
+    if stage == 3:  # the model was built partitioned: every base weight is split as it loads
+        at_load = ran["shards_at_load"]
+        total, local = at_load["parameters"], at_load["parameters_per_process"]
+        adapter = trainable if lora else 0  # LoRA's weights are made after the load, whole until DeepSpeed starts
+        assert all(total / 2 <= n <= total / 2 + adapter + 16 for n in local), (local, total)
+    else:
+        assert "shards_at_load" not in ran
+
+
+@pytest.mark.parametrize("stage, lora", CASES, ids=IDS)
+def test_per_step_loss_equals_one_process(zero_runs, one_process, stage, lora):
+    one, two = step_losses(one_process[lora]), step_losses(zero_runs[stage, lora])
+    assert sorted(one) == sorted(two) == list(range(1, STEPS + 1))
+    rel = max(abs(two[s] - one[s]) / abs(one[s]) for s in one)
+    assert rel < LOSS_RTOL, f"per-step losses differ: 1 process {one}, ZeRO-{stage} on 2 {two}"
+    print(f"ZeRO-{stage} {'LoRA' if lora else 'full'}: max relative loss difference {rel:.2g}")
+
+
+def saved_weights(run: Path, lora: bool) -> dict:
+    """The run's adapter tensors, or its model's state dict as transformers loads it back (a ZeRO-3 save writes
+    BERT's LayerNorm weights under their legacy names, gamma and beta, which loading maps back)."""
+    if lora:
+        from safetensors.torch import load_file
+
+        return load_file(run / "adapter" / "adapter_model.safetensors")
+    from transformers import AutoModelForSequenceClassification
+
+    return AutoModelForSequenceClassification.from_pretrained(run / "model").state_dict()
+
+
+@pytest.mark.parametrize("stage, lora", CASES, ids=IDS)
+def test_saved_weights_are_whole_and_score_as_the_run_did(zero_runs, one_process, stage, lora):
+    """The adapter or model folder holds every tensor at its full shape (ZeRO gathers the partitions before it
+    writes), and `hftoolkit eval` on it alone, in one process, scores as the run did."""
+    import yaml
+
+    run = zero_runs[stage, lora]
+    saved, reference = saved_weights(run, lora), saved_weights(one_process[lora], lora)
+    assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in reference.items()}
+    # The weights agree as tests/test_distributed.py bounds them (Adam's steps where a gradient is float noise).
+    lr = yaml.safe_load((run / "recipe.yaml").read_text())["training"]["learning_rate"]
+    assert max(float((saved[k] - reference[k]).abs().max()) for k in saved) <= 2 * lr * STEPS
+    trained = json.loads((run / "metrics.json").read_text())["eval"]
+    run_cli("eval", run)
+    again = json.loads((run / "metrics.json").read_text())["eval"]
+    assert again["loss"] == pytest.approx(trained["loss"], rel=LOSS_RTOL)
+    assert again["accuracy"] == trained["accuracy"]
+
+
+@pytest.mark.parametrize("stage, lora", [(3, True), (2, False)], ids=["zero3-lora", "zero2-full"])
+def test_killed_and_resumed_continues_exactly(zero_runs, no_dropout, tmp_path, stage, lora):
+    """SIGKILL of the whole process group once checkpoint 2 is written, then `train --resume`: the steps after
+    it and the saved weights are those of the uninterrupted run (DeepSpeed reloads each process's partition)."""
+    from hftoolkit.training.checkpoints import PAUSED
+
+    killed, log = tmp_path / "killed", tmp_path / "killed.log"
+    overrides = [a for s in sets_for(no_dropout["bert"], lora) for a in ("--set", s)]
+    with log.open("wb") as out:
+        process = subprocess.Popen(cli("train", ENCODER, "--output", killed, "--accelerate-config", CONFIGS[stage],
+                                       *overrides), cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                   env={**os.environ, "OMP_NUM_THREADS": "1",
+                                        "HFTOOLKIT_TEST_PAUSE_AFTER_SAVE": str(SAVE_EVERY)},
+                                   start_new_session=True)
+    deadline = time.monotonic() + BOUND_S
+    try:
+        while PAUSED not in log.read_text(errors="replace"):
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+            time.sleep(0.2)
+    finally:
+        os.killpg(process.pid, signal.SIGKILL)  # the launcher and both training processes
+        process.wait()
+    assert json.loads((killed / "manifest.json").read_text())["status"] == "running"
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == [f"checkpoint-{SAVE_EVERY}"]
+
+    rc, output, seconds = run_bounded(cli("train", "--resume", killed, "--accelerate-config", CONFIGS[stage]))
+    assert rc == 0, output[-4000:]
+    assert json.loads((killed / "manifest.json").read_text())["resumed_from"].endswith(f"checkpoint-{SAVE_EVERY}")
+    uninterrupted = zero_runs[stage, lora]
+    assert step_losses(killed) == step_losses(uninterrupted)
+    resumed, reference = saved_weights(killed, lora), saved_weights(uninterrupted, lora)
+    assert max(float((resumed[k] - reference[k]).abs().max()) for k in reference) <= 1e-6
+    print(f"ZeRO-{stage} {'LoRA' if lora else 'full'}: resumed in {seconds:.0f} s")
