@@ -23,7 +23,7 @@ import pytest
 from tests.conftest import RECIPES, ROOT, run_cli, train_recipe
 from tests.test_distributed import BOUND_S, LOSS_RTOL, SAME_BATCHES, STEPS, no_dropout, run_bounded, step_losses
 
-pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install --no-build-isolation deepspeed")
+pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install -e '.[test]'")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 __all__ = ["no_dropout"]  # (a fixture, imported to be shared)
 

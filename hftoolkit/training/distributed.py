@@ -159,8 +159,8 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
                             f"{plan.mixed_precision!r} of {plan.source}{auto}: set mixed_precision: 'no' in the "
                             "config (the recipe's training.precision decides)")
     if plan.distributed == "DEEPSPEED" and not plan.launched and not _installed("deepspeed"):
-        problems.append(f"{plan.source} uses DeepSpeed, which is not installed: pip install --no-build-isolation "
-                        "deepspeed (its setup imports torch), or use ddp.yaml or fsdp.yaml")
+        problems.append(f"{plan.source} uses DeepSpeed, which is not installed: pip install "
+                        "'hftoolkit[deepspeed]', or use ddp.yaml or fsdp.yaml")
     return problems
 
 
