@@ -169,7 +169,8 @@ def test_quickstart_then_offline_from_the_cache_volume(image, volume, tmp_path):
     assert re.search(r"\(/opt/conda/bin/python3?\)$", rows["python"]), rows
     assert rows["torch"].startswith("2.13.0"), rows
     assert rows["cuda"].startswith("no NVIDIA GPU found"), rows  # no --gpus here
-    assert re.fullmatch(r"/home/app/\.cache/huggingface/hub \([\d.]+ MiB\)", rows["hub cache"]), rows  # the planted MiniLM
+    # the planted MiniLM, where HF_HOME points
+    assert re.fullmatch(r"/home/app/\.cache/huggingface/hub \([\d.]+ MiB\)", rows["hub cache"]), rows
 
 
 def test_a_root_owned_runs_folder_fails_in_one_line(image, volume, tmp_path):
@@ -206,7 +207,8 @@ def test_any_uid_with_docker_run_user(image, volume, tmp_path, user):
 
 
 def test_app_uid_zero_is_refused_at_build(image):
-    result = _docker("build", "--network", "host", "--build-arg", "APP_UID=0", "-t", f"{IMAGE}-root", ".",
-                     timeout=600, cwd=REPO)
+    # --force-rm: the classic builder otherwise keeps the failed step's container
+    result = _docker("build", "--force-rm", "--network", "host", "--build-arg", "APP_UID=0", "-t", f"{IMAGE}-root",
+                     ".", timeout=600, cwd=REPO)
     assert result.returncode != 0
     assert "APP_UID=0 APP_GID=1000: id 0 is root's" in result.stdout + result.stderr

@@ -6,7 +6,9 @@
 # wheel, which pip takes on these machines; the official image ships the CUDA 12.6 build). It runs as root.
 # Built from a Debian root file system (debootstrap) imported into Docker, then tagged with the official name,
 # so that the Dockerfile builds unchanged. If the tag exists (the real image, or a stand-in built before), it is
-# left alone. Needs root, debootstrap and a running Docker engine.
+# left alone. Needs root, debootstrap and a running Docker engine. On a machine that builds the image for real
+# GPUs, the stand-in would shadow the official image: remove it first (docker image rm TAG; its label says
+# "CI stand-in"), and `hftoolkit doctor` in a container reports a CPU-only torch build.
 #   tests/docker/standin-base.sh            PYTHON=.venv/bin/python  picks the pip that fetches the torch wheel
 set -euo pipefail
 
