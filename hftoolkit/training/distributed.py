@@ -363,7 +363,7 @@ def check_run_directory(run_dir: Path, each_node: bool) -> None:
     seen = gather_object([(int(os.environ.get("GROUP_RANK") or 0), probe.exists())])
     state.wait_for_everyone()
     if state.is_main_process:
-        probe.unlink()
+        probe.unlink(missing_ok=True)  # (a machine that shares the folder may have removed it, refusing it)
     blind = sorted({machine for machine, sees in seen if not sees})
     sharing = sorted({machine for machine, sees in seen if sees and machine != 0})
     if blind and not each_node:
@@ -396,3 +396,13 @@ def lost_peer(err: BaseException) -> UserError | None:
     return UserError(f"training stopped ({where}process {os.environ.get('RANK', '0')}): another process of the run "
                      f"ended, so this one cannot go on ({said}): see why in that process's output, then run the same "
                      "command with --resume on every machine")
+
+
+def save_on_each_machine(model) -> None:
+    """Let each machine's first process write `model`'s weights (training.save_on_each_node).
+
+    transformers 5's save_pretrained writes only on global rank 0, whatever `is_main_process` it is given (the
+    Trainer gives it `should_save`, which save_on_each_node makes true on every machine's first process), so the
+    other machines' checkpoints would hold no weights. peft's save_pretrained (LoRA) honours is_main_process."""
+    if hasattr(model, "should_save_on_this_rank"):
+        model.should_save_on_this_rank = lambda is_main_process: is_main_process

@@ -152,13 +152,15 @@ def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], res
 def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started: float, progress: Progress) -> dict:
     """Load, train, save the weights, evaluate, and write the results."""
     from hftoolkit.training.arguments import run_record
-    from hftoolkit.training.distributed import what_ran
+    from hftoolkit.training.distributed import save_on_each_machine, what_ran
     from hftoolkit.training.trainer import build_trainer
 
     recipe, form = job.recipe, formulation(job)
     set_seed(recipe.training.seed)
     with state.main_process_first():  # (a quantized load prepares its weights once)
         model, processor = form.load_model(job)
+    if recipe.training.save_on_each_node:
+        save_on_each_machine(model)
     console.phase(console.model_line(recipe.model.checkpoint, *loading.count_parameters(model),
                                      recipe.model.quantization, recipe.lora.r if recipe.lora.enabled else None))
     with state.main_process_first(), tokenizing(job) as tokenization:  # (the main process fills the cache)
