@@ -280,3 +280,16 @@ def test_a_launched_process_refuses_machine_options(monkeypatch):
     assert (plan.num_machines, plan.machine_rank, plan.relaunch) == (2, 1, False)
     with pytest.raises(Exception, match="--machine-rank: this process was started by a launcher already"):
         plan_launch(recipe, None, None, machines=Machines(machine_rank=1))
+
+
+def test_a_lost_peer_is_one_line_and_other_errors_pass_through():
+    import torch  # noqa: F401  (lost_peer reads errors of torch.distributed)
+
+    from hftoolkit.training.machines import lost_peer
+
+    gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                        "[127.0.0.1]:1455. This is typically caused by a remote worker crashing. Check the logs")
+    error = lost_peer(gloo)
+    assert error is not None and "\n" not in error.message
+    assert f"{LOST_PEER} (Connection closed by peer [127.0.0.1]:1455): see why" in error.message
+    assert lost_peer(RuntimeError("CUDA out of memory")) is None and lost_peer(ValueError("bad")) is None

@@ -73,7 +73,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
 
     # cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU=true
     # would otherwise each run alone as rank 0, and all write the run directory.
-    from hftoolkit.training.distributed import check_run_directory, lost_peer
+    from hftoolkit.training.machines import check_run_directory, lost_peer
 
     state = PartialState(cpu=not torch.cuda.is_available())
     writer = writes_run(recipe, state)
@@ -152,7 +152,8 @@ def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], res
 def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started: float, progress: Progress) -> dict:
     """Load, train, save the weights, evaluate, and write the results."""
     from hftoolkit.training.arguments import run_record
-    from hftoolkit.training.distributed import save_on_each_machine, what_ran
+    from hftoolkit.training.distributed import what_ran
+    from hftoolkit.training.machines import save_on_each_machine
     from hftoolkit.training.trainer import build_trainer
 
     recipe, form = job.recipe, formulation(job)
