@@ -266,9 +266,10 @@ class Capture:
         self.cleanups: list = []  # what must end with the run even if it fails (a live progress bar)
         self.saved_fd, self.console_file = None, None
 
-    def attach(self, path: Path) -> None:
-        """Write the log to `path` from now on, with everything said since the capture began."""
-        if self.main:
+    def attach(self, path: Path, writer: bool = False) -> None:
+        """Write the log to `path` from now on, with everything said since the capture began. Only the main
+        process does, or a `writer` of its own copy of the run directory (training.save_on_each_node)."""
+        if self.main or writer:
             self.sink.attach(path)
             self.divert_descriptor(self.sink.file.fileno())
 

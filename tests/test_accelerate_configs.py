@@ -162,11 +162,11 @@ def test_multi_node_is_two_machines_with_a_rendezvous():
     assert int(args.nnodes) == 2
     assert int(args.nproc_per_node) == config.num_processes // 2
     assert args.node_rank == 0
-    # Machine 1 is the same file with --machine_rank 1, as its header says.
+    # Machine 1 is the same file with --machine-rank 1 (hftoolkit passes it to accelerate as --machine_rank 1).
     header = path.read_text(encoding="utf-8")
     for key in ("main_process_ip", "main_process_port", "machine_rank", "num_machines", "num_processes"):
         assert re.search(rf"^# .*\b{key}\b", header, re.M), f"multi-node.yaml: explain {key} in a comment"
-    assert "--machine_rank 1" in header
+    assert "--machine-rank 1" in header
     parser = launch_command_parser()
     args = parser.parse_args(["--config_file", str(path), "--machine_rank", "1", "script.py"])
     args, _, _ = _validate_launch_command(args)

@@ -79,6 +79,18 @@ def train(
     accelerate_config: Annotated[Path | None, typer.Option(
         "--accelerate-config", metavar="FILE", help="An accelerate launch config (see recipes/accelerate/); "
                                                     "overrides the recipe's training.accelerate_config.")] = None,
+    num_machines: Annotated[int | None, typer.Option(
+        "--num-machines", min=1, metavar="M", help="Train on M machines, each running this same command with its "
+                                                   "own --machine-rank; --num-processes then counts the processes "
+                                                   "of all machines together.")] = None,
+    machine_rank: Annotated[int | None, typer.Option(
+        "--machine-rank", min=0, metavar="R", help="This machine's index among --num-machines (0: the main "
+                                                   "machine, which --main-process-ip names).")] = None,
+    main_process_ip: Annotated[str | None, typer.Option(
+        "--main-process-ip", metavar="IP", help="Machine 0's address as every machine reaches it.")] = None,
+    main_process_port: Annotated[int | None, typer.Option(
+        "--main-process-port", min=1, metavar="PORT", help="A free port on machine 0, the same on every "
+                                                                      "machine (default 29500).")] = None,
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
     quiet: QuietOption = False,
@@ -99,7 +111,8 @@ def train(
     run_dir = output or parsed.run_dir
     from hftoolkit.training import distributed as launch
 
-    plan = launch.plan_launch(parsed, num_processes, accelerate_config, source=str(recipe))
+    machines = launch.Machines(num_machines, machine_rank, main_process_ip, main_process_port)
+    plan = launch.plan_launch(parsed, num_processes, accelerate_config, source=str(recipe), machines=machines)
     if plan.relaunch:  # N processes, each running this command without the launch options
         raise typer.Exit(launch.relaunch(plan, sys.argv[1:]))
     from hftoolkit.processes import is_main_process

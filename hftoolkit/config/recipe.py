@@ -208,6 +208,9 @@ class TrainingSection(Section):
                                        "or the data's own order (the same global batches on any number of processes)")
     accelerate_config: str | None = Field(None, description="accelerate launcher config (recipes/accelerate/*.yaml) "
                                                             "that `hftoolkit train` launches with")
+    save_on_each_node: bool = Field(False, description="on several machines, each machine's first process writes "
+                                                       "its own copy of the run directory and checkpoints (machines "
+                                                       "that share no file system; --resume then runs on each)")
     logging_steps: int = Field(10, gt=0)
     save_steps: int | None = Field(None, gt=0)
     keep_last: int = Field(2, gt=0)

@@ -56,6 +56,7 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
         run_name=recipe.name, **({"project": t.project} if t.project else {}),
         # Retention is AtomicCheckpoints' (by step, the best kept): the Trainer's own would delete non-atomically.
         save_total_limit=None, save_only_model=False,
+        save_on_each_node=t.save_on_each_node,  # (args.should_save: who writes the run directory and checkpoints)
         **_eval_and_save_arguments(recipe, scorer),
         # Without a "length" column (images: all one size) the sampler would decode every example to measure it.
         train_sampling_strategy=_sampling(recipe, encoded["train"]),

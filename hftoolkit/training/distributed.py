@@ -3,7 +3,9 @@ training that must know how many processes there are.
 
 - `hftoolkit train RECIPE --num-processes N` (or `--accelerate-config FILE`, or a recipe's
   training.accelerate_config) starts itself again under `accelerate launch`; a process that a
-  launcher already started (accelerate, torchrun, mpirun) never relaunches.
+  launcher already started (accelerate, torchrun, mpirun) never relaunches. On several machines
+  (`--num-machines M --machine-rank R --main-process-ip IP`, or the config's keys) each machine runs
+  the same command with its own rank; N counts the processes of all machines together.
 - `check` refuses, with a reason, combinations that cannot work: a batch that does not split
   evenly over the processes, 8-bit/4-bit weights under DeepSpeed ZeRO-3 or FSDP, and so on.
 - `generate_everywhere` runs generation-based eval once per example across the processes.
@@ -21,7 +23,7 @@ import os
 import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hftoolkit.config.recipe import Recipe, RecipeError, read_yaml_mapping
@@ -30,7 +32,24 @@ from hftoolkit.processes import under_launcher
 
 # The command the user typed, handed to the relaunched processes for manifest.json.
 COMMAND_VARIABLE = "HFTOOLKIT_COMMAND"
-LAUNCH_OPTIONS = ("--num-processes", "--accelerate-config")
+LAUNCH_OPTIONS = ("--num-processes", "--accelerate-config", "--num-machines", "--machine-rank", "--main-process-ip",
+                  "--main-process-port")
+# accelerate's (and torchrun's) port when a config names none; every machine must name the same one.
+DEFAULT_PORT = 29500
+
+
+@dataclass(frozen=True)
+class Machines:
+    """--num-machines, --machine-rank, --main-process-ip and --main-process-port as typed (None: not given,
+    the accelerate config's value or the default then holds)."""
+
+    num_machines: int | None = None
+    machine_rank: int | None = None
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
+
+    def given(self) -> list[str]:
+        return [f"--{name.replace('_', '-')}" for name, value in vars(self).items() if value is not None]
 
 
 @dataclass
@@ -44,6 +63,10 @@ class LaunchPlan:
     config: Path | None = None  # the accelerate config file, when one was named
     source: str = "--num-processes"  # what to name in an error message
     launched: bool = False  # already running under a launcher
+    num_machines: int = 1  # num_processes counts the processes of all machines together
+    machine_rank: int = 0
+    main_process_ip: str | None = None
+    main_process_port: int | None = None
 
     @property
     def shards_parameters(self) -> bool:
@@ -52,7 +75,7 @@ class LaunchPlan:
 
     @property
     def relaunch(self) -> bool:
-        return not self.launched and (self.config is not None or self.num_processes > 1)
+        return not self.launched and (self.config is not None or self.num_processes > 1 or self.num_machines > 1)
 
 
 # ---------------------------------------------------------------- where we run
@@ -65,10 +88,13 @@ def command_line() -> list[str]:
 
 
 def plan_launch(recipe: Recipe, num_processes: int | None, accelerate_config: Path | None,
-                source: str = "recipe") -> LaunchPlan:
+                source: str = "recipe", machines: Machines = Machines()) -> LaunchPlan:
     """The plan for this `hftoolkit train` call, checked against the recipe (raises RecipeError)."""
     if under_launcher():
         plan = plan_from_environment()
+        if machines.given():
+            raise UserError(f"{machines.given()[0]}: this process was started by a launcher already (one of "
+                            f"{plan.num_processes}); give the machines to that launcher, or drop the option")
         if accelerate_config is not None:
             raise UserError(f"--accelerate-config: this process was started by a launcher already (one of "
                             f"{plan.num_processes}); give the config to that launcher, or drop --accelerate-config")
@@ -79,27 +105,62 @@ def plan_launch(recipe: Recipe, num_processes: int | None, accelerate_config: Pa
         config = accelerate_config or (Path(recipe.training.accelerate_config)
                                        if recipe.training.accelerate_config else None)
         origin = "--accelerate-config" if accelerate_config else "training.accelerate_config"
-        plan = plan_from_config(config, num_processes, origin if config else "--num-processes")
+        plan = plan_from_config(config, num_processes, origin if config else "--num-processes", machines)
     problems = check(recipe, plan)
-    if problems:
-        raise RecipeError([f"{source}: {p}" for p in problems])
+    if problems or check_machines(plan):
+        raise RecipeError([*check_machines(plan), *(f"{source}: {p}" for p in problems)])
     return plan
 
 
-def plan_from_config(config: Path | None, num_processes: int | None, source: str = "--accelerate-config"):
-    """The plan an accelerate config file (or none) describes; `num_processes` overrides the file's."""
+def plan_from_config(config: Path | None, num_processes: int | None, source: str = "--accelerate-config",
+                     machines: Machines = Machines()):
+    """The plan an accelerate config file (or none) describes; `num_processes` and `machines` override the
+    file's."""
     if config is None:
-        return LaunchPlan(num_processes=num_processes or 1, distributed="MULTI_GPU" if (num_processes or 1) > 1
-                          else "NO", source=source)
+        n, m = num_processes or 1, machines.num_machines or 1
+        return _on_machines(LaunchPlan(num_processes=n, distributed="MULTI_GPU" if n > 1 or m > 1 else "NO",
+                                       source=source), {}, machines)
     config = Path(config)
     data = read_yaml_mapping(config, source, f"accelerate config {config} not "
                              "found: check the path (the shipped ones are in recipes/accelerate/)", "the config",
                              f"{config} is not a mapping of accelerate settings: write it with `accelerate config`")
     deepspeed = data.get("deepspeed_config") or {}
-    return LaunchPlan(num_processes=num_processes or int(data.get("num_processes") or 1),
+    plan = LaunchPlan(num_processes=num_processes or int(data.get("num_processes") or 1),
                       distributed=str(data.get("distributed_type", "NO")).upper(),
                       zero_stage=deepspeed.get("zero_stage"), mixed_precision=str(data.get("mixed_precision", "no")),
                       config=config, source=f"{source} {config}")
+    return _on_machines(plan, data, machines)
+
+
+def _on_machines(plan: LaunchPlan, config: dict, machines: Machines) -> LaunchPlan:
+    """`plan` spread over the machines the options name, else the config's (accelerate's key names)."""
+    def pick(name, default=None):
+        given = getattr(machines, name)
+        return given if given is not None else config.get(name, default)
+
+    count = int(pick("num_machines", 1) or 1)
+    port = pick("main_process_port")
+    return replace(plan, num_machines=count, machine_rank=int(pick("machine_rank", 0) or 0),
+                   main_process_ip=pick("main_process_ip"),
+                   main_process_port=int(port) if port is not None else DEFAULT_PORT if count > 1 else None)
+
+
+def check_machines(plan: LaunchPlan) -> list[str]:
+    """Why the machines of `plan` cannot form one run, each an `option: what, what to do` sentence."""
+    m, n = plan.num_machines, plan.num_processes
+    if m == 1 or plan.launched:  # (a launcher has formed the run already)
+        return []
+    problems = []
+    if n % m:
+        problems.append(f"--num-processes {n}: counts the processes of all {m} machines together, so it must split "
+                        f"evenly over them: pass a multiple of {m} (one process per machine: {m})")
+    if not 0 <= plan.machine_rank < m:
+        problems.append(f"--machine-rank {plan.machine_rank}: the machines of a {m}-machine run are numbered 0 to "
+                        f"{m - 1}: give each machine its own rank, 0 on the main machine")
+    if not plan.main_process_ip:
+        problems.append(f"--main-process-ip: {m} machines meet at machine 0's address, and none was given: pass the "
+                        "address the other machines reach machine 0 at (the same on every machine)")
+    return problems
 
 
 def plan_from_environment() -> LaunchPlan:
@@ -113,9 +174,11 @@ def plan_from_environment() -> LaunchPlan:
     else:
         distributed = "MULTI_GPU" if world > 1 else "NO"
     stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
+    here = int(env.get("LOCAL_WORLD_SIZE") or world)  # torchrun's processes on this machine
     return LaunchPlan(num_processes=world, distributed=distributed, zero_stage=int(stage) if stage else None,
                       mixed_precision=env.get("ACCELERATE_MIXED_PRECISION", "no"), source="the launcher",
-                      launched=True)
+                      launched=True, num_machines=max(1, world // here), machine_rank=int(env.get("GROUP_RANK") or 0),
+                      main_process_ip=env.get("MASTER_ADDR"))
 
 
 # ---------------------------------------------------------------- what cannot work
@@ -185,7 +248,7 @@ def what_ran(trainer, precision: str) -> dict:
                         "combination of machine and libraries is not supported; use --num-processes N for DDP")
     stage = getattr(getattr(state, "deepspeed_plugin", None), "zero_stage", None)
     sharding = "FSDP" if kind == "FSDP" else f"ZeRO-{stage}" if kind == "DEEPSPEED" else None
-    local = int(os.environ.get("LOCAL_WORLD_SIZE") or state.num_processes)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE") or state.num_processes)  # (torchrun's processes per machine)
     devices = gather_object([str(state.device)]) if state.num_processes > 1 else [str(state.device)]
     return {"type": kind, "processes": state.num_processes, "machines": max(1, state.num_processes // local),
             "sharding": sharding, "precision": precision, "devices": devices}
@@ -207,13 +270,16 @@ def launch_command(plan: LaunchPlan, argv: list[str], cuda: bool) -> tuple[list[
         cmd += ["--config_file", str(plan.config)]
     cmd += ["--num_processes", str(plan.num_processes)]
     if plan.config is None:
-        # Plain DDP on this machine; port 0 lets accelerate pick a free one (two runs can share a machine).
-        cmd += ["--multi_gpu", "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-                "--main_process_port", "0"]
+        cmd += ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"]
+        if plan.num_machines == 1:  # port 0 lets accelerate pick a free one (two runs can share a machine)
+            cmd += ["--num_machines", "1", "--main_process_port", "0"]
     elif plan.distributed == "MULTI_CPU" and plan.num_processes > 1:
         # accelerate 1.15 starts a MULTI_CPU config's processes only through mpirun; torchrun does it
         # too, and ACCELERATE_USE_CPU below keeps each process on the CPU with gloo.
         cmd += ["--multi_gpu"]
+    if plan.num_machines > 1:  # as resolved from the options and the config, which they override
+        cmd += ["--num_machines", str(plan.num_machines), "--machine_rank", str(plan.machine_rank),
+                "--main_process_ip", str(plan.main_process_ip), "--main_process_port", str(plan.main_process_port)]
     cmd += ["-m", "hftoolkit", *strip_launch_options(argv)]
     env = {**os.environ, COMMAND_VARIABLE: json.dumps(["hftoolkit", *argv])}
     if not cuda and plan.distributed != "DEEPSPEED":  # (DeepSpeed: its CPU accelerator, training/zero.py)
@@ -239,11 +305,13 @@ def relaunch(plan: LaunchPlan, argv: list[str]) -> int:
     import torch
 
     cuda = torch.cuda.is_available()
-    if cuda and plan.config is None and plan.num_processes > torch.cuda.device_count():
+    here = plan.num_processes // plan.num_machines
+    if cuda and plan.config is None and here > torch.cuda.device_count():
         raise UserError(f"--num-processes {plan.num_processes}: this machine has {torch.cuda.device_count()} GPU(s), "
-                        "one process each: lower --num-processes, or use recipes/accelerate/multi-node.yaml")
+                        "one process each: lower --num-processes, or spread them with --num-machines")
     cmd, env = launch_command(plan, argv, cuda)
-    print(f"launching {plan.num_processes} processes: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    where = f" of {plan.num_processes} on machine {plan.machine_rank}" if plan.num_machines > 1 else ""
+    print(f"launching {here} process{'es' if here > 1 else ''}{where}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
     process = subprocess.Popen(cmd, env=env)
     try:
         return process.wait()
@@ -267,5 +335,3 @@ def end_processes() -> None:
 
 
 # ---------------------------------------------------------------- inside the training processes
-
-

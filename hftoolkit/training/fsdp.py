@@ -99,7 +99,7 @@ def sharding_recorded(run):
             mine = sharding_record(model)
             shares = gather_object([mine["local_fraction"]])
             read = gather_object([not receives_weights()])
-            if state.is_world_process_zero:
+            if args.should_save:  # (the run directory's writer: workflows/train.writes_run)
                 record = run.manifest().get("distributed") or {}
                 run.update_manifest(distributed={**record, "sharded_parameters": mine["sharded_parameters"],
                                                  "of_parameters": mine["of_parameters"], "local_fraction": shares,

@@ -3,7 +3,8 @@
 recipe -> resolve_job (checkpoint, config, processor, data and preflight, once; no weights) -> the formulation's
 load_model / preprocess / collator -> HF Trainer -> weights saved -> evaluate (loss, metrics, predictions) -> run
 directory.
-Only the main process writes. The weights are written as soon as training ends, before anything else can
+Only the main process writes (with training.save_on_each_node, each machine's first process writes its own copy:
+`writes_run`). The weights are written as soon as training ends, before anything else can
 fail: a run whose eval pass fails keeps them, says "trained, eval failed", and `hftoolkit eval` completes it.
 """
 
@@ -66,9 +67,11 @@ def _startup_done() -> None:
 
 def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool, log) -> dict:
     from hftoolkit.job.machine import check_hardware
+    from hftoolkit.training.machines import check_run_directory, lost_peer
     from hftoolkit.training.zero import process_state
 
     state = process_state()
+    writer = writes_run(recipe, state)
     run = RunDirectory(run_dir)
     started = time.perf_counter()
     existed = run.path.exists()  # another run's, until claimed: never removed on error
@@ -76,19 +79,23 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     try:
         check_hardware(recipe)  # flash attention or TF32 asked of a machine without them
         with state.main_process_first():  # resolved on the main process first; the others read its caches
-            job = _resolve(recipe, run.refusal(overwrite, resume) if state.is_main_process else None)
-        if state.is_main_process:
+            job = _resolve(recipe, run.refusal(overwrite, resume) if writer else None)
+        if writer:
             run.claim(overwrite=overwrite, resume=resume)
         state.wait_for_everyone()
+        check_run_directory(run.path, recipe.training.save_on_each_node)  # (several machines: shared, or one each)
         existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
         for line in job.findings.notes:
             console.note(f"preflight: {line}")
         _check_benchmarks(job)
         console.phase(console.data_line({split: None if is_stream(ds) else len(ds) for split, ds in job.data.items()}))
-        resume_from = _open_run(job, run, state, command, resume, log, progress)
-        return _run(job, run, state, resume_from, started, progress)
+        resume_from = _open_run(job, run, writer, command, resume, log, progress)
+        return _run(job, run, state, writer, resume_from, started, progress)
     except BaseException as err:
-        _fail(err, run, state, existed, progress)
+        lost = lost_peer(err)  # another process ended: this one says so in a line, not a gloo traceback
+        _fail(lost or err, run, writer, existed, progress)
+        if lost is not None:
+            raise lost from None
         raise
 
 
@@ -113,16 +120,22 @@ class Progress:
     trainer = None
 
 
-def _open_run(job: Job, run: RunDirectory, state, command: list[str], resume: bool, log, progress: Progress):
-    """Accept the run: recipe.yaml and manifest.json written (main process); the checkpoint --resume continues."""
+def writes_run(recipe: Recipe, state) -> bool:
+    """Whether this process writes the run directory: the main process, or with training.save_on_each_node the
+    first process of each machine, as the Trainer's `should_save` decides for checkpoints."""
+    return state.is_local_main_process if recipe.training.save_on_each_node else state.is_main_process
+
+
+def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], resume: bool, log, progress: Progress):
+    """Accept the run: recipe.yaml and manifest.json written (`writer`); the checkpoint --resume continues."""
     from hftoolkit.training import checkpoints
 
     recorded = recipe_to_yaml(job.recorded_recipe())
     resume_from = checkpoints.resume_point(run, recorded) if resume else None
-    if state.is_main_process:
+    if writer:
         if resume:
             checkpoints.clear_results(run)
-        log.attach(run / "train.log")  # the run is accepted: its log starts with what was said so far
+        log.attach(run / "train.log", writer=True)  # the run is accepted: its log starts with what was said so far
         run.start(recorded, command, job.recipe.training.seed)
         progress.written = True
         run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
@@ -131,10 +144,11 @@ def _open_run(job: Job, run: RunDirectory, state, command: list[str], resume: bo
     return resume_from
 
 
-def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progress: Progress) -> dict:
+def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started: float, progress: Progress) -> dict:
     """Load, train, save the weights, evaluate, and write the results."""
     from hftoolkit.training.arguments import run_record
     from hftoolkit.training.distributed import what_ran
+    from hftoolkit.training.machines import save_on_each_machine
     from hftoolkit.training.trainer import build_trainer
     from hftoolkit.training.zero import config_at_load, loading_order, optimizer_state_record, shard_record
 
@@ -144,6 +158,8 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     with loading_order(state, zero3):  # (the main process first: a quantized load prepares its weights once)
         model, processor = form.load_model(job)
     shards = shard_record(model)  # (a collective call: every process)
+    if recipe.training.save_on_each_node:
+        save_on_each_machine(model)
     console.phase(console.model_line(recipe.model.checkpoint, *loading.count_parameters(model),
                                      recipe.model.quantization, recipe.lora.r if recipe.lora.enabled else None))
     with state.main_process_first(), tokenizing(job) as tokenization:  # (the main process fills the cache)
@@ -155,7 +171,7 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     del zero3  # the Trainer's own DeepSpeed config is live now
     if shards:
         ran.update(shards_at_load=shards)
-    if state.is_main_process:
+    if writer:
         run.update_manifest(distributed=ran)
     _startup_done()
     setup_seconds = time.perf_counter() - started
@@ -163,7 +179,7 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     train_seconds = time.perf_counter() - started - setup_seconds
     train_counts = counter.snapshot()  # before eval batches pass through the same collator
     optimizer_shards = optimizer_state_record(trainer)  # (a collective call: every process)
-    if optimizer_shards and state.is_main_process:
+    if optimizer_shards and writer:
         run.update_manifest(distributed={**ran, **optimizer_shards})
     save_weights(job, trainer, processor, run)  # every process: sharded weights are gathered first
     progress.trained = True
@@ -171,18 +187,19 @@ def _run(job: Job, run: RunDirectory, state, resume_from, started: float, progre
     metrics.update(setup_seconds=round(setup_seconds, 3), tokenize_seconds=round(tokenization.seconds, 3),
                    data_seconds=round(job.data_seconds + tokenization.seconds, 3))
     metrics.update(run_record(job, trainer))  # precision used; with eval.keep_best, the best step
-    if state.is_main_process:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
+    if writer:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
         run.write_jsonl("log_history.jsonl", trainer.state.log_history)
         run.write_json("metrics.json", {k: v for k, v in metrics.items() if k not in ("eval", "eval_seconds")})
     trainer.model.eval()
     evaluation, predictions, eval_seconds = evaluate(job, form, trainer, processor, job.data, encoded, scorer)
     metrics.update(eval=evaluation, eval_seconds=round(eval_seconds, 3))
-    if state.is_main_process:
+    if writer:
         run.write_jsonl("log_history.jsonl", trainer.state.log_history)
         run.write_jsonl("predictions.jsonl", predictions)
         run.write_json("metrics.json", metrics)
         run.write_text("README.md", model_card(job.recorded_recipe(), metrics))
-        _run_benchmarks(job, trainer.model, processor, run)
+        if state.is_main_process:  # (once: lm-evaluation-harness on one process)
+            _run_benchmarks(job, trainer.model, processor, run)
         metrics = run.metrics()
         run.finish("complete")
     return metrics
@@ -208,9 +225,9 @@ def _run_benchmarks(job: Job, model, processor, run: RunDirectory) -> None:
         benchmark_loaded(job, model, processor, options, manager, run)
 
 
-def _fail(err: BaseException, run: RunDirectory, state, existed: bool, progress: Progress) -> None:
+def _fail(err: BaseException, run: RunDirectory, writer: bool, existed: bool, progress: Progress) -> None:
     """What a failed run leaves: nothing for bad input found before training, else its log and status."""
-    if not state.is_main_process:
+    if not writer:
         return
     if isinstance(err, UserError) and not existed and progress.trainer is None:
         shutil.rmtree(run.path, ignore_errors=True)  # bad input, found before training: leave nothing
@@ -266,10 +283,10 @@ def save_weights(job: Job, trainer, processor, run: RunDirectory) -> None:
     target = run / ("adapter" if job.recipe.lora.enabled else "model")
     if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
         trainer.save_model(str(target))
-        if trainer.accelerator.is_main_process:
+        if trainer.args.should_save:
             (target / "training_args.bin").unlink(missing_ok=True)  # pickled arguments: not weights, not kept
-    elif trainer.accelerator.is_main_process:
+    elif trainer.args.should_save:  # (the run directory's writer: see writes_run)
         trainer.model.save_pretrained(target, safe_serialization=True)
-    if trainer.accelerator.is_main_process:
+    if trainer.args.should_save:
         processor.save_pretrained(target)
         follow_umask(target)

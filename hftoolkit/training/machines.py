@@ -1,0 +1,95 @@
+"""Training on several machines: the run directory they write, a machine that stops, weights on each machine.
+
+- `check_run_directory`: a shared run directory is written by machine 0 alone; with training.save_on_each_node each
+  machine writes its own copy (for machines without a shared file system). Whichever is wrong is refused at start.
+- `lost_peer`: when a process of the run ends (killed, its machine lost), the others' next collective call fails
+  as its connection closes; they stop with one line instead of a gloo traceback, and --resume continues the run.
+- `save_on_each_machine`: full fine-tuning's weights written on each machine under training.save_on_each_node.
+
+Launching the machines (--num-machines, --machine-rank, --main-process-ip) is `distributed.py`'s.
+Imports no torch at module level.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+from hftoolkit.errors import UserError
+
+
+def several_machines() -> bool:
+    """This process is one of a run spread over several machines (torchrun's variables say so)."""
+    world = int(os.environ.get("WORLD_SIZE") or 1)
+    return world > int(os.environ.get("LOCAL_WORLD_SIZE") or world)
+
+
+def check_run_directory(run_dir: Path, each_node: bool) -> None:
+    """On several machines, refuse a run directory that they would write wrongly: one that a machine cannot see
+    (machine 0 writes the run and commits its checkpoints alone, so --resume elsewhere would find nothing), or,
+    with training.save_on_each_node, one that machines share (each would write the same files into it).
+
+    Machine 0 makes a file of a random name in its run directory; every process says whether it sees it there.
+    A collective call: every process raises alike, so none is left waiting for one that stopped.
+    """
+    if not several_machines():
+        return
+    import uuid
+
+    from accelerate import PartialState
+    from accelerate.utils import broadcast_object_list, gather_object
+
+    state = PartialState()
+    name = broadcast_object_list([f".machines-check-{uuid.uuid4().hex}"])[0]  # machine 0's name, everywhere
+    probe = Path(run_dir) / name
+    if state.is_main_process:
+        probe.touch()
+    state.wait_for_everyone()
+    seen = gather_object([(int(os.environ.get("GROUP_RANK") or 0), probe.exists())])
+    state.wait_for_everyone()
+    if state.is_main_process:
+        probe.unlink(missing_ok=True)  # (a machine that shares the folder may have removed it, refusing it)
+    blind = sorted({machine for machine, sees in seen if not sees})
+    sharing = sorted({machine for machine, sees in seen if sees and machine != 0})
+    if blind and not each_node:
+        raise UserError(f"--output: machine {', '.join(map(str, blind))} cannot see the run directory {run_dir} that "
+                        "machine 0 writes, so its checkpoints would never be committed and --resume there would "
+                        "find no run: put it on a file system all machines share, or set "
+                        "training.save_on_each_node: true (one copy per machine)")
+    if sharing and each_node:
+        raise UserError(f"training.save_on_each_node: machine {', '.join(map(str, sharing))} shares the run directory "
+                        f"{run_dir} with machine 0, and each machine would write the same files into it: give each "
+                        "machine its own --output, or set training.save_on_each_node: false")
+
+
+# What gloo and NCCL say when a peer's connection ends: the process behind it is gone (killed, its machine lost).
+LOST_PEER = ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl communicator was aborted")
+
+
+def lost_peer(err: BaseException) -> UserError | None:
+    """The one-line error for a collective call that failed because another process of the run ended, or None
+    for any other error. Every process still running gets it and stops, instead of waiting for the lost one."""
+    if "torch" not in sys.modules or not isinstance(err, RuntimeError):
+        return None
+    import torch.distributed as dist
+
+    said = (str(err).strip() or type(err).__name__).splitlines()[0]
+    if not (isinstance(err, dist.DistNetworkError) or any(m in said.lower() for m in LOST_PEER)):
+        return None
+    said = re.sub(r"^\[[^\]]*\]\s*", "", said).split(". ")[0]  # gloo's first sentence, without its source line
+    where = f"machine {os.environ['GROUP_RANK']}, " if several_machines() else ""
+    return UserError(f"training stopped ({where}process {os.environ.get('RANK', '0')}): another process of the run "
+                     f"ended, so this one cannot go on ({said}): see why in that process's output, then run the same "
+                     "command with --resume on every machine")
+
+
+def save_on_each_machine(model) -> None:
+    """Let each machine's first process write `model`'s weights (training.save_on_each_node).
+
+    transformers 5's save_pretrained writes only on global rank 0, whatever `is_main_process` it is given (the
+    Trainer gives it `should_save`, which save_on_each_node makes true on every machine's first process), so the
+    other machines' checkpoints would hold no weights. peft's save_pretrained (LoRA) honours is_main_process."""
+    if hasattr(model, "should_save_on_this_rank"):
+        model.should_save_on_this_rank = lambda is_main_process: is_main_process
