@@ -153,8 +153,13 @@ def test_killed_and_resumed_fsdp_run_ends_as_the_uninterrupted_one(runs):
 
 
 def test_merge_folds_the_fsdp_adapter(runs, tmp_path):
+    """merge on the FSDP run: a LoRA run's adapter folded into the base gives the adapter model's logits; a full
+    fine-tuning run's model/ is the merged model already, which merge says in one line."""
     if runs["mode"] != "lora":
-        pytest.skip("merge folds a LoRA adapter; a full fine-tuning run's model/ is the merged model already")
+        result = run_cli("merge", runs["fsdp"], "--out", tmp_path / "merged", expect=2)
+        assert "fine-tuned the whole model, so there is no adapter to merge" in result.output
+        assert not (tmp_path / "merged").exists()
+        return
     import torch
     from transformers import AutoModelForSequenceClassification
 

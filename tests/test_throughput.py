@@ -91,10 +91,12 @@ def test_a_rate_cached_while_the_machine_was_busy_is_measured_again_when_a_run_b
     throughput.matmul_flops_per_second.cache_clear()
 
 
-def test_a_rate_file_cut_short_or_run_together_is_measured_again_not_fatal():
+def test_a_rate_file_cut_short_or_run_together_is_measured_again_not_fatal(monkeypatch, tmp_path):
     """Ranks and parallel runs share matmul-rate.json: a file left half-written (before writes were atomic,
     two writers made `{...}{...}`) must cost a measurement, never the run."""
     from hftoolkit.sources.locations import cache_root
+
+    monkeypatch.setenv("HFTOOLKIT_CACHE", str(tmp_path))  # (its own file: other workers write the shared one)
     from hftoolkit.training import throughput
 
     path = cache_root() / "matmul-rate.json"
