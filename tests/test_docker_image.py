@@ -104,8 +104,11 @@ def image(engine):
     based = time.perf_counter()
     [build] = [words for words, _ in _readme_commands() if words[:2] == ["docker", "build"] and len(words) == 5]
     assert build == ["docker", "build", "-t", README_IMAGE, "."], build
+    previous = _docker("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
     built = _docker("build", "--network", "host", "-t", IMAGE, ".", timeout=1800, cwd=REPO)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr
+    if previous and previous != _docker("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip():
+        _docker("rmi", previous)  # the last session's image, untagged now: 2 GB a run otherwise
     size = int(_docker("image", "inspect", "--format", "{{.Size}}", IMAGE).stdout)
     print(f"\ndocker: base {based - started:.0f} s ({base.stdout.strip()}), image build "
           f"{time.perf_counter() - based:.0f} s, image {size / 1e9:.2f} GB")
