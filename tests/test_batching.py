@@ -12,7 +12,7 @@ from hftoolkit.training.batching import LengthBucketSampler
 BATCH = 32
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lengths():
     """1,000 lengths skewed short like SST-2 phrases (3 to 64 tokens): 31 full batches and one of 8."""
     rng = random.Random(0)

@@ -23,7 +23,7 @@ RUNS = {
 }
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bench_out(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
     args = ["bench", "--out", out]

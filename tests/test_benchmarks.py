@@ -31,7 +31,7 @@ def samples(run: Path, task: str) -> list[dict]:
     return sorted((r for r in rows if r["task"] == task), key=lambda r: r["doc_id"])
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lora_run(tmp_path_factory) -> Path:
     """A LoRA run of the tiny GPT-2 whose recipe asks for both shipped tasks after training."""
     run = tmp_path_factory.mktemp("bench") / "lora"
@@ -246,7 +246,7 @@ def test_a_run_killed_during_its_benchmarks_keeps_its_weights_and_eval_completes
     assert metrics["benchmarks"][MC]["rows"] == 3 and metrics["eval"]  # what training measured is kept
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def base_and_tuned_report(lora_run, tmp_path_factory) -> tuple[Path, Path]:
     """The LoRA run and its untrained base (the same tasks and limit) in one comparison report."""
     root = tmp_path_factory.mktemp("report")

@@ -16,7 +16,7 @@ QUICKSTART = RECIPES / "encoder-classification.yaml"
 NOISE = ("LOAD REPORT", "Warning", "{'loss'", "{'train_runtime'", "it/s]")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def quickstart(tmp_path_factory):
     """`hftoolkit train recipes/encoder-classification.yaml --overwrite`, the README's command, into a temporary
     run directory."""

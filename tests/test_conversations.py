@@ -18,7 +18,7 @@ TALK = [{"role": "system", "content": "Answer in one short sentence."},
         {"role": "assistant", "content": "Snow is white."}]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def smol_tokenizer(smollm2_checkpoint):
     from transformers import AutoTokenizer
 

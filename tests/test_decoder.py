@@ -16,7 +16,7 @@ SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"
 SHORT = ("training.max_steps=24", "data.max_eval_samples=60", "eval.max_predictions=4")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def clm_run(tmp_path_factory):
     """The smoke recipe cut to 24 steps (of its 57), with a capped eval set."""
     run = tmp_path_factory.mktemp("runs") / "gpt2-clm"

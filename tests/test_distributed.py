@@ -58,7 +58,7 @@ def run_bounded(cmd: list[str], env: dict | None = None) -> tuple[int, str, floa
     return proc.returncode, output, time.perf_counter() - started
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def no_dropout(tiny_cache, tmp_path_factory):
     """arch -> a copy of its tiny checkpoint with every dropout probability in config.json set to 0."""
     from hftoolkit.sources.tiny import ensure_tiny

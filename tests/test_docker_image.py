@@ -84,7 +84,7 @@ def _as_test(words: list[str], cwd: Path, volume: str, extra_options: tuple[str,
     return ["run", *out, *extra_args]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def engine():
     if shutil.which("docker") is None:
         pytest.skip("no docker client: .ci/run installs Debian's docker.io")
@@ -94,7 +94,7 @@ def engine():
     return info.stdout.strip()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def image(engine):
     """The base stand-in (kept between sessions), then the image by the README's build command."""
     started = time.perf_counter()

@@ -15,7 +15,7 @@ from tests.conftest import RECIPES, plain, run_cli, train_recipe
 RECIPE = RECIPES / "encoder-classification.yaml"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lora_run(tmp_path_factory):
     """The quickstart recipe itself, unchanged but for the capped eval set."""
     run = tmp_path_factory.mktemp("runs") / "bert-lora"

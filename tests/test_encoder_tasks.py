@@ -51,7 +51,7 @@ def recipe_parts(path: Path, *sets: str, data: bool = False):
 # ---------------------------------------------------------------- tagging
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tagging_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("tagging") / "run"
     train_recipe(TAGGING, out, "training.max_steps=40", "eval.max_predictions=30")
@@ -158,7 +158,7 @@ def test_tagging_metric_gathers_token_ids_and_skips_ignored_positions():
 # ---------------------------------------------------------------- masked LM
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def mlm_run(tmp_path_factory):
     """A shortened mlm run, recording whether each eval step asked for logits."""
     from transformers import Trainer

@@ -1,6 +1,6 @@
 """FSDP2 executed on CPU processes (gloo), through the path a GPU run takes: Trainer -> accelerate -> fully_shard.
 
-For LoRA and for full fine-tuning, one module-scoped set of runs serves every assertion:
+For LoRA and for full fine-tuning, one session-scoped set of runs serves every assertion:
 - `one`: the recipe on 1 process (in-process), the reference;
 - `fsdp`: `train --accelerate-config recipes/accelerate/fsdp.yaml` on 2 processes, a checkpoint every 2 of 4 steps;
 - `killed`: the same, SIGKILLed once checkpoint 2 is committed, then `train --resume` on 2 processes.
@@ -36,7 +36,7 @@ from tests.test_distributed import (
     step_losses,
 )
 
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("distributed")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 FSDP = RECIPES / "accelerate" / "fsdp.yaml"
@@ -55,7 +55,7 @@ def _argv(sets) -> list[str]:
     return [a for s in sets for a in ("--set", s)]
 
 
-@pytest.fixture(scope="module", params=list(MODES))
+@pytest.fixture(scope="session", params=list(MODES))
 def runs(request, tmp_path_factory, no_dropout):
     """mode -> {"one", "fsdp", "killed"} run directories, as the module docstring describes."""
     root = tmp_path_factory.mktemp(f"fsdp-{request.param}")

@@ -22,7 +22,7 @@ SERVER_HAS = ("torch", "transformers", "peft", "accelerate", "typer")
 WHEEL_LIST = ROOT / "benchmarks" / "airgapped-wheels.txt"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gpu():
     spec = importlib.util.spec_from_file_location("gpu_benchmark", ROOT / "benchmarks" / "gpu.py")
     module = importlib.util.module_from_spec(spec)

@@ -15,7 +15,7 @@ MIRROR = "https://hf-mirror.example.org"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port on loopback: the connection is refused at once
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def planted(tmp_path_factory):
     """One HF_HOME for the module: the MiniLM model and four hub data sets, planted once."""
     home = tmp_path_factory.mktemp("hf-home")

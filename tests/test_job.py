@@ -103,7 +103,7 @@ def test_a_run_directory_written_before_the_job_existed_still_evaluates_and_pred
     assert [Path(r["path"]).name for r in listed] == ["old-run"] and listed[0]["status"] == "complete"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def pickled_bert(tmp_path_factory):
     """init:bert saved with its weights as a pickle (pytorch_model.bin) and no safetensors."""
     import torch

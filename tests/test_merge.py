@@ -28,7 +28,7 @@ def _digit():
     return digits(n=1)[0]["image"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("merge")
 

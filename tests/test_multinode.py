@@ -28,10 +28,10 @@ STOP_BOUND_S = 30
 LOST_PEER = "another process of the run ended, so this one cannot go on"
 SETS = (*SAME_BATCHES, "training.save_steps=2", "data.max_eval_samples=16", "eval.batch_size=8")
 
-pytestmark = pytest.mark.xdist_group("distributed")  # several processes each: one worker runs them all
+pytestmark = pytest.mark.xdist_group("processes")  # several processes each: one worker runs them all
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bert_no_dropout(tiny_cache, tmp_path_factory):
     """The tiny BERT with every dropout at 0: each process draws its own masks, so with dropout on, one and two
     processes would differ by design (as in test_distributed.py)."""

@@ -24,7 +24,7 @@ def predict(*args, stdin: str | None = None, expect: int = 0):
     return result
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def run(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "bert"
     train_recipe(RECIPES / "encoder-classification.yaml", run, "training.max_steps=3", "data.max_eval_samples=8")

@@ -110,7 +110,7 @@ def beans(n: int = 12) -> tuple:
     return features, {"train": rows("train", n), "validation": rows("validation", n // 2)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def planted(tmp_path_factory):
     """One HF_HOME for the module: the MiniLM model and the recipes' data sets under their hub ids; the commit shas
     of the planted repositories are written to home/shas.json."""

@@ -30,7 +30,7 @@ documents = st.recursive(scalars, lambda inner: st.lists(inner, max_size=4)
                          max_leaves=25)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def recipe_file(tmp_path_factory):
     return tmp_path_factory.mktemp("fuzz") / "recipe.yaml"
 

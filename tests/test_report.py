@@ -103,7 +103,7 @@ def table_rows(markdown: str) -> dict[str, list[str]]:
     return rows
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def report(tmp_path_factory) -> tuple[list[Path], Path]:
     root = tmp_path_factory.mktemp("runs")
     runs = build_runs(root)

@@ -103,7 +103,7 @@ def assert_same_training(reference, resumed, steps: int) -> tuple[float, float]:
     return loss_diff, weight_diff
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def encoder_runs(tmp_path_factory):
     """(uninterrupted run, killed-then-resumed run) of the encoder recipe."""
     root = tmp_path_factory.mktemp("encoder-resume")

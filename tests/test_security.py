@@ -85,7 +85,7 @@ def test_remote_code_needs_a_pinned_revision_and_is_off_by_default():
     assert pinned.model.trust_remote_code and pinned.model.revision == "0123abcd"
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def checkpointed_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("security") / "run"
     train_recipe(RECIPE, run, "data.max_train_samples=16", "data.max_eval_samples=8", "training.batch_size=8",

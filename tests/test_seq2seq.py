@@ -47,7 +47,7 @@ def tiny_config(arch: str):
 # ---------------------------------------------------------------- learning (BART translation recipe, unchanged)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def bart_translation(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "bart-translation"
     # fp32: the beam-search test's bar (3 of 4 main clauses right) was set by this recipe trained in fp32; in bf16
@@ -93,7 +93,7 @@ def test_predict_with_beam_search_keeps_the_input_order(bart_translation, tmp_pa
 # ---------------------------------------------------------------- T5 translation, a few steps
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def t5_translation(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "t5-translation"
     train_recipe(RECIPES / "seq2seq-translation-t5.yaml", run, *FEW_STEPS)

@@ -23,7 +23,7 @@ SMALL = ("data.max_length=32", "training.batch_size=8", "training.logging_steps=
 pytestmark = pytest.mark.xdist_group("smollm2")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gguf_folder(smollm2_checkpoint) -> str:
     """The folder of the package's .gguf file: the recipes' offline override (their gguf_file names the file)."""
     from hftoolkit.sources.gguf import installed_smollm2
@@ -38,21 +38,21 @@ def clm_sets(gguf_folder: str) -> list[str]:
             "data.max_eval_samples=60", "training.max_steps=6", "training.learning_rate=0.002", *SMALL]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def clm_run(gguf_folder, tmp_path_factory):
     run = tmp_path_factory.mktemp("smollm2") / "clm"
     train_recipe(CLM, run, *clm_sets(gguf_folder))
     return run
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def merged(clm_run, tmp_path_factory):
     out = tmp_path_factory.mktemp("smollm2-merged") / "model"
     run_cli("merge", clm_run, "--out", out)
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def plain_model(merged):
     """The merged checkpoint as plain transformers loads it: (model, tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -21,7 +21,7 @@ FINEWEB = RECIPES / "smollm2-fineweb-edu-stream.yaml"
 WORDS = "the cat sat on a mat while dogs ran over green hills and birds sang all day long".split()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
     """400 numbered documents, one JSON object a line."""
     import random

@@ -38,7 +38,7 @@ def progress(output: str) -> dict[str, str]:
     return {m[2]: m[1] for m in found}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def four_checkpoints(tmp_path_factory):
     out = tmp_path_factory.mktemp("sweep")
     result = run_cli(*sweep_args(out, "model.checkpoint=" + ",".join(CHECKPOINTS)))

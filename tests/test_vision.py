@@ -16,7 +16,7 @@ SHORT = ("training.epochs=4",)
 FEW_STEPS = ("training.max_steps=3", "data.max_train_samples=64", "data.max_eval_samples=32")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def digits_run(tmp_path_factory):
     run = tmp_path_factory.mktemp("runs") / "vit-digits"
     result = train_recipe(RECIPE, run, *SHORT)

@@ -43,7 +43,7 @@ def cli(*args) -> list[str]:
     return [sys.executable, "-m", "hftoolkit", *map(str, args)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def one_process(no_dropout, tmp_path_factory):
     """lora -> the 1-process run of the same recipe."""
     root = tmp_path_factory.mktemp("one")
@@ -52,7 +52,7 @@ def one_process(no_dropout, tmp_path_factory):
     return {lora: root / str(lora) for lora in (True, False)}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def zero_runs(no_dropout, tmp_path_factory):
     """(stage, lora) -> the 2-process DeepSpeed run, and its wall seconds."""
     root, runs = tmp_path_factory.mktemp("zero"), {}
