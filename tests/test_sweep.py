@@ -230,6 +230,7 @@ def test_killed_sweep_completes_when_run_again_without_retraining_finished_varia
 
 
 @pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # two processes: one such test at a time on a 2-core machine
 def test_num_processes_launches_each_variant_like_train_does(tmp_path):
     """--num-processes 2: each variant is `hftoolkit train` relaunched under accelerate (2 CPU processes, gloo)."""
     args = sweep_args(tmp_path, "lora.r=4", sets=(*SHORT, "training.batch_size=8"))
