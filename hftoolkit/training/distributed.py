@@ -204,11 +204,12 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
                         "(--num-processes N or recipes/accelerate/ddp.yaml) or DeepSpeed ZeRO-2, or set "
                         "model.quantization to none")
     if fsdp_qlora and not _has_cuda():
-        # Loaded, sharded and run forward on CPU processes, its first backward gives an infinite gradient norm
-        # (bitsandbytes' CPU 4-bit path under FSDP2; one process with the same storage trains normally).
-        problems.append(f"model.quantization: 4bit under FSDP ({plan.source}) trains on GPUs only; on this machine's "
-                        "CPU processes its gradients come out infinite: use DDP (--num-processes N) for 4-bit on the "
-                        "CPU, or set model.quantization to none for FSDP")
+        # On 2 CPU processes the first step's gradient norm came out infinite in 4 of 10 runs, with FSDP's
+        # reshard after forward on or off (bitsandbytes' CPU 4-bit path under FSDP2, not found further; one process
+        # with the same storage trains normally, and the other 6 runs finished).
+        problems.append(f"model.quantization: 4bit under FSDP ({plan.source}) trains on GPUs only; on CPU processes "
+                        "its first gradients come out infinite in some runs: use DDP (--num-processes N) for 4-bit on "
+                        "the CPU, or set model.quantization to none for FSDP")
     if plan.mixed_precision != "no":  # (auto is resolved, importing torch, only when there is something to compare)
         from hftoolkit.job.machine import resolve_precision
         from hftoolkit.sources.checkpoint import model_type_of
