@@ -14,6 +14,7 @@ from contextlib import contextmanager
 
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
+from hftoolkit.processes import sharding_launched
 from hftoolkit.sources.checkpoint import checkpoint_errors
 
 # Modules that are Conv1D (weight stored transposed): LoRA needs fan_in_fan_out=True.
@@ -74,7 +75,7 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
     quant = quantization_config(job, keep_full_precision)
     if quant is not None:
         from_kwargs.update(quantization_config=quant, device_map={"": _device()})
-        if fsdp_launched() and job.recipe.model.dtype == "auto":
+        if sharding_launched() == "FSDP" and job.recipe.model.dtype == "auto":
             # FSDP shards a unit's parameters as one flat tensor of one dtype: the unquantized ones in the dtype the
             # 4-bit weights are stored in (quantization_config), the training dtype.
             from_kwargs["dtype"] = quant.bnb_4bit_quant_storage
@@ -98,17 +99,12 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
     return model
 
 
-def fsdp_launched() -> bool:
-    """This process was launched with an FSDP config (accelerate launch sets the variable)."""
-    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
-
-
 def receives_weights() -> bool:
     """True on the processes that do not read the checkpoint: under FSDP with RAM-efficient loading
     (fsdp_cpu_ram_efficient_loading), accelerate's fsdp2_prepare_model broadcasts the main process's
     weights to the others as it shards the model. (Quantized weights are loaded by every process.)"""
     env = os.environ
-    return (fsdp_launched() and env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").lower() == "true"
+    return (sharding_launched() == "FSDP" and env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").lower() == "true"
             and int(env.get("RANK", "0")) > 0)
 
 
@@ -171,7 +167,7 @@ def quantization_config(job: Job, skip: list[str]):
         compute = {"bf16": "bfloat16", "fp16": "float16"}.get(job.precision, "float32")
     # Under FSDP the packed 4-bit weights are stored in the training dtype (QLoRA with FSDP, as peft documents it), so
     # that FSDP can shard them with the other parameters; elsewhere bitsandbytes' default (uint8).
-    storage = {"bnb_4bit_quant_storage": getattr(torch, compute)} if fsdp_launched() else {}
+    storage = {"bnb_4bit_quant_storage": getattr(torch, compute)} if sharding_launched() == "FSDP" else {}
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                               bnb_4bit_compute_dtype=getattr(torch, compute),
                               bnb_4bit_use_double_quant=job.recipe.model.double_quant, llm_int8_skip_modules=skip,

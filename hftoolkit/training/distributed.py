@@ -7,7 +7,7 @@ training that must know how many processes there are.
   (`--num-machines M --machine-rank R --main-process-ip IP`, or the config's keys) each machine runs
   the same command with its own rank; N counts the processes of all machines together.
 - `check` refuses, with a reason, combinations that cannot work: a batch that does not split
-  evenly over the processes, 8-bit/4-bit weights under DeepSpeed ZeRO-3 or FSDP, and so on.
+  evenly over the processes, 8-bit weights under DeepSpeed ZeRO-3 or FSDP, and so on.
 - `generate_everywhere` runs generation-based eval once per example across the processes.
 
 training.batch_size is the batch of one optimizer step over all processes (before gradient
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from hftoolkit.config.recipe import Recipe, RecipeError, read_yaml_mapping
 from hftoolkit.errors import UserError
-from hftoolkit.processes import under_launcher
+from hftoolkit.processes import sharding_launched, under_launcher
 
 # The command the user typed, handed to the relaunched processes for manifest.json.
 COMMAND_VARIABLE = "HFTOOLKIT_COMMAND"
@@ -106,9 +106,9 @@ def plan_launch(recipe: Recipe, num_processes: int | None, accelerate_config: Pa
                                        if recipe.training.accelerate_config else None)
         origin = "--accelerate-config" if accelerate_config else "training.accelerate_config"
         plan = plan_from_config(config, num_processes, origin if config else "--num-processes", machines)
-    problems = check(recipe, plan)
-    if problems or check_machines(plan):
-        raise RecipeError([*check_machines(plan), *(f"{source}: {p}" for p in problems)])
+    problems = [*check_machines(plan), *(f"{source}: {p}" for p in check(recipe, plan))]
+    if problems:
+        raise RecipeError(problems)
     return plan
 
 
@@ -167,12 +167,7 @@ def plan_from_environment() -> LaunchPlan:
     """The plan of a process a launcher started, read from the variables accelerate and torchrun set."""
     env = os.environ
     world = int(env.get("WORLD_SIZE") or env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE") or 1)
-    if env.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":
-        distributed = "DEEPSPEED"
-    elif env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
-        distributed = "FSDP"
-    else:
-        distributed = "MULTI_GPU" if world > 1 else "NO"
+    distributed = sharding_launched() or ("MULTI_GPU" if world > 1 else "NO")
     stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
     here = int(env.get("LOCAL_WORLD_SIZE") or world)  # torchrun's processes on this machine
     return LaunchPlan(num_processes=world, distributed=distributed, zero_stage=int(stage) if stage else None,
@@ -243,8 +238,8 @@ def what_ran(trainer, precision: str) -> dict:
 
     state = trainer.accelerator.state
     kind = state.distributed_type.name
-    asked = plan_from_environment().distributed
-    if asked in ("FSDP", "DEEPSPEED") and kind != asked:  # never trained as plain DDP while the config says otherwise
+    asked = sharding_launched()
+    if asked and kind != asked:  # never trained as plain DDP while the config says otherwise
         raise UserError(f"the launch asked for {asked}, but accelerate set the processes up as {kind}: this "
                         "combination of machine and libraries is not supported; use --num-processes N for DDP")
     stage = getattr(getattr(state, "deepspeed_plugin", None), "zero_stage", None)
@@ -333,6 +328,3 @@ def end_processes() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
-
-
-# ---------------------------------------------------------------- inside the training processes

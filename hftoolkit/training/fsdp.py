@@ -25,9 +25,9 @@ def fsdp_on_cpu():
     Does what AcceleratorState.__init__ does for MULTI_GPU in the same case: the type, the plugin, the
     plugin's mixed precision, and PartialState's copy of the type. Nothing else in it depends on the device.
     """
-    from hftoolkit.models.loading import fsdp_launched
+    from hftoolkit.processes import sharding_launched
 
-    if not fsdp_launched():
+    if sharding_launched() != "FSDP":
         yield
         return
     from accelerate.state import AcceleratorState, PartialState

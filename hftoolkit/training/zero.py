@@ -18,17 +18,14 @@ from __future__ import annotations
 import os
 from contextlib import nullcontext
 
-
-def deepspeed_requested() -> bool:
-    """This process was started by accelerate with a DeepSpeed config."""
-    return os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+from hftoolkit.processes import sharding_launched
 
 
 def deepspeed_on_cpu() -> bool:
     """A DeepSpeed process on a machine without CUDA: DeepSpeed's CPU accelerator, gloo between processes."""
     import torch
 
-    return deepspeed_requested() and not torch.cuda.is_available()
+    return sharding_launched() == "DEEPSPEED" and not torch.cuda.is_available()
 
 
 def process_state():
@@ -72,7 +69,7 @@ def config_at_load():
     partitioned (zero3_init_flag); None otherwise. Keep the returned object until the Trainer exists: transformers
     holds only a weak reference to it. Its batch sizes are placeholders ("auto", filled in by the Trainer later),
     which deepspeed.zero.Init does not read."""
-    if not deepspeed_requested():
+    if sharding_launched() != "DEEPSPEED":
         return None
     from accelerate.utils import DeepSpeedPlugin
 
