@@ -278,7 +278,7 @@ def launch_command(plan: LaunchPlan, argv: list[str], cuda: bool) -> tuple[list[
                 "--main_process_ip", str(plan.main_process_ip), "--main_process_port", str(plan.main_process_port)]
     cmd += ["-m", "hftoolkit", *strip_launch_options(argv)]
     env = {**os.environ, COMMAND_VARIABLE: json.dumps(["hftoolkit", *argv])}
-    if not cuda and plan.distributed != "DEEPSPEED":  # (DeepSpeed: its CPU accelerator, training/zero.py)
+    if not cuda:  # (a DeepSpeed process drops it again for DeepSpeed's CPU accelerator: training/zero.py)
         env["ACCELERATE_USE_CPU"] = "true"  # without it the processes look for GPUs (and each thinks it is rank 0)
     return cmd, env
 
