@@ -260,3 +260,41 @@ def test_a_relative_data_path_is_read_from_the_current_folder_and_a_missing_one_
     assert err.value.message == (f"data.train: data file data/review.csv not found (looked for "
                                  f"{tmp_path / 'data' / 'review.csv'}; a relative path is read from the current "
                                  "folder): check the path")
+
+
+def test_packing_where_no_formulation_packs_is_refused_in_one_line_before_training(tmp_path, no_weights):
+    """data.packing true on a task that trains one example a row (here the quickstart's classification) used to
+    train unpacked, exit 0, without a word."""
+    said = (f"{ENCODER}: data.packing: packing whole examples into rows is for tasks clm, translation, summarization "
+            "or instruction on decoder models, and task classification trains one example a row whatever the "
+            "family: remove data.packing (or set it to false)")
+    result = run_cli("validate", ENCODER, "--data", "--set", "data.packing=true", expect=2)
+    assert result.output.split("Error: ", 1)[1].splitlines() == [said]
+    run = tmp_path / "run"
+    trained = train_recipe(ENCODER, run, "data.packing=true", *QUICK, expect=2)
+    assert said.removeprefix(f"{ENCODER}: ") in plain(trained.output) and not run.exists()
+    assert plain(run_cli("validate", ENCODER, "--data", "--set", "data.packing=false").output) \
+        .startswith(f"ok: {ENCODER}")  # false is what these tasks do anyway
+
+
+def test_preflight_refuses_packing_for_every_task_and_family_whose_formulation_does_not_pack():
+    """PACKED_TASKS (what preflight lets pack) is exactly the (decoder, task) formulations that read data.packing."""
+    import inspect
+    import re
+
+    from hftoolkit.config import tasks
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.preflight import PACKED_TASKS, preflight
+    from hftoolkit.models.families import family_module
+
+    def packs(form) -> bool:  # families/decoder.py's helpers that read data.packing
+        return any(re.search(r"\b_pack(ing|ed)\(", inspect.getsource(c))
+                   for c in type(form).__mro__ if c.__module__.startswith("hftoolkit."))
+
+    packing = {(family, task) for family in ("encoder", "decoder", "seq2seq", "vision")
+               for task, form in family_module(family).FORMULATIONS.items() if packs(form)}
+    assert packing == {("decoder", task) for task in PACKED_TASKS}
+    recipe = load_recipe(ENCODER, ["data.packing=true"])
+    for task in tasks.NAMES:
+        problems = preflight(recipe.model_copy(update={"task": task}), None, None, None).problems
+        assert bool(problems) == (task not in PACKED_TASKS), (task, problems)

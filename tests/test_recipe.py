@@ -9,7 +9,7 @@ from hftoolkit.config import tasks
 from hftoolkit.config.families import static_family
 from hftoolkit.config.recipe import RecipeError, load_recipe, validate_recipe
 from hftoolkit.job.resolve import resolve_job
-from tests.conftest import RECIPES
+from tests.conftest import RECIPES, plain, run_cli
 
 GOOD = {
     "name": "t", "task": "classification",
@@ -29,10 +29,9 @@ def write(tmp_path, data, name="r.yaml"):
     return path
 
 
-# Every recipe, found by glob so none is forgotten; launcher configs have their own test file, benchmark tasks
-# (lm-evaluation-harness task files) theirs.
-SHIPPED = sorted(p for p in RECIPES.rglob("*.yaml")
-                 if not {"accelerate", "benchmarks"} & set(p.relative_to(RECIPES).parts))  # (not recipes)
+# Every recipe, found by glob so none is forgotten; launcher configs have their own test file. Nothing else lives
+# under recipes/ (the benchmark tasks are package data: hftoolkit/evaluation/harness_tasks/).
+SHIPPED = sorted(p for p in RECIPES.rglob("*.yaml") if "accelerate" not in p.relative_to(RECIPES).parts)
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
@@ -152,3 +151,47 @@ def test_override_text_with_a_colon_stays_text(tmp_path):
     path = write(tmp_path, GOOD)
     recipe = load_recipe(path, ["data.source_prefix=translate English to German: "])
     assert recipe.data.source_prefix == "translate English to German: "
+
+
+HARNESS_LINE = ("{path}: an lm-evaluation-harness task file (task {task}), not a recipe: keep it in a folder of task "
+                "files apart from the recipes, and pass that folder to `hftoolkit eval --benchmark-path` (or a "
+                "recipe's eval.benchmarks.path)")
+
+
+def test_validate_names_a_harness_task_file_or_a_launch_config_in_one_line(tmp_path):
+    """Files of another kind passed to validate (`validate recipes/*/*.yaml`) are named for what they are, in one
+    line each, instead of a YAML syntax error (`!function`) or a screen of unknown keys."""
+    from hftoolkit.evaluation.benchmarks import SHIPPED_TASKS
+
+    hub_task = write(tmp_path, {"task": "my_arc", "dataset_path": "allenai/ai2_arc", "output_type": "multiple_choice",
+                                "test_split": "test", "doc_to_text": "{{question}}"}, "arc.yaml")
+    shipped = sorted(SHIPPED_TASKS.glob("*.yaml"))
+    launch = RECIPES / "accelerate" / "ddp.yaml"
+    typo = write(tmp_path, {**GOOD, "task": "clasification"}, "typo.yaml")  # a recipe still reads as one
+    result = run_cli("validate", hub_task, *shipped, launch, typo, expect=2)
+    errors = result.output.split("Error: ", 1)[1].splitlines()
+    assert errors[:4] == [
+        HARNESS_LINE.format(path=hub_task, task="my_arc"),
+        HARNESS_LINE.format(path=shipped[0], task="hftoolkit_everyday_mc"),
+        HARNESS_LINE.format(path=shipped[1], task="hftoolkit_sums_gen"),
+        f"{launch}: an accelerate launch config, not a recipe: name it in a recipe's training.accelerate_config, "
+        "or pass it to `hftoolkit train --accelerate-config`"]
+    assert len(errors) == 5 and errors[4].startswith(f"{typo}: task: ") and "classification" in errors[4]
+
+
+def test_recipes_lists_recipes_only(tmp_path, monkeypatch):
+    from hftoolkit.cli import app
+    from hftoolkit.evaluation.benchmarks import SHIPPED_TASKS
+
+    folder = tmp_path / "recipes"
+    folder.mkdir()
+    write(folder, {**GOOD, "description": "a recipe"}, "r.yaml")
+    (folder / "sums_gen.yaml").write_text((SHIPPED_TASKS / "sums_gen.yaml").read_text())  # `!function` inside
+    monkeypatch.setattr(app, "RECIPES_DIR", folder)
+    assert plain(run_cli("recipes").output) == "recipes/r.yaml a recipe"
+
+
+def test_no_shipped_recipe_folder_holds_a_harness_task_file():
+    from hftoolkit.evaluation.benchmarks import harness_task_file
+
+    assert [p for p in RECIPES.rglob("*.yaml") if harness_task_file(p)] == []

@@ -291,12 +291,31 @@ def validate(
     from hftoolkit.config import tasks
     from hftoolkit.config.families import static_family
     from hftoolkit.config.recipe import RecipeError, load_recipe
+    from hftoolkit.evaluation.benchmarks import harness_task_file
     from hftoolkit.training.distributed import plan_launch
+
+    def launch_config_file(path: Path) -> str | None:
+        """One line for an accelerate launch config (recipes/accelerate/) passed as a recipe; None otherwise."""
+        import yaml
+
+        try:
+            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError, RecursionError):
+            return None
+        if not isinstance(raw, dict) or {"name", "task", "model", "data"} & set(raw) \
+                or not {"distributed_type", "compute_environment"} & set(raw):
+            return None
+        return (f"{path}: an accelerate launch config, not a recipe: name it in a recipe's "
+                "training.accelerate_config, or pass it to `hftoolkit train --accelerate-config`")
 
     problems = []
     for path in recipes:
         try:
-            parsed = load_recipe(path, set_ or [])
+            try:
+                parsed = load_recipe(path, set_ or [])
+            except RecipeError as err:  # a file of another kind is named in one line, not read as a bad recipe
+                other = harness_task_file(path) or launch_config_file(path)
+                raise RecipeError([other]) if other else err from None
             if parsed.training.accelerate_config:  # the launcher config it names, checked against it
                 plan_launch(parsed, None, None, source=str(path))
             notes, family = [], static_family(parsed.model.checkpoint, parsed.model.family)
@@ -324,7 +343,11 @@ def list_recipes():
     """List the shipped recipes with a one-line description each."""
     import yaml
 
+    from hftoolkit.evaluation.benchmarks import harness_task_file
+
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
+        if harness_task_file(path):  # (not a recipe, and its `!function` tag is no YAML safe_load reads)
+            continue
         description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
         typer.echo(f"{path.relative_to(RECIPES_DIR.parent)}\t{description.splitlines()[0] if description else ''}")
 

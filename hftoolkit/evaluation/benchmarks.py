@@ -4,7 +4,8 @@ The harness's own Hugging Face model class (`HFLM`) is handed the loaded model (
 quantization applied) and tokenizer, so the harness builds the prompts, scores the log-likelihoods or the
 generations, and computes the metrics and their stderr unchanged: the numbers are the harness's. What this
 module adds: which models can be scored (a language-model head), the one-line refusals, the shipped task
-folder, and the per-task record metrics.json keeps.
+folder (harness_tasks/, package data), telling a task file from a recipe, and the per-task record metrics.json
+keeps.
 """
 
 from __future__ import annotations
@@ -17,9 +18,14 @@ from pathlib import Path
 
 from hftoolkit.errors import UserError
 
-# The tasks shipped beside the recipes (recipes/benchmarks/): found from a checkout, or the working directory.
-SHIPPED_TASKS = next((p for p in (Path(__file__).resolve().parents[2] / "recipes" / "benchmarks",
-                                  Path.cwd() / "recipes" / "benchmarks") if p.is_dir()), None)
+# The shipped tasks: package data, so a wheel install has them, and apart from the recipes, which they are not.
+SHIPPED_TASKS = Path(__file__).resolve().with_name("harness_tasks")
+# Keys of an lm-evaluation-harness task or group file (its TaskConfig fields) that no recipe has.
+HARNESS_KEYS = frozenset({
+    "dataset_path", "dataset_name", "dataset_kwargs", "custom_dataset", "output_type", "test_split",
+    "validation_split", "training_split", "fewshot_split", "doc_to_text", "doc_to_target", "doc_to_choice",
+    "process_docs", "metric_list", "generation_kwargs", "filter_list", "fewshot_config", "num_fewshot", "include",
+    "group", "tag", "task_alias", "aggregate_metric_list"})
 # The families whose language-model head the harness can score, with the harness's name for each.
 BACKENDS = {"decoder": "causal", "seq2seq": "seq2seq"}
 LM_TASKS = {"decoder": ("clm", "translation", "summarization", "instruction"),
@@ -67,6 +73,36 @@ def check_benchmarkable(family: str | None, task: str, where: str) -> None:
                         f"text: benchmark a run of task {' or '.join(LM_TASKS[family])}")
 
 
+def harness_task_file(path: Path) -> str | None:
+    """One line saying that `path` is an lm-evaluation-harness task file, not a recipe, and where it goes; None
+    for any other file. A task file uses the harness's `!function` tag, or has a `task:` that is no toolkit task
+    beside the harness's own keys. Light: for `validate` and `recipes`, which import no harness."""
+    import yaml
+
+    from hftoolkit.config import tasks
+
+    tags: list[str] = []
+
+    class Loader(yaml.SafeLoader):
+        """Reads any `!tag` (a harness file's `!function module.name`) as null, noting the tag."""
+
+    Loader.add_multi_constructor("!", lambda loader, suffix, node: tags.append(node.tag))
+    try:
+        raw = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=Loader)
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):
+        return None  # (not a YAML mapping: the recipe loader says what is wrong with it)
+    if not isinstance(raw, dict):
+        return None
+    task = raw.get("task")
+    if "!function" not in tags and (task in tasks.NAMES or not HARNESS_KEYS & set(raw)):
+        return None
+    name = raw.get("group") or task
+    named = f" ({'group' if 'group' in raw else 'task'} {name})" if isinstance(name, str) else ""
+    return (f"{path}: an lm-evaluation-harness task file{named}, not a recipe: keep it in a folder of task files "
+            "apart from the recipes, and pass that folder to `hftoolkit eval --benchmark-path` (or a recipe's "
+            "eval.benchmarks.path)")
+
+
 @functools.lru_cache(maxsize=8)
 def _index(path: str | None, defaults: bool):
     from lm_eval.tasks import TaskManager
@@ -75,7 +111,7 @@ def _index(path: str | None, defaults: bool):
         raise UserError(f"--benchmark-path: {path} is not a folder: name a folder of lm-evaluation-harness task "
                         "YAML files")
     include = [str(p) for p in (SHIPPED_TASKS, path) if p]
-    return TaskManager(include_path=include or None, include_defaults=defaults)
+    return TaskManager(include_path=include, include_defaults=defaults)
 
 
 def task_manager(path: str | None, tasks: tuple[str, ...] = ()):

@@ -35,6 +35,9 @@ TRAINED_HEADS = {"classification": "ForSequenceClassification", "regression": "F
 OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
 # Vision models whose position embeddings fix the input size (no interpolation by default).
 FIXED_IMAGE_SIZE = {"vit", "deit", "beit"}
+# The tasks whose decoder formulation packs (families/decoder.py: CausalLM, PromptAndTarget); every other task and
+# family trains one example a row, so data.packing true is refused for them.
+PACKED_TASKS = ("clm", *tasks.PROMPTED)
 # A tokenizer's model_max_length when it has none (transformers' VERY_LARGE_INTEGER is about 1e30).
 NO_LIMIT = 10**9
 
@@ -334,10 +337,19 @@ def _name(item, row: int, split: str) -> str:
 
 
 def check_packing(s: Subject, found: Findings) -> None:
-    """data.packing true packs whole examples for a decoder, on a model type that keeps them apart by position ids
-    (architectures.packs_by_positions); tasks with nothing to pack ignore the key, as they always have."""
+    """data.packing true packs whole examples only where a decoder's formulation packs them (PACKED_TASKS), on a
+    model type that keeps them apart by position ids (architectures.packs_by_positions); anywhere else it is
+    refused, never ignored."""
     recipe, config = s.recipe, s.config
-    if recipe.data.packing is not True or recipe.task not in ("clm", *tasks.PROMPTED) or config is None:
+    if recipe.data.packing is not True:
+        return
+    if recipe.task not in PACKED_TASKS:  # no family packs these: known without the model
+        packed = f"{', '.join(PACKED_TASKS[:-1])} or {PACKED_TASKS[-1]}"
+        found.problems.append(f"data.packing: packing whole examples into rows is for tasks {packed} on decoder "
+                              f"models, and task {recipe.task} trains one example a row whatever the family: remove "
+                              "data.packing (or set it to false)")
+        return
+    if config is None:
         return
     from hftoolkit.job.architectures import packs_by_positions
 
