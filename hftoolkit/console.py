@@ -29,7 +29,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from hftoolkit.errors import UserError
-from hftoolkit.processes import is_main_process
+from hftoolkit.processes import Stopped, is_main_process
 
 # Lines said before a log file is attached are held in memory, the newest this many (a non-main process never
 # attaches one).
@@ -343,6 +343,8 @@ def capture(log_path: Path | None = None, verbosity: Verbosity | None = None, *,
                 run.divert_descriptor(nowhere.fileno())
         try:
             yield run
+        except Stopped:  # (asked for: the stop's own line says what to do next)
+            raise
         except BaseException:
             failed[0] = True
             raise

@@ -14,3 +14,17 @@ class UserError(ClickException):
     """A problem with the user's input: the message names the input, what is wrong and what to do."""
 
     exit_code = 2
+    # True when this process failed only because another process of its run did (a lost peer): under a launch,
+    # said only if no process has a reason of its own.
+    consequence = False
+
+    def show(self, file=None) -> None:
+        """Said once per run: every process of a launch raises the same error for the same input, so the
+        relaunching process prints the one reason (processes.first_reason); under a launcher started by hand, the
+        main process says it."""
+        from hftoolkit.processes import is_main_process, record_reason, under_launcher
+
+        if record_reason(self.format_message(), self.consequence):
+            return
+        if not under_launcher() or is_main_process():
+            super().show(file)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hftoolkit.runs.listing import find_runs, list_runs
+from hftoolkit.runs.rundir import RunDirectory
 from tests.conftest import run_cli
 
 GARBAGE_MTIME = time.mktime((2024, 6, 1, 12, 0, 0, 0, 0, -1))  # local time, like the fallback
@@ -38,7 +39,7 @@ def wide_terminal(monkeypatch):
 
 
 @pytest.fixture
-def tree(tmp_path) -> Path:
+def tree(tmp_path):
     """Runs as `hftoolkit train` and sweeps leave them, plus folders that must not be listed."""
     root = tmp_path / "runs"
     done = write_run(root / "bert-sst2", {"status": "complete", "started": "2025-01-02T10:00:00+0000"},
@@ -48,9 +49,10 @@ def tree(tmp_path) -> Path:
     write_run(done / "adapter", metrics=metrics("adapter", "classification", "accuracy", 0.1, 1.0))
     write_run(root / "gpt2-oom", {"status": "failed", "started": "2025-01-03T10:00:00+0000",
                                   "error": "\nValueError: loss is [nan] at step 7\nTraceback (most recent call last):"})
-    write_run(root / "gpt2-live", {"status": "running", "started": "2025-01-04T10:00:00+0000"},
-              files={"recipe.yaml": "name: gpt2-live\ntask: clm\nmodel: {checkpoint: init:gpt2}\n",
-                     "log_history.jsonl": '{"step": 5, "loss": 3.1}\n{"step": 5, "eval_loss": 2.0}\n'})
+    live = write_run(root / "gpt2-live", {"status": "running", "started": "2025-01-04T10:00:00+0000"},
+                     files={"recipe.yaml": "name: gpt2-live\ntask: clm\nmodel: {checkpoint: init:gpt2}\n",
+                            "log_history.jsonl": '{"step": 5, "loss": 3.1}\n{"step": 5, "eval_loss": 2.0}\n'})
+    RunDirectory(live).hold("train")  # its writer is alive: this process (released at the test's end)
     write_run(root / "lr-sweep" / "lr-1e-4", {"status": "complete", "started": "2025-01-05T09:30:00+0000"},
               metrics("lr-sweep-lr-1e-4", "tagging", "f1", 0.71, 12.0))
     write_run(root / "lr-sweep" / "lr-1e-3", {"status": "complete", "started": "2025-01-01T08:00:00+0000"},
@@ -60,7 +62,8 @@ def tree(tmp_path) -> Path:
     write_run(root / ".venv" / "lib", {"status": "complete", "started": "2030-01-01T00:00:00+0000"})
     write_run(root / "node_modules" / "pkg", {"status": "complete", "started": "2030-01-01T00:00:00+0000"})
     (root / "notes").mkdir()  # a folder without runs
-    return root
+    yield root
+    RunDirectory(live).release()
 
 
 NEWEST_FIRST = ["lr-sweep/lr-1e-4", "gpt2-live", "gpt2-oom", "bert-sst2", "lr-sweep/lr-1e-3", "garbled"]

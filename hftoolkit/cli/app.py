@@ -4,6 +4,7 @@ so `--help`, `validate`, `recipes` and `doctor` stay fast."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ import typer
 from hftoolkit.cli import stdout
 from hftoolkit.cli.helpformat import Command
 from hftoolkit.errors import UserError
+from hftoolkit.processes import under_launcher
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -113,10 +115,14 @@ def train(
 
     machines = launch.Machines(num_machines, machine_rank, main_process_ip, main_process_port)
     plan = launch.plan_launch(parsed, num_processes, accelerate_config, source=str(recipe), machines=machines)
-    if plan.relaunch:  # N processes, each running this command without the launch options
-        raise typer.Exit(launch.relaunch(plan, sys.argv[1:]))
-    from hftoolkit.processes import is_main_process
+    from hftoolkit.workflows.train import check_run_folder
     from hftoolkit.workflows.train import train as run_training
+
+    if plan.relaunch:  # N processes, each running this command without the launch options
+        if plan.machine_rank == 0 or parsed.training.save_on_each_node:  # (a machine that writes the run folder)
+            check_run_folder(run_dir, overwrite, resume)  # refused here in one line, before any process starts
+        raise typer.Exit(launch.relaunch(plan, sys.argv[1:], run_dir))
+    from hftoolkit.processes import is_main_process
 
     metrics = run_training(parsed, run_dir, command=launch.command_line(), overwrite=overwrite, resume=resume,
                            verbosity=verbosity)
@@ -186,10 +192,13 @@ def _eval_run(target: Path, split: str | None, options, verbosity) -> tuple[dict
     """`eval RUN_DIR`: (metrics.json, what the results table shows) once its eval split is scored again, another
     split, or benchmarks."""
     from hftoolkit import console
+    from hftoolkit.runs.rundir import RunDirectory
     from hftoolkit.workflows import evaluate as evaluation
 
-    log = target / "train.log" if (target / "recipe.yaml").is_file() else None  # (a run's log goes on)
-    with console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
+    is_run = (target / "recipe.yaml").is_file()
+    log = target / "train.log" if is_run else None  # (a run's log goes on)
+    with RunDirectory(target).held("eval", f"hftoolkit eval {target}") if is_run else contextlib.nullcontext(), \
+            console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
         if options is not None:
             from hftoolkit.workflows.benchmark import benchmark_run
 
@@ -539,21 +548,30 @@ for _info in app.registered_commands:
 
 
 def main() -> None:
-    """The console script. Once every exit handler has run, the process ends without the interpreter's
-    teardown: freeing the modules torch, transformers and datasets import takes over a second, after the
-    results are written (README, Performance); the handlers that flush logs and remove temporary files still run."""
+    """The console script. A stop signal (Ctrl-C, SIGTERM, a closed terminal) ends a command in one line with exit
+    status 128 + the signal; a process started by a launcher ends with it (processes.die_with_parent). Once every
+    exit handler has run, the process ends without the interpreter's teardown: freeing the modules torch,
+    transformers and datasets import takes over a second, after the results are written (README, Performance);
+    the handlers that flush logs and remove temporary files still run."""
+    from hftoolkit.processes import Stopped, die_with_parent, is_main_process, record_reason, stop_on_signals
+
     status = [0]
     atexit.register(_end_now, status)  # registered first, so it runs after every library's handler
+    stop_on_signals()
+    if under_launcher():
+        die_with_parent()
     try:
         app()
     except SystemExit as done:
         status[0] = done.code if isinstance(done.code, int) else int(done.code is not None)
         raise
-    except KeyboardInterrupt:
-        status[0] = 130
-        raise
-    except BaseException:  # a crash: Python prints the traceback, the exit status says it failed
+    except Stopped as stop:  # asked for: no traceback
+        status[0] = stop.exit_code
+        if not stop.said and is_main_process():
+            print(f"stopped by {stop.name}", file=sys.stderr)
+    except BaseException as crash:  # a crash: Python prints the traceback, the exit status says it failed
         status[0] = 1
+        record_reason(f"{type(crash).__name__}: {crash}")  # (under a relaunch: the line the launch ends with)
         raise
 
 

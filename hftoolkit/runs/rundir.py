@@ -5,18 +5,27 @@
 
 train.log holds everything the libraries and the toolkit said during the run (console.py writes it, appending).
 
+One writer at a time: the process that writes a run (train, eval) holds `run.lock` in it, an exclusive flock whose
+file names the process, host, start time and command. The kernel releases the lock when its holder ends, however
+it ends, so a folder whose lock nobody holds has no live writer: its "running" run was interrupted (runs/summary.py
+says so), and the next writer takes the lock over. On NFS, Linux turns flock into the server's byte-range locks,
+which hold across machines when the file system is mounted with locking (the default; not with `nolock`).
+
 Every file is written atomically (temporary file, fsync, rename), so a killed run never
 leaves a file half-written; manifest.json's "status" says whether the run is running,
-complete, failed, or "trained, eval failed" (its weights are saved; `hftoolkit eval RUN_DIR`
-evaluates them and completes it). Light: no torch import.
+complete, failed, stopped (by a signal, at "stopped_at_step"), or "trained, eval failed" (its weights are saved;
+`hftoolkit eval RUN_DIR` evaluates them and completes it). Light: no torch import.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import platform
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +38,9 @@ from hftoolkit.errors import UserError
 # The status of a run whose weights were saved and whose eval pass (or what follows it) then failed.
 TRAINED_EVAL_FAILED = "trained, eval failed"
 FILES = ("recipe.yaml", "manifest.json", "metrics.json", "log_history.jsonl", "predictions.jsonl", "README.md")
+LOCK = "run.lock"
+# A status check holds the lock shared for an instant; a writer retries that long before calling the folder in use.
+LOCK_PATIENCE_SECONDS = 2.0
 
 
 class RunDirectory:
@@ -41,26 +53,34 @@ class RunDirectory:
     # ------------------------------------------------------------ lifecycle
 
     def refusal(self, overwrite: bool = False, resume: bool = False) -> str | None:
-        """Why the run may not write here, or None: an existing non-empty folder needs --overwrite or --resume.
-        Asked before the recipe is resolved, so that it is reported with the recipe's and the data's problems."""
+        """Why the run may not write here, or None: a live run writes here, or an existing non-empty folder needs
+        --overwrite or --resume. Asked before the recipe is resolved, so that it is reported with the recipe's
+        and the data's problems."""
         if self.path.exists() and not self.path.is_dir():
             return f"--output: {self.path} is a file, not a folder: choose another output path"
-        if self.path.is_dir() and any(self.path.iterdir()) and not resume and not overwrite:
+        held = self.in_use("train" + (" --resume" if resume else " --overwrite" if overwrite else ""))
+        if held:
+            return held
+        if self.contents() and not resume and not overwrite:
             return (f"--output: run directory {self.path} is not empty: pass --overwrite to replace it, "
                     "--resume to continue it, or choose another name")
         return _not_writable(self.path)
 
-    def claim(self, overwrite: bool = False, resume: bool = False) -> None:
-        """Make sure the run may write here: an existing non-empty folder needs --overwrite or --resume."""
+    def claim(self, overwrite: bool = False, resume: bool = False, command: str | None = None) -> dict | None:
+        """Make sure the run may write here (an existing non-empty folder needs --overwrite or --resume) and hold
+        its lock; returns the record of a previous writer that ended without releasing it (an interrupted run)."""
         refusal = self.refusal(overwrite, resume)
         if refusal:
             raise UserError(refusal)
         try:
-            if self.path.is_dir() and any(self.path.iterdir()) and not resume:
-                shutil.rmtree(self.path)
             self.path.mkdir(parents=True, exist_ok=True)
+            interrupted = self.hold("train", command)
+            if not resume:
+                for path in self.contents():
+                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
         except PermissionError:  # os.access can say yes where the file system then says no (root-squashed NFS)
             raise UserError(_not_writable(self.path, checked=False)) from None
+        return interrupted
 
     def start(self, recipe_yaml: str, command: list[str], seed: int) -> None:
         self.write_text("recipe.yaml", recipe_yaml)
@@ -78,7 +98,85 @@ class RunDirectory:
     def finish(self, status: str, error: str | None = None) -> None:
         self.update_manifest(status=status, error=error, finished=_now())
 
+    # ------------------------------------------------------------ the writer's lock
+
+    def hold(self, doing: str, command: str | None = None) -> dict | None:
+        """Take the run's lock for this process until `release` (or its end); `doing` names the operation in a
+        refusal, `command` (the command line, else `doing`) is recorded for others to read. Returns the record a
+        writer that ended without a word left, or None. Raises UserError naming the live writer when one holds it."""
+        lock = self.path / LOCK
+        deadline = time.monotonic() + LOCK_PATIENCE_SECONDS
+        while True:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+            except PermissionError:
+                raise UserError(_not_writable(self.path, checked=False)) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                if time.monotonic() < deadline:
+                    time.sleep(0.05)
+                    continue
+                raise UserError(self.in_use(doing) or f"{doing}: {self.path} is in use: try again") from None
+            if os.fstat(fd).st_ino == _inode(lock):  # (not a file its previous holder removed while releasing)
+                break
+            os.close(fd)
+        previous = _lock_record(os.read(fd, 1 << 16))
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(), "command": command or doing}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        os.fsync(fd)
+        _held[self.path.resolve()] = fd
+        return previous
+
+    @contextlib.contextmanager
+    def held(self, doing: str, command: str | None = None):
+        """The lock held while the block writes the run (`hold`, then `release`)."""
+        self.hold(doing, command)
+        try:
+            yield self
+        finally:
+            self.release()
+
+    def release(self) -> None:
+        """Give the lock up: its file goes (a folder without one has no writer), then the lock."""
+        fd = _held.pop(self.path.resolve(), None)
+        if fd is not None:
+            (self.path / LOCK).unlink(missing_ok=True)
+            os.close(fd)
+
+    def holder(self) -> dict | None:
+        """The live writer's record (pid, host, started, command), or None when no process holds the lock."""
+        try:
+            fd = os.open(self.path / LOCK, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return None  # (released at close)
+        except BlockingIOError:
+            return _lock_record(os.read(fd, 1 << 16)) or {}
+        finally:
+            os.close(fd)
+
+    def in_use(self, command: str) -> str | None:
+        """The one-line refusal of `command` while another process writes this run, or None."""
+        if self.path.resolve() in _held:
+            return None
+        holder = self.holder()
+        if holder is None:
+            return None
+        who = f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}, since {holder.get('started', '?')}"
+        what = f" (`{holder['command']}`)" if holder.get("command") else ""
+        return (f"{command}: run directory {self.path} is being written by a live run{what}, {who}: wait for it to "
+                f"end, or stop it (kill {holder.get('pid', 'PID')} on {holder.get('host', 'its host')}) and try again")
+
     # ------------------------------------------------------------ reading
+
+    def contents(self) -> list[Path]:
+        """What the folder holds besides its lock (none when it does not exist)."""
+        return [p for p in self.path.iterdir() if p.name != LOCK] if self.path.is_dir() else []
 
     def manifest(self) -> dict:
         path = self.path / "manifest.json"
@@ -105,6 +203,35 @@ class RunDirectory:
 
     def write_jsonl(self, name: str, rows) -> Path:
         return self.write_text(name, "".join(json.dumps(r, default=_jsonable) + "\n" for r in rows))
+
+
+# The run locks this process holds (folder -> descriptor); a forked child closes its copies, so that the lock is
+# released when its holder ends, not when the last of its data loader workers does.
+_held: dict[Path, int] = {}
+
+
+def _close_held_in_child() -> None:
+    for fd in _held.values():
+        os.close(fd)
+    _held.clear()
+
+
+os.register_at_fork(after_in_child=_close_held_in_child)
+
+
+def _inode(path: Path) -> int | None:
+    try:
+        return os.stat(path).st_ino
+    except FileNotFoundError:
+        return None
+
+
+def _lock_record(data: bytes) -> dict | None:
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def write_atomic(path: Path, data: bytes) -> Path:

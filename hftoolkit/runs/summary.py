@@ -17,6 +17,7 @@ from typing import Any
 
 from hftoolkit.config import tasks
 from hftoolkit.runs.record import FIELDS as METRICS_FIELDS
+from hftoolkit.runs.rundir import RunDirectory
 
 RUN_FILES = ("manifest.json", "metrics.json", "log_history.jsonl")
 DASH = "–"
@@ -175,6 +176,8 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
 
     run = RunSummary(path=path, name=_str(source.get("name")) or path.name)
     run.status = _str((manifest or {}).get("status"))
+    if run.status == "running" and RunDirectory(path).holder() is None:
+        run.status = "interrupted"  # its writer ended without a word (killed, its machine lost)
     run.started = _str((manifest or {}).get("started"))
     error = (_str((manifest or {}).get("error")) or "").strip()
     run.error = error.splitlines()[0] if run.status == "failed" and error else None
@@ -204,7 +207,7 @@ def _note_files(run: RunSummary, manifest: dict | None, metrics: dict | None, no
     """Notes on what the run's files lack or hold that a reader should know."""
     if manifest is None and not any("manifest.json" in n for n in notes):
         notes.append("no manifest.json")
-    if run.status in ("running", "failed", "trained, eval failed"):
+    if run.status in ("running", "interrupted", "stopped", "failed", "trained, eval failed"):
         error_lines = (_str((manifest or {}).get("error")) or "").strip().splitlines()
         notes.append(f"status {run.status}" + (f": {error_lines[-1][:160]}" if error_lines else ""))
     if metrics is None:

@@ -120,18 +120,11 @@ def resume_point(run, recipe_yaml: str) -> Path | None:
     run then starts from step 0). Raises UserError for a finished run, a recipe that differs
     from the run's recipe.yaml (but for RESUMABLE_CHANGES), or a damaged checkpoint.
     """
-    manifest = run.manifest()
-    if not manifest:
-        if run.path.is_dir() and any(run.path.iterdir()):
-            raise UserError(f"--resume: {run.path} holds files but no manifest.json, so it is not a run directory: "
-                            "choose another --output")
+    refusal = resume_refusal(run)
+    if refusal:
+        raise UserError(refusal)
+    if not run.manifest():
         return None
-    if manifest.get("status") == "complete":
-        raise UserError(f"--resume: run {run.path} is already complete, so there is nothing to resume; "
-                        "pass --overwrite to train it again or choose another --output")
-    if manifest.get("status") == "trained, eval failed":
-        raise UserError(f"--resume: run {run.path} finished training and saved its weights; only its eval failed: "
-                        f"run `hftoolkit eval {run.path}` to complete it")
     saved = run / "recipe.yaml"
     if saved.is_file():
         changed = [k for k in changed_keys(saved.read_text(encoding="utf-8"), recipe_yaml)
@@ -144,6 +137,24 @@ def resume_point(run, recipe_yaml: str) -> Path | None:
     if checkpoint is not None:
         check_checkpoint(checkpoint)
     return checkpoint
+
+
+def resume_refusal(run) -> str | None:
+    """Why the folder alone says a --resume makes no sense (a complete run, one whose eval only failed, files that
+    are not a run), or None; light, so that it is asked before any training process starts."""
+    manifest = run.manifest()
+    if not manifest:
+        if run.contents():
+            return (f"--resume: {run.path} holds files but no manifest.json, so it is not a run directory: "
+                    "choose another --output")
+        return None
+    if manifest.get("status") == "complete":
+        return (f"--resume: run {run.path} is already complete, so there is nothing to resume; "
+                "pass --overwrite to train it again or choose another --output")
+    if manifest.get("status") == "trained, eval failed":
+        return (f"--resume: run {run.path} finished training and saved its weights; only its eval failed: "
+                f"run `hftoolkit eval {run.path}` to complete it")
+    return None
 
 
 def check_checkpoint(path: Path) -> None:

@@ -28,7 +28,15 @@ from pathlib import Path
 
 from hftoolkit.config.recipe import Recipe, RecipeError, read_yaml_mapping
 from hftoolkit.errors import UserError
-from hftoolkit.processes import sharding_launched, under_launcher
+from hftoolkit.processes import (
+    PARENT_VARIABLE,
+    REASONS_VARIABLE,
+    STOP_SIGNALS,
+    Stopped,
+    first_reason,
+    sharding_launched,
+    under_launcher,
+)
 
 # The command the user typed, handed to the relaunched processes for manifest.json.
 COMMAND_VARIABLE = "HFTOOLKIT_COMMAND"
@@ -260,15 +268,14 @@ def _installed(module: str) -> bool:
 
 
 def launch_command(plan: LaunchPlan, argv: list[str], cuda: bool) -> tuple[list[str], dict[str, str]]:
-    """`accelerate launch` of `hftoolkit <argv minus the launch options>`, and the environment to give it."""
-    cmd = [sys.executable, "-m", "accelerate.commands.launch"]
+    """`accelerate launch` (through training/launcher.py) of `hftoolkit <argv minus the launch options>`, and the
+    environment to give it."""
+    cmd = [sys.executable, "-m", "hftoolkit.training.launcher"]
     if plan.config is not None:
         cmd += ["--config_file", str(plan.config)]
     cmd += ["--num_processes", str(plan.num_processes)]
     if plan.config is None:
         cmd += ["--multi_gpu", "--mixed_precision", "no", "--dynamo_backend", "no"]
-        if plan.num_machines == 1:  # port 0 lets accelerate pick a free one (two runs can share a machine)
-            cmd += ["--num_machines", "1", "--main_process_port", "0"]
     elif plan.distributed == "MULTI_CPU" and plan.num_processes > 1:
         # accelerate 1.15 starts a MULTI_CPU config's processes only through mpirun; torchrun does it
         # too, and ACCELERATE_USE_CPU below keeps each process on the CPU with gloo.
@@ -276,8 +283,11 @@ def launch_command(plan: LaunchPlan, argv: list[str], cuda: bool) -> tuple[list[
     if plan.num_machines > 1:  # as resolved from the options and the config, which they override
         cmd += ["--num_machines", str(plan.num_machines), "--machine_rank", str(plan.machine_rank),
                 "--main_process_ip", str(plan.main_process_ip), "--main_process_port", str(plan.main_process_port)]
+    elif plan.main_process_port is None:  # port 0: a free one, so that runs on one machine never share a port
+        cmd += ["--num_machines", "1", "--main_process_port", "0"]
     cmd += ["-m", "hftoolkit", *strip_launch_options(argv)]
-    env = {**os.environ, COMMAND_VARIABLE: json.dumps(["hftoolkit", *argv])}
+    env = {**os.environ, COMMAND_VARIABLE: json.dumps(["hftoolkit", *argv]), PARENT_VARIABLE: str(os.getpid())}
+    env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for several processes, without its banner
     if not cuda:  # (a DeepSpeed process drops it again for DeepSpeed's CPU accelerator: training/zero.py)
         env["ACCELERATE_USE_CPU"] = "true"  # without it the processes look for GPUs (and each thinks it is rank 0)
     return cmd, env
@@ -285,19 +295,40 @@ def launch_command(plan: LaunchPlan, argv: list[str], cuda: bool) -> tuple[list[
 
 def strip_launch_options(argv: list[str]) -> list[str]:
     """argv without --num-processes and --accelerate-config (the relaunched processes must not relaunch)."""
-    out, skip = [], False
+    return _split_launch_options(argv)[0]
+
+
+def launch_options(argv: list[str]) -> list[str]:
+    """The launch options of argv (--num-processes N, --accelerate-config FILE, the machines'), as typed."""
+    return _split_launch_options(argv)[1]
+
+
+def _split_launch_options(argv: list[str]) -> tuple[list[str], list[str]]:
+    rest, options, taking = [], [], False
     for arg in argv:
-        if skip:
-            skip = False
+        if taking:
+            options.append(arg)
+            taking = False
         elif arg in LAUNCH_OPTIONS:
-            skip = True
-        elif not arg.startswith(tuple(f"{o}=" for o in LAUNCH_OPTIONS)):
-            out.append(arg)
-    return out
+            options.append(arg)
+            taking = True
+        elif arg.startswith(tuple(f"{o}=" for o in LAUNCH_OPTIONS)):
+            options.append(arg)
+        else:
+            rest.append(arg)
+    return rest, options
 
 
-def relaunch(plan: LaunchPlan, argv: list[str]) -> int:
-    """Run the training processes under accelerate's launcher; returns their exit status."""
+def relaunch(plan: LaunchPlan, argv: list[str], run_dir: Path | None = None) -> int:
+    """Run the training processes under accelerate's launcher; returns their exit status.
+
+    The launcher starts in a session of its own and this process hands it the stop signals it gets (a closed
+    terminal, Ctrl-C, a scheduler's SIGTERM), once; the training processes end with the launcher, and it with this
+    process (training/launcher.py). A failed launch is said in one line: the reason that explains the others
+    (processes.first_reason). What the launcher logged is appended to the run's train.log.
+    """
+    import tempfile
+
     import torch
 
     cuda = torch.cuda.is_available()
@@ -308,11 +339,46 @@ def relaunch(plan: LaunchPlan, argv: list[str]) -> int:
     cmd, env = launch_command(plan, argv, cuda)
     where = f" of {plan.num_processes} on machine {plan.machine_rank}" if plan.num_machines > 1 else ""
     print(f"launching {here} process{'es' if here > 1 else ''}{where}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
-    process = subprocess.Popen(cmd, env=env)
+    with tempfile.TemporaryDirectory(prefix="hftoolkit-launch-") as reasons:
+        process = subprocess.Popen(cmd, env={**env, REASONS_VARIABLE: reasons}, start_new_session=True)
+        status, stopped = _wait_passing_signals(process)
+        _keep_log(Path(reasons) / "launcher.log", run_dir)
+        reason = None if stopped or status == 0 else first_reason(reasons)
+    if stopped is not None:  # (the main training process has said where the run stopped)
+        stop = Stopped(stopped)
+        stop.said = True
+        raise stop
+    if reason is not None:
+        error = UserError(reason)
+        error.exit_code = status
+        raise error
+    return status
+
+
+def _wait_passing_signals(process: subprocess.Popen) -> tuple[int, int | None]:
+    """Wait for `process`, handing it the first stop signal this process gets; (its exit status, that signal)."""
+    import signal
+
+    stopped = []
+
+    def hand_on(signum, frame):
+        if not stopped and process.poll() is None:
+            process.send_signal(signum)
+        stopped.append(signum)
+
+    previous = {sig: signal.signal(sig, hand_on) for sig in STOP_SIGNALS}
     try:
-        return process.wait()
-    except KeyboardInterrupt:  # the launcher got the same Ctrl-C and stops its processes
-        return process.wait()
+        return process.wait(), (stopped[0] if stopped else None)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _keep_log(log: Path, run_dir: Path | None) -> None:
+    """The launcher's log, appended to the run's train.log (when the run wrote one)."""
+    if run_dir is not None and log.is_file() and log.stat().st_size and (Path(run_dir) / "train.log").is_file():
+        with open(Path(run_dir) / "train.log", "a", encoding="utf-8") as out:
+            out.write("\n--- the launcher (accelerate launch, torchrun) ---\n" + log.read_text(errors="replace"))
 
 
 def end_processes() -> None:

@@ -80,9 +80,11 @@ def lost_peer(err: BaseException) -> UserError | None:
         return None
     said = re.sub(r"^\[[^\]]*\]\s*", "", said).split(". ")[0]  # gloo's first sentence, without its source line
     where = f"machine {os.environ['GROUP_RANK']}, " if several_machines() else ""
-    return UserError(f"training stopped ({where}process {os.environ.get('RANK', '0')}): another process of the run "
+    lost = UserError(f"training stopped ({where}process {os.environ.get('RANK', '0')}): another process of the run "
                      f"ended, so this one cannot go on ({said}): see why in that process's output, then run the same "
                      "command with --resume on every machine")
+    lost.consequence = True
+    return lost
 
 
 def save_on_each_machine(model) -> None:

@@ -4,11 +4,12 @@ untrained base checkpoint (the baseline); `load_trained` rebuilds a run's model 
 from __future__ import annotations
 
 import re
+import shutil
 import tempfile
 from pathlib import Path
 
 from hftoolkit import console
-from hftoolkit.config.recipe import Recipe, load_recipe, replaced
+from hftoolkit.config.recipe import Recipe, load_recipe, recipe_to_yaml, replaced
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.spec import Job
@@ -95,11 +96,6 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     metrics.json ("trained": false, no train figures) and predictions.jsonl, no weights, and `hftoolkit
     runs` and `compare` read it like any run.
     """
-    from accelerate.utils import set_seed
-
-    from hftoolkit.job.resolve import resolve_job
-    from hftoolkit.models.loading import count_parameters
-
     if split:
         recipe = use_split(recipe, split)
     recipe = replaced(recipe, {"lora.enabled": False, "model.quantization": "none"})
@@ -107,21 +103,32 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     if run is not None:
         run.claim(overwrite=overwrite)
     try:
-        job = resolve_job(recipe)  # the checks training runs: lengths clamped, empty rows dropped
-        for line in job.findings.notes:
-            console.note(f"preflight: {line}")
-        console.phase(console.data_line({"eval": len(job.data["eval"])}))
-        set_seed(recipe.training.seed)  # the new head's initialisation
-        form = formulation(job)
-        model, processor = form.load_model(job)
-        console.phase(console.model_line(recipe.model.checkpoint, None, count_parameters(model)[1]))
-        scorer, results, predictions, seconds = _score(job, form, model, processor, job.data)
+        return _evaluate_base(recipe, split, run, command)
     except BaseException:
-        if run is not None and not any(run.path.iterdir()):
-            run.path.rmdir()  # bad input: leave no empty run directory behind
+        if run is not None and not run.contents():
+            run.release()
+            shutil.rmtree(run.path)  # bad input: leave no empty run directory behind
         raise
-    from hftoolkit.config.recipe import recipe_to_yaml
+    finally:
+        if run is not None:
+            run.release()
 
+
+def _evaluate_base(recipe: Recipe, split: str | None, run: RunDirectory | None, command) -> dict:
+    from accelerate.utils import set_seed
+
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.loading import count_parameters
+
+    job = resolve_job(recipe)  # the checks training runs: lengths clamped, empty rows dropped
+    for line in job.findings.notes:
+        console.note(f"preflight: {line}")
+    console.phase(console.data_line({"eval": len(job.data["eval"])}))
+    set_seed(recipe.training.seed)  # the new head's initialisation
+    form = formulation(job)
+    model, processor = form.load_model(job)
+    console.phase(console.model_line(recipe.model.checkpoint, None, count_parameters(model)[1]))
+    scorer, results, predictions, seconds = _score(job, form, model, processor, job.data)
     metrics = metrics_record(job, scorer, name=f"{recipe.name}-untrained", trained=False,
                              split=split or recipe.data.eval_split, eval=results, eval_seconds=round(seconds, 3),
                              peak_memory_mb=peak_memory_mb(), trainable_params=0,

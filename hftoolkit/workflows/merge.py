@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hftoolkit.errors import UserError
+from hftoolkit.runs.rundir import RunDirectory
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -24,6 +25,9 @@ def merge_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise UserError(f"--output: {out} is not empty: choose a new folder")
+    held = RunDirectory(run_dir).in_use("merge")
+    if held:
+        raise UserError(held)
     job, _, model, processor = load_trained(run_dir, full_precision=True)
     if not job.recipe.lora.enabled:
         raise UserError(f"{run_dir}: this run fine-tuned the whole model, so there is no adapter to merge; "

@@ -331,7 +331,7 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
             argv += ["--set", item]
         argv.append("--resume" if resume else "--overwrite")
         argv += {Verbosity.QUIET: ["--quiet"], Verbosity.VERBOSE: ["--verbose"]}.get(verbosity, [])
-        status = launch.relaunch(plan, argv)
+        status = launch.relaunch(plan, argv, variant.run_dir)
         if status != 0:
             error = (_manifest_of(variant.run_dir).get("error") or "").strip()
             raise UserError(error or f"hftoolkit train exited with status {status}")

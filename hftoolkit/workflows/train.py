@@ -11,6 +11,7 @@ fail: a run whose eval pass fails keeps them, says "trained, eval failed", and `
 from __future__ import annotations
 
 import gc
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -25,6 +26,7 @@ from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models import loading
 from hftoolkit.models.families import formulation
 from hftoolkit.models.tokenized import tokenizing
+from hftoolkit.processes import Stopped
 from hftoolkit.runs.card import model_card
 from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, follow_umask
@@ -81,22 +83,81 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         with state.main_process_first():  # resolved on the main process first; the others read its caches
             job = _resolve(recipe, run.refusal(overwrite, resume) if writer else None)
         if writer:
-            run.claim(overwrite=overwrite, resume=resume)
+            _say_interrupted(run, run.claim(overwrite=overwrite, resume=resume, command=shlex.join(command)))
         state.wait_for_everyone()
         check_run_directory(run.path, recipe.training.save_on_each_node)  # (several machines: shared, or one each)
-        existed = run.path.is_dir() and any(run.path.iterdir())  # kept by --resume: never removed on error
+        existed = bool(run.contents())  # kept by --resume: never removed on error
         for line in job.findings.notes:
             console.note(f"preflight: {line}")
         _check_benchmarks(job)
         console.phase(console.data_line({split: None if is_stream(ds) else len(ds) for split, ds in job.data.items()}))
         resume_from = _open_run(job, run, writer, command, resume, log, progress)
         return _run(job, run, state, writer, resume_from, started, progress)
+    except Stopped as stop:
+        _stopped(stop, run, writer, existed, progress, command)
+        raise
     except BaseException as err:
         lost = lost_peer(err)  # another process ended: this one says so in a line, not a gloo traceback
         _fail(lost or err, run, writer, existed, progress)
         if lost is not None:
             raise lost from None
         raise
+    finally:
+        run.release()
+
+
+def check_run_folder(run_dir: Path, overwrite: bool, resume: bool) -> None:
+    """What the run folder alone can refuse (a live run writes there, a non-empty folder, a --resume of a run that
+    is complete or not a run), checked before any training process is started, so that a refusal is one line."""
+    from hftoolkit.training.checkpoints import resume_refusal
+
+    run = RunDirectory(run_dir)
+    refusal = run.refusal(overwrite, resume) or (resume_refusal(run) if resume else None)
+    if refusal:
+        raise UserError(refusal)
+
+
+def _say_interrupted(run: RunDirectory, previous: dict | None) -> None:
+    """A note when the run's last writer ended without releasing its lock (killed, its machine lost)."""
+    if previous:
+        console.note(f"{run.path} was interrupted: its writer (pid {previous.get('pid')} on {previous.get('host')}, "
+                     f"since {previous.get('started')}) ended without finishing")
+
+
+def _stopped(stop: Stopped, run: RunDirectory, writer: bool, existed: bool, progress: Progress,
+             command: list[str]) -> None:
+    """A stop signal: the run says where it stopped (manifest.json "stopped", with the step), and the main process
+    prints one line with the last checkpoint and the command that continues it."""
+    from hftoolkit.processes import is_main_process
+    from hftoolkit.training.checkpoints import latest_checkpoint
+
+    step = progress.trainer.state.global_step if progress.trainer is not None else 0
+    checkpoint = latest_checkpoint(run / "checkpoints")
+    said = f"stopped by {stop.name} at step {step}"
+    if progress.trained:
+        then = f"its weights are saved: `hftoolkit eval {run.path}` evaluates them and completes the run"
+    elif checkpoint is not None:
+        then = f"the last checkpoint is {checkpoint.name}: continue with `{resume_command(run.path, command)}`"
+    else:
+        then = "no checkpoint was written yet: the run starts from step 0 again"
+    if writer and progress.written:
+        if progress.trainer is not None:
+            run.write_jsonl("log_history.jsonl", progress.trainer.state.log_history)
+        run.finish(TRAINED_EVAL_FAILED if progress.trained else "stopped", error=said)
+        run.update_manifest(stopped_at_step=step)
+    elif writer and not existed and run.path.is_dir():
+        run.release()
+        shutil.rmtree(run.path, ignore_errors=True)  # nothing written yet: leave no run directory behind
+    if is_main_process():
+        console.error(f"{said}; {then}")
+    stop.said = True
+
+
+def resume_command(run_dir: Path, command: list[str]) -> str:
+    """`hftoolkit train --resume RUN_DIR` with the launch options of `command` (how it was spread)."""
+    from hftoolkit.training.distributed import launch_options
+
+    return shlex.join(["hftoolkit", "train", "--resume", str(run_dir), *launch_options(command)])
 
 
 def _resolve(recipe: Recipe, refusal: str | None) -> Job:
@@ -230,6 +291,7 @@ def _fail(err: BaseException, run: RunDirectory, writer: bool, existed: bool, pr
     if not writer:
         return
     if isinstance(err, UserError) and not existed and progress.trainer is None:
+        run.release()
         shutil.rmtree(run.path, ignore_errors=True)  # bad input, found before training: leave nothing
     elif progress.written:  # (a refused --resume has written nothing)
         if progress.trainer is not None:  # a failed run keeps its log
@@ -240,7 +302,8 @@ def _fail(err: BaseException, run: RunDirectory, writer: bool, existed: bool, pr
             console.error(f"the run trained, then failed: its weights are saved in {run.weights_dir()}; once the "
                           f"problem below is fixed, `hftoolkit eval {run.path}` evaluates them and completes the run"
                           + (" (add --benchmark TASKS for eval.benchmarks)" if run.metrics().get("eval") else ""))
-    elif run.path.is_dir() and not any(p.name != "train.log" for p in run.path.iterdir()):
+    elif run.path.is_dir() and not any(p.name != "train.log" for p in run.contents()):
+        run.release()
         shutil.rmtree(run.path)  # nothing but the log was written: leave no run directory behind
 
 
