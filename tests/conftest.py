@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,12 +13,57 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = ROOT / "recipes"
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
+if str(ROOT) not in sys.path:  # `from tests... import`, wherever pytest was started from
+    sys.path.insert(0, str(ROOT))
+
+from tests import processes  # noqa: E402
+
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tiny models gain nothing from intra-op threads, and on 2 cores shared with the subprocess tests
 # OpenMP's spin-waiting threads made runs up to 10x slower. Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_left_behind():
+    """Each pytest process (each xdist worker) becomes a child subreaper, so what its tests leave running stays its
+    descendant; at the end of the session such a process is killed and fails the run, named."""
+    processes.become_subreaper()
+    yield
+    left = processes.end_strays()
+    if left:
+        pytest.fail(f"{len(left)} process(es) that the tests started still ran at the end of the session (killed "
+                    "now):\n" + "\n".join(left), pytrace=False)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def session_working_folder(tmp_path_factory):
+    """Session-scoped fixtures run in an empty folder too (they are set up before a test's own folder)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("session-cwd"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def working_folder(tmp_path_factory):
+    """Each test runs in a fresh empty folder: what it writes to the working folder (runs/ by default) lands there,
+    and nothing in the folder pytest was started from (a quickstart's runs/) is seen. Absolute paths (RECIPES) reach
+    the repository."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("cwd"))
+        yield
+
+
+@pytest.fixture(autouse=True)
+def started_processes_ended(request):
+    """What a test started with processes.start_in_group and left running (a failure on the way) is killed with its
+    whole tree at the test's teardown."""
+    count = processes.started_count()
+    yield
+    processes.end_started(count)
+    processes.note_test_end(request.node.nodeid)
 
 
 @pytest.fixture(scope="session", autouse=True)

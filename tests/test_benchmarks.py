@@ -23,7 +23,9 @@ SHORT = ("training.max_steps=2", "data.max_train_samples=40", "data.max_eval_sam
 
 
 def shipped_rows(name: str) -> list[dict]:
-    return [json.loads(line) for line in (RECIPES / "benchmarks" / f"{name}.jsonl").read_text().splitlines()]
+    from hftoolkit.evaluation.benchmarks import SHIPPED_TASKS
+
+    return [json.loads(line) for line in (SHIPPED_TASKS / f"{name}.jsonl").read_text().splitlines()]
 
 
 def samples(run: Path, task: str) -> list[dict]:
@@ -38,6 +40,40 @@ def lora_run(tmp_path_factory) -> Path:
     train_recipe(DECODER, run, *SHORT, f"eval.benchmarks.tasks=[{MC},{GEN}]", "eval.benchmarks.limit=5",
                  "eval.benchmarks.num_fewshot=0", "eval.generation.max_new_tokens=8")  # (0-shot: one-line prompts)
     return run
+
+
+def test_the_shipped_tasks_are_package_data_found_from_any_folder(tmp_path, monkeypatch):
+    """A wheel install carries them (pyproject's package-data), and the index finds them wherever the command runs."""
+    import fnmatch
+
+    from setuptools.config.pyprojecttoml import read_configuration  # (tomllib is 3.11 on)
+
+    from hftoolkit.evaluation.benchmarks import SHIPPED_TASKS, _index, task_manager
+
+    package = SHIPPED_TASKS.parents[1]
+    patterns = read_configuration(package.parent / "pyproject.toml", expand=False)["tool"]["setuptools"][
+        "package-data"]
+    files = {p.relative_to(package).as_posix() for p in SHIPPED_TASKS.iterdir() if p.is_file()}
+    assert {f"evaluation/harness_tasks/{name}" for name in ("everyday_mc.yaml", "everyday_mc.jsonl", "sums_gen.yaml",
+                                                            "sums_gen.jsonl", "loader.py")} <= files
+    assert [f for f in files if not any(fnmatch.fnmatch(f, p) for p in patterns["hftoolkit"])] == []
+    monkeypatch.chdir(tmp_path)
+    _index.cache_clear()
+    assert {MC, GEN} <= set(task_manager(None, (MC, GEN)).all_tasks)
+
+
+def test_the_keys_that_tell_a_harness_task_file_are_the_harness_own_and_no_recipe_key():
+    import dataclasses
+
+    from lm_eval.api.group import GroupConfig
+    from lm_eval.api.task import TaskConfig
+
+    from hftoolkit.config.recipe import Recipe
+    from hftoolkit.evaluation.benchmarks import HARNESS_KEYS
+
+    fields = {f.name for config in (TaskConfig, GroupConfig) for f in dataclasses.fields(config)}
+    assert HARNESS_KEYS - {"include"} <= fields  # (include: a file the harness's loader reads in first)
+    assert not HARNESS_KEYS & set(Recipe.model_fields)
 
 
 def test_train_with_eval_benchmarks_records_each_task(lora_run):
@@ -215,10 +251,11 @@ def load(**_):
 @pytest.mark.slow  # a real process, killed
 def test_a_run_killed_during_its_benchmarks_keeps_its_weights_and_eval_completes_it(tmp_path):
     import os
-    import signal
     import subprocess
     import sys
     import time
+
+    from tests.processes import kill_tree, start_in_group
 
     tasks = tmp_path / "tasks"
     tasks.mkdir()
@@ -228,15 +265,14 @@ def test_a_run_killed_during_its_benchmarks_keeps_its_weights_and_eval_completes
     argv = [sys.executable, "-m", "hftoolkit", "train", str(DECODER), "--output", str(run),
             *[a for s in SHORT for a in ("--set", s)], "--set", "eval.benchmarks.tasks=[slow_to_load]",
             "--set", f"eval.benchmarks.path={tasks}"]
-    process = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
+    process = start_in_group(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy())
     try:
         deadline = time.time() + 240
         while not (tasks / "loading").exists() and process.poll() is None and time.time() < deadline:
             time.sleep(0.5)
         assert (tasks / "loading").exists(), "the benchmark never started"
     finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        kill_tree(process)
     assert (run / "adapter" / "adapter_model.safetensors").is_file()
     assert json.loads((run / "manifest.json").read_text())["status"] != "complete"
     result = run_cli("eval", run, "--benchmark", MC, "--limit", "3")

@@ -13,7 +13,7 @@ HEAVY = ("torch", "transformers", "peft", "datasets", "accelerate", "lm_eval")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["validate", str(RECIPES / "encoder-classification.yaml")],
-                                  ["recipes"], ["doctor"], ["runs", "tests"], ["eval", "--help"],
+                                  ["recipes"], ["doctor"], ["runs", str(ROOT / "tests")], ["eval", "--help"],
                                   ["validate", str(RECIPES / "decoder-clm.yaml"), "--set",
                                    "eval.benchmarks.tasks=[hftoolkit_everyday_mc]"]],
                          ids=lambda a: " ".join(a[:2]) if a[0] == "eval" else a[0] + ("+bench" if len(a) > 2 else ""))
@@ -23,7 +23,7 @@ def test_light_commands_import_no_torch(argv):
             "try:\n    app(sys.argv[1:])\nexcept SystemExit as e:\n    code = e.code\n"
             f"heavy = [m for m in {HEAVY!r} if m in sys.modules]\n"
             "print('HEAVY', heavy); sys.exit(code)")
-    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
 
@@ -43,7 +43,7 @@ def test_a_run_that_quantizes_nothing_never_imports_bitsandbytes():
             "job = resolve_job(replaced(recipe, {'model.quantization': '8bit'}), data=False)\n"
             "model, _ = formulation(job).load_model(job)\n"
             "print('8BIT', type(model.base_model.model.bert.encoder.layer[0].attention.self.query).__name__)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=180)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "PLAIN False" in out.stdout and "8BIT Linear8bitLt" in out.stdout, out.stdout
 
@@ -86,12 +86,11 @@ def test_doctor_reports_versions_backend_and_the_hub_settings():
 
 
 def test_python_dash_m_works():
-    out = subprocess.run([sys.executable, "-m", "hftoolkit", "--help"], capture_output=True, text=True,
-                         cwd=ROOT, timeout=60)
+    out = subprocess.run([sys.executable, "-m", "hftoolkit", "--help"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and "Usage" in out.stdout
     # The console script ends without the interpreter's teardown: the exit status must survive that.
     out = subprocess.run([sys.executable, "-m", "hftoolkit", "validate", "missing.yaml"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=60)
+                         text=True, timeout=60)
     assert out.returncode == 2 and out.stderr.startswith("Error: missing.yaml: recipe file not found"), out.stderr
 
 

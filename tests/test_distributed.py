@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -20,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES, ROOT, run_cli, train_recipe
+from tests.conftest import RECIPES, run_cli, train_recipe
+from tests.processes import kill_tree, start_in_group
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 SEQ2SEQ = RECIPES / "seq2seq-translation-t5.yaml"
@@ -44,15 +44,14 @@ SAME_BATCHES = ("training.precision=fp32", "lora.dropout=0", "data.max_train_sam
 
 
 def run_bounded(cmd: list[str], env: dict | None = None) -> tuple[int, str, float]:
-    """Run `cmd` in its own process group; past BOUND_S kill the whole group and fail the test."""
+    """Run `cmd` in its own session; past BOUND_S kill its whole tree and fail the test."""
     started = time.perf_counter()
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
-    proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=full_env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = start_in_group(cmd, env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = proc.communicate(timeout=BOUND_S)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc)
         output, _ = proc.communicate()
         pytest.fail(f"still running after {BOUND_S} s (a process hangs): {' '.join(map(str, cmd))}\n{output[-3000:]}")
     return proc.returncode, output, time.perf_counter() - started

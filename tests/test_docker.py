@@ -221,8 +221,7 @@ def test_hadolint_default_rules_report_nothing(tmp_path):
     config.write_text("ignored: []\n", encoding="utf-8")
     result = subprocess.run(
         [hadolint, "--no-color", "--config", str(config), "--disable-ignore-pragma", "--failure-threshold", "info",
-         "Dockerfile"],
-        cwd=REPO,
+         str(REPO / "Dockerfile")],
         capture_output=True,
         text=True,
         timeout=120,

@@ -124,8 +124,9 @@ def test_the_benchmark_runs_where_only_the_server_packages_and_the_wheels_import
         link_distribution(name, shipped)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(shipped), str(ROOT)])}
     rows = ["LoRA + 4-bit", "full fine-tuning bf16, DDP x2", "QLoRA 4-bit, bf16 storage"]
-    out = subprocess.run([str(tmp_path / "server" / "bin" / "python"), "benchmarks/gpu.py", "--tiny", "--train-size",
-                          "64", "--variants", *rows], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    out = subprocess.run([str(tmp_path / "server" / "bin" / "python"), str(ROOT / "benchmarks" / "gpu.py"), "--tiny",
+                          "--train-size", "64", "--variants", *rows], env=env, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     table = out.stdout[out.stdout.index("variant "):].splitlines()
     assert table[2].startswith("LoRA + 4-bit") and "failed" not in table[2], table[2]

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from tests import hub_cache
-from tests.conftest import RECIPES, ROOT
+from tests.conftest import RECIPES
 
 MIRROR = "https://hf-mirror.example.org"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port on loopback: the connection is refused at once
@@ -283,7 +283,7 @@ def test_hub_module_is_light():
             "hub.explain(OSError('x'), 'model.checkpoint', 'a/b', 'model')\n"
             "print('SECONDS', time.perf_counter() - t)\n"
             "print('HEAVY', [m for m in ('torch', 'transformers', 'datasets', 'httpx2') if m in sys.modules])")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "HEAVY []" in out.stdout, out.stdout
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, train_recipe
+from tests.conftest import train_recipe
+from tests.processes import kill_tree, start_in_group
 from tests.test_distributed import ENCODER, SAME_BATCHES, STEPS, assert_complete_run, assert_same_training, step_losses
 
 BOUND_S = 240  # per pair of launched machines; a loaded 2-core machine takes ~30-50 s for one pair
@@ -62,9 +63,8 @@ def start_machines(outputs: tuple[Path, Path], sets: tuple[str, ...], *extra: st
         cmd = [sys.executable, "-m", "hftoolkit", "train", ENCODER, "--output", output, "--num-processes", "2",
                "--num-machines", "2", "--machine-rank", str(rank), "--main-process-ip", "127.0.0.1",
                "--main-process-port", port, *extra, *[a for s in sets for a in ("--set", s)]]
-        machines.append(subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=subprocess.PIPE,
-                                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                         env={**os.environ, "OMP_NUM_THREADS": "1", **env[rank]}))
+        machines.append(start_in_group(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                       env={**os.environ, "OMP_NUM_THREADS": "1", **env[rank]}))
     return machines
 
 
@@ -76,25 +76,9 @@ def finish(machines: list[subprocess.Popen], bound: float = BOUND_S) -> list[tup
             results.append(machine.communicate(timeout=max(deadline - time.monotonic(), 0.1)))
         except subprocess.TimeoutExpired:
             for m in machines:
-                kill_machine(m)
+                kill_tree(m)
             pytest.fail(f"a machine still runs after {bound} s (a process hangs)")
     return [(m.returncode, out) for m, (out, _) in zip(machines, results)]
-
-
-def kill_machine(machine: subprocess.Popen) -> None:
-    """SIGKILL the machine's whole process tree: torchrun starts the training process in a session of its own,
-    out of reach of a kill of the launcher's process group."""
-    import psutil  # (accelerate's dependency)
-
-    try:
-        tree = [psutil.Process(machine.pid), *psutil.Process(machine.pid).children(recursive=True)]
-    except psutil.NoSuchProcess:
-        return
-    for process in tree:
-        try:
-            process.kill()
-        except psutil.NoSuchProcess:
-            pass
 
 
 def train_two_machines(outputs: tuple[Path, Path], sets: tuple[str, ...], *extra: str) -> list[str]:
@@ -190,7 +174,7 @@ def test_full_fine_tuning_on_machines_with_a_folder_each_survives_a_killed_machi
     while not (saved / "checkpoint-2").is_dir() or (saved / ".tmp-checkpoint-2").exists():  # (committed, pausing)
         assert time.monotonic() < deadline and machines[0].poll() is None, "machine 1 never saved checkpoint 2"
         time.sleep(0.2)
-    kill_machine(machines[1])
+    kill_tree(machines[1])  # the whole tree, as losing the machine would
     killed = time.perf_counter()
     (code, output), _ = finish(machines, bound=STOP_BOUND_S)
     stop_s = time.perf_counter() - killed

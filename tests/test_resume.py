@@ -21,7 +21,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
+from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.processes import kill_tree, start_in_group
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 MLM = RECIPES / "encoder-mlm.yaml"
@@ -47,13 +47,13 @@ def start_training(recipe, run, sets, **hooks) -> subprocess.Popen:
     args = [sys.executable, "-m", "hftoolkit", "train", str(recipe), "--output", str(run)]
     for s in sets:
         args += ["--set", s]
-    log = open(run.parent / f"{run.name}.log", "wb")
-    return subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **hooks})
+    with open(run.parent / f"{run.name}.log", "wb") as log:
+        return start_in_group(args, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **hooks})
 
 
 def kill_when_paused(process: subprocess.Popen, log: Path | None = None, timeout: float = 300) -> None:
-    """SIGKILL the process once a test hook says it is paused (checkpoints.test_pause prints the line to `log`,
-    by default the one start_training writes); fail with the log if it ends or never gets there."""
+    """SIGKILL the process and its whole tree once a test hook says it is paused (checkpoints.test_pause prints the
+    line to `log`, by default the one start_training writes); fail with the log if it ends or never gets there."""
     from hftoolkit.training.checkpoints import PAUSED
 
     log = log or Path(process.args[process.args.index("--output") + 1] + ".log")
@@ -65,8 +65,7 @@ def kill_when_paused(process: subprocess.Popen, log: Path | None = None, timeout
                             + log.read_text(errors="replace")[-3000:])
             time.sleep(0.2)
     finally:
-        process.send_signal(signal.SIGKILL)
-        process.wait()
+        kill_tree(process)
 
 
 @contextlib.contextmanager
@@ -74,8 +73,7 @@ def killed_on_error(process: subprocess.Popen):
     try:
         yield
     except BaseException:
-        process.kill()
-        process.wait()
+        kill_tree(process)
         raise
 
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import RECIPES, ROOT, run_cli
+from tests.conftest import RECIPES, run_cli
+from tests.processes import kill_tree, start_in_group
 from tests.test_resume import kill_when_paused
 
 ENCODER = RECIPES / "encoder-classification.yaml"
@@ -207,9 +207,9 @@ def test_killed_sweep_completes_when_run_again_without_retraining_finished_varia
     args = sweep_args(tmp_path, "training.max_steps=2,6", sets=sets)
     folder = tmp_path / "encoder-classification"
     first, second = folder / "max-steps-2", folder / "max-steps-6"
-    log = open(tmp_path / "sweep.log", "wb")
-    process = subprocess.Popen([sys.executable, "-m", "hftoolkit", *map(str, args)], cwd=ROOT, stdout=log,
-                               stderr=subprocess.STDOUT, env={**os.environ, "HFTOOLKIT_TEST_PAUSE_AFTER_SAVE": "4"})
+    with open(tmp_path / "sweep.log", "wb") as log:
+        process = start_in_group([sys.executable, "-m", "hftoolkit", *args], stdout=log, stderr=subprocess.STDOUT,
+                                 env={**os.environ, "HFTOOLKIT_TEST_PAUSE_AFTER_SAVE": "4"})
     kill_when_paused(process, tmp_path / "sweep.log")
     assert (second / "checkpoints" / "checkpoint-4").is_dir()
     assert json.loads((first / "manifest.json").read_text())["status"] == "complete"
@@ -234,13 +234,12 @@ def test_killed_sweep_completes_when_run_again_without_retraining_finished_varia
 def test_num_processes_launches_each_variant_like_train_does(tmp_path):
     """--num-processes 2: each variant is `hftoolkit train` relaunched under accelerate (2 CPU processes, gloo)."""
     args = sweep_args(tmp_path, "lora.r=4", sets=(*SHORT, "training.batch_size=8"))
-    process = subprocess.Popen([sys.executable, "-m", "hftoolkit", *map(str, args), "--num-processes", "2"],
-                               cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = start_in_group([sys.executable, "-m", "hftoolkit", *args, "--num-processes", "2"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         output, _ = process.communicate(timeout=300)
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        kill_tree(process)
         output, _ = process.communicate()
         pytest.fail(f"the sweep still ran after 300 s:\n{output[-3000:]}")
     assert process.returncode == 0, output[-3000:]

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.processes import start_in_group
 
 
 @pytest.mark.slow
@@ -17,8 +17,8 @@ def test_two_runs_building_the_same_tiny_checkpoint_at_once_both_get_it(tmp_path
     # finishes second must use the first one's folder, not fail on it.
     code = "from hftoolkit.sources.tiny import ensure_tiny; print('PATH', ensure_tiny('bert'))"
     env = {**os.environ, "HFTOOLKIT_CACHE": str(tmp_path / "cache")}
-    runs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, text=True,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
+    runs = [start_in_group([sys.executable, "-c", code], env=env, text=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
     outputs = [run.communicate(timeout=300) for run in runs]
     for run, (_, err) in zip(runs, outputs):
         assert run.returncode == 0, err[-2000:]

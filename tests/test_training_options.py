@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
+from tests.conftest import RECIPES, plain, run_cli, train_recipe
 from tests.test_resume import kill_when_paused, killed_on_error, losses, start_training
 
 ENCODER = RECIPES / "encoder-classification.yaml"
@@ -72,7 +72,7 @@ def test_version_and_short_help():
     # --version is a light command: it reads the other versions from the installed metadata.
     code = "from hftoolkit.cli.app import main\nmain()\n"
     out = subprocess.run([sys.executable, "-X", "importtime", "-c", code, "--version"], capture_output=True,
-                         text=True, cwd=ROOT, timeout=60)
+                         text=True, timeout=60)
     assert out.returncode == 0 and "transformers 5." in out.stdout
     imported = {line.rsplit("|", 1)[-1].strip() for line in out.stderr.splitlines() if line.startswith("import time:")}
     assert "typer" in imported and not {"torch", "transformers", "peft"} & imported
@@ -355,7 +355,7 @@ def test_gradient_checkpointing_lowers_peak_memory(tmp_path):
         "data": {"train": str(data), "eval": str(data), "max_length": 384, "max_eval_samples": 2},
         "training": {"max_steps": 1, "batch_size": 8}, "eval": {"max_predictions": 0}}))
     out = subprocess.run([sys.executable, "-c", MEMORY_SCRIPT, str(recipe), str(tmp_path)], capture_output=True,
-                         text=True, cwd=ROOT, timeout=600)
+                         text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     peaks = {line.split()[1]: float(line.split()[2]) for line in out.stdout.splitlines() if line.startswith("PEAK")}
     print(f"peak RSS with checkpointing {peaks['true']:.0f} MB, without {peaks['false']:.0f} MB")
