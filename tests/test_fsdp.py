@@ -3,8 +3,9 @@
 For LoRA and for full fine-tuning, one session-scoped set of runs serves every assertion:
 - `one`: the recipe on 1 process (in-process), the reference;
 - `fsdp`: `train --accelerate-config recipes/accelerate/fsdp.yaml` on 2 processes, a checkpoint every 2 of 4 steps;
-- `killed`: the same, SIGKILLed once checkpoint 2 is committed, then `train --resume` on 2 processes.
-The killed run starts first and waits at its test pause (asleep) while `fsdp` runs, so the two launches overlap.
+- `killed`: the same through tests/test_kills.py's chain: SIGKILL of the launcher's group, of the top process and
+  of one training process, after checkpoints 1, 2 and 3, each followed by `train --resume` on 2 processes.
+The killed run starts first and waits at its first pause (asleep) while `fsdp` runs, so the two launches overlap.
 
 Tolerances: 1 vs 2 processes sum float32 in another order, so per-step losses and final weights are held to
 tests/test_distributed.py's derived bounds (LOSS_RTOL, Adam's 2 x lr x steps, NOISY_SHARE); a resumed run
@@ -15,19 +16,13 @@ The runs use a copy of the tiny BERT with dropout 0 (each process draws its own 
 from __future__ import annotations
 
 import json
-import os
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 
-from hftoolkit.training.checkpoints import PAUSED
 from tests import test_distributed
-from tests.conftest import RECIPES, ROOT, run_cli, train_recipe
+from tests.conftest import RECIPES, run_cli, train_recipe
 from tests.test_distributed import (
-    BOUND_S,
     LOSS_RTOL,
     NOISY_SHARE,
     SAME_BATCHES,
@@ -35,6 +30,7 @@ from tests.test_distributed import (
     run_bounded,
     step_losses,
 )
+from tests.test_kills import KILLS, assert_same_run, kill_chain
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
@@ -62,28 +58,16 @@ def runs(request, tmp_path_factory, no_dropout):
     sets = (f"model.checkpoint={no_dropout['bert']}", *SAME_BATCHES, *MODES[request.param],
             "data.max_eval_samples=16", "eval.max_predictions=4", "training.save_steps=2")
     launch = [sys.executable, "-m", "hftoolkit", "train", ENCODER, "--accelerate-config", FSDP, *_argv(sets)]
-    killed = root / "killed"
-    log = root / "killed.log"
-    with open(log, "wb") as out:  # (its own process group: the launcher and both training processes are killed)
-        process = subprocess.Popen([str(a) for a in [*launch, "--output", killed]], cwd=ROOT, stdout=out,
-                                   stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "OMP_NUM_THREADS": "1", "HFTOOLKIT_TEST_PAUSE_AFTER_SAVE": "2"})
-    try:
+
+    def uninterrupted():
         rc, output, _ = run_bounded([*launch, "--output", root / "fsdp"])
         assert rc == 0, output[-4000:]
         assert output.count("run directory:") == 1, "the results are printed by the main process only"
         train_recipe(ENCODER, root / "one", *sets)
-        deadline = time.monotonic() + BOUND_S
-        while PAUSED not in log.read_text(errors="replace"):
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-            time.sleep(0.2)
-    finally:
-        os.killpg(process.pid, signal.SIGKILL)  # mid-run: checkpoint 2 of 4 committed
-        process.wait()
-    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["checkpoint-2"]
-    rc, output, _ = run_bounded([sys.executable, "-m", "hftoolkit", "train", "--resume", killed,
-                                 "--accelerate-config", FSDP])
-    assert rc == 0, output[-4000:]
+
+    killed = root / "killed"  # a checkpoint at every step, for one interruption after each
+    chain_args = [str(ENCODER), *_argv((*sets, "training.save_steps=1"))]
+    kill_chain(root, chain_args, killed, list(KILLS), ("--accelerate-config", str(FSDP)), reference=uninterrupted)
     return {"mode": request.param, "one": root / "one", "fsdp": root / "fsdp", "killed": killed}
 
 
@@ -142,14 +126,10 @@ def test_saved_weights_are_the_gathered_state(runs):
         assert tensor.shape == gathered[name].shape and torch.equal(tensor, gathered[name]), name
 
 
-def test_killed_and_resumed_fsdp_run_ends_as_the_uninterrupted_one(runs):
-    import torch
-
-    assert json.loads((runs["killed"] / "manifest.json").read_text())["resumed_from"].endswith("checkpoint-2")
-    assert step_losses(runs["killed"]) == step_losses(runs["fsdp"])
-    resumed, uninterrupted = _weights(runs["killed"]), _weights(runs["fsdp"])
-    assert resumed.keys() == uninterrupted.keys()
-    assert all(torch.equal(resumed[k], uninterrupted[k]) for k in resumed)
+def test_killed_every_way_and_resumed_fsdp_run_ends_as_the_uninterrupted_one(runs):
+    """tests/test_kills.py's chain: the launcher's group, the top process and one training process SIGKILLed
+    after checkpoints 1, 2 and 3 in turn, each followed by --resume."""
+    assert_same_run(runs["killed"], runs["fsdp"])
 
 
 def test_merge_folds_the_fsdp_adapter(runs, tmp_path):

@@ -130,7 +130,7 @@ def test_missing_values_show_as_dash_with_notes(report):
     rows = table_rows(markdown)
     assert f"accuracy={DASH} ↑" in rows["vit-nometric"]
     assert rows["bart-sum-old"][9] == DASH  # peak memory
-    assert rows["vit-running"][1] == "running"
+    assert rows["vit-running"][1] == "interrupted"  # "running", with no live writer holding its run.lock
     assert rows["vit-running"][3] == "init:vision"  # from recipe.yaml, since metrics.json is missing
     assert rows["vit-running"][7] == "accuracy=0.99 ↑ (interim)"  # last eval in log_history.jsonl
     assert "no metrics.json: run did not finish" in markdown
@@ -200,7 +200,7 @@ def test_same_task_section_for_every_task_with_two_runs(report):
     assert rows["gpt2-clm-4bit"][-1] == "yes: params, time, memory"
 
     _, rows = same_task_section(markdown, "image-classification")
-    assert rows["vit-running"][3] == "running" and rows["vit-running"][-1] == DASH, "unfinished runs are not ranked"
+    assert rows["vit-running"][3] == "interrupted" and rows["vit-running"][-1] == DASH, "unfinished runs aren't ranked"
     assert rows["vit-nometric"][-1] == DASH
 
 
@@ -232,7 +232,7 @@ def test_load_run_reads_contract_and_ignores_unknown_fields(report):
     assert run.main_value == pytest.approx(28.1) and run.greater_is_better is False
     assert [step for step, _ in run.loss_curve] == [10, 20, 30, 40]
     running = load_run(runs[-1])
-    assert running.status == "running" and running.eval_final is False and running.main_value == 0.99
+    assert running.status == "interrupted" and running.eval_final is False and running.main_value == 0.99
     rows = summary_rows([load_run(path) for path in runs])
     assert list(rows[0]) == ["run", "status", "family", "checkpoint", "task", "quant", "LoRA r", "main metric",
                              "trainable / total", "peak mem", "train time", "notes"]
@@ -262,7 +262,7 @@ def test_wrong_types_and_bare_runs_still_make_every_plot(tmp_path):
     (bare / "manifest.json").write_text(json.dumps({"status": "running", "error": "  "}))
     out = tmp_path / "out"
     markdown = write_report([bare], out).read_text(encoding="utf-8")
-    assert table_rows(markdown)["bare"][1] == "running"
+    assert table_rows(markdown)["bare"][1] == "interrupted"
     for name in PLOTS:
         assert (out / name).read_bytes().startswith(PNG_MAGIC)
     rows = table_rows(write_report([odd, bare], out).read_text(encoding="utf-8"))
@@ -291,8 +291,7 @@ def test_no_run_directories_is_an_error(tmp_path):
 def test_importing_report_imports_no_matplotlib_or_torch():
     code = ("import sys, hftoolkit.runs.report; "
             "print(sorted(m for m in ('matplotlib', 'torch', 'transformers') if m in sys.modules))")
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=Path(__file__).parents[1])
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "[]"
 
 

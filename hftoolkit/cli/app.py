@@ -102,13 +102,7 @@ def train(
     from hftoolkit.config.recipe import load_recipe
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
-    if resume and overwrite:
-        raise UserError("--resume and --overwrite contradict each other: pass one of them")
-    if resume and recipe.is_dir():  # `train --resume RUN_DIR`: the run's own resolved recipe
-        if not (recipe / "recipe.yaml").is_file():
-            raise UserError(f"--resume: {recipe} has no recipe.yaml, so it is not a run directory: "
-                            "pass a folder written by hftoolkit train, or the recipe file with --output")
-        output, recipe = output or recipe, recipe / "recipe.yaml"
+    recipe, output = _recipe_and_output(recipe, output, resume, overwrite)
     parsed = load_recipe(recipe, set_ or [])
     run_dir = output or parsed.run_dir
     from hftoolkit.training import distributed as launch
@@ -120,7 +114,7 @@ def train(
 
     if plan.relaunch:  # N processes, each running this command without the launch options
         if plan.machine_rank == 0 or parsed.training.save_on_each_node:  # (a machine that writes the run folder)
-            check_run_folder(run_dir, overwrite, resume)  # refused here in one line, before any process starts
+            check_run_folder(run_dir, overwrite, resume, plan.sharding)  # refused in one line, before any launch
         raise typer.Exit(launch.relaunch(plan, sys.argv[1:], run_dir))
     from hftoolkit.processes import is_main_process
 
@@ -129,6 +123,18 @@ def train(
     if is_main_process():
         stdout.show_result(metrics, run_dir, as_json, verbosity)
     launch.end_processes()
+
+
+def _recipe_and_output(recipe: Path, output: Path | None, resume: bool, overwrite: bool) -> tuple[Path, Path | None]:
+    """The recipe file and --output of `train`: with `--resume RUN_DIR`, the run's own resolved recipe."""
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite contradict each other: pass one of them")
+    if resume and recipe.is_dir():
+        if not (recipe / "recipe.yaml").is_file():
+            raise UserError(f"--resume: {recipe} has no recipe.yaml, so it is not a run directory: "
+                            "pass a folder written by hftoolkit train, or the recipe file with --output")
+        return recipe / "recipe.yaml", output or recipe
+    return recipe, output
 
 
 @app.command("eval")
@@ -301,21 +307,7 @@ def validate(
     from hftoolkit.config.families import static_family
     from hftoolkit.config.recipe import RecipeError, load_recipe
     from hftoolkit.evaluation.benchmarks import harness_task_file
-    from hftoolkit.training.distributed import plan_launch
-
-    def launch_config_file(path: Path) -> str | None:
-        """One line for an accelerate launch config (recipes/accelerate/) passed as a recipe; None otherwise."""
-        import yaml
-
-        try:
-            raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, yaml.YAMLError, RecursionError):
-            return None
-        if not isinstance(raw, dict) or {"name", "task", "model", "data"} & set(raw) \
-                or not {"distributed_type", "compute_environment"} & set(raw):
-            return None
-        return (f"{path}: an accelerate launch config, not a recipe: name it in a recipe's "
-                "training.accelerate_config, or pass it to `hftoolkit train --accelerate-config`")
+    from hftoolkit.training.distributed import launch_config_file, plan_launch
 
     problems = []
     for path in recipes:

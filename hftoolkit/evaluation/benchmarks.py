@@ -88,7 +88,7 @@ def harness_task_file(path: Path) -> str | None:
 
     Loader.add_multi_constructor("!", lambda loader, suffix, node: tags.append(node.tag))
     try:
-        raw = yaml.load(Path(path).read_text(encoding="utf-8"), Loader=Loader)
+        raw = Loader(Path(path).read_text(encoding="utf-8")).get_single_data()  # (yaml.safe_load, tags kept)
     except (OSError, ValueError, yaml.YAMLError, RecursionError):
         return None  # (not a YAML mapping: the recipe loader says what is wrong with it)
     if not isinstance(raw, dict):

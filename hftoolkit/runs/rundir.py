@@ -76,8 +76,7 @@ class RunDirectory:
             self.path.mkdir(parents=True, exist_ok=True)
             interrupted = self.hold("train", command)
             if not resume:
-                for path in self.contents():
-                    shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
+                self._remove(self.contents())
         except PermissionError:  # os.access can say yes where the file system then says no (root-squashed NFS)
             raise UserError(_not_writable(self.path, checked=False)) from None
         return interrupted
@@ -145,6 +144,20 @@ class RunDirectory:
         if fd is not None:
             (self.path / LOCK).unlink(missing_ok=True)
             os.close(fd)
+
+    def discard(self) -> None:
+        """Remove the run folder: what it holds only while this process holds its lock (a folder it does not hold
+        is another run's), then the folder itself if that left it empty."""
+        if self.path.resolve() in _held:
+            self._remove(self.contents())
+            self.release()
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+    @staticmethod
+    def _remove(paths: list[Path]) -> None:
+        for path in paths:
+            shutil.rmtree(path) if path.is_dir() and not path.is_symlink() else path.unlink()
 
     def holder(self) -> dict | None:
         """The live writer's record (pid, host, started, command), or None when no process holds the lock."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import time
 from pathlib import Path
@@ -120,7 +121,9 @@ def resume_point(run, recipe_yaml: str) -> Path | None:
     run then starts from step 0). Raises UserError for a finished run, a recipe that differs
     from the run's recipe.yaml (but for RESUMABLE_CHANGES), or a damaged checkpoint.
     """
-    refusal = resume_refusal(run)
+    from hftoolkit.processes import sharding_launched
+
+    refusal = resume_refusal(run, sharding_launched())
     if refusal:
         raise UserError(refusal)
     if not run.manifest():
@@ -139,10 +142,18 @@ def resume_point(run, recipe_yaml: str) -> Path | None:
     return checkpoint
 
 
-def resume_refusal(run) -> str | None:
+def resume_refusal(run, sharding: str | None) -> str | None:
     """Why the folder alone says a --resume makes no sense (a complete run, one whose eval only failed, files that
-    are not a run), or None; light, so that it is asked before any training process starts."""
+    are not a run, checkpoints of another sharding than `sharding`, the FSDP or DEEPSPEED this launch engages), or
+    None; light, so that it is asked before any training process starts."""
     manifest = run.manifest()
+    ran = (manifest.get("distributed") or {}).get("type") if isinstance(manifest.get("distributed"), dict) else None
+    if ran in ("FSDP", "DEEPSPEED") and sharding != ran and manifest.get("status") != "complete":
+        from hftoolkit.training.distributed import launch_options
+
+        options = shlex.join(launch_options(shlex.split(manifest.get("command") or ""))) or "its launch options"
+        return (f"--resume: run {run.path} trained under {ran}, whose checkpoints only {ran} reads: resume it with "
+                f"the launch it started with ({options})")
     if not manifest:
         if run.contents():
             return (f"--resume: {run.path} holds files but no manifest.json, so it is not a run directory: "

@@ -82,6 +82,12 @@ class LaunchPlan:
         return self.distributed == "FSDP" or (self.distributed == "DEEPSPEED" and self.zero_stage == 3)
 
     @property
+    def sharding(self) -> str | None:
+        """"FSDP" or "DEEPSPEED" when the launch engages one (as processes.sharding_launched reads it in each
+        launched process), else None."""
+        return self.distributed if self.distributed in ("FSDP", "DEEPSPEED") else None
+
+    @property
     def relaunch(self) -> bool:
         return not self.launched and (self.config is not None or self.num_processes > 1 or self.num_machines > 1)
 
@@ -151,6 +157,21 @@ def _on_machines(plan: LaunchPlan, config: dict, machines: Machines) -> LaunchPl
     return replace(plan, num_machines=count, machine_rank=int(pick("machine_rank", 0) or 0),
                    main_process_ip=pick("main_process_ip"),
                    main_process_port=int(port) if port is not None else DEFAULT_PORT if count > 1 else None)
+
+
+def launch_config_file(path: Path) -> str | None:
+    """One line saying that `path` is an accelerate launch config, not a recipe (for `validate`); None otherwise."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError, yaml.YAMLError, RecursionError):
+        return None
+    if not isinstance(raw, dict) or {"name", "task", "model", "data"} & set(raw) \
+            or not {"distributed_type", "compute_environment"} & set(raw):
+        return None
+    return (f"{path}: an accelerate launch config, not a recipe: name it in a recipe's "
+            "training.accelerate_config, or pass it to `hftoolkit train --accelerate-config`")
 
 
 def check_machines(plan: LaunchPlan) -> list[str]:

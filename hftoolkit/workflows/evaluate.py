@@ -4,7 +4,6 @@ untrained base checkpoint (the baseline); `load_trained` rebuilds a run's model 
 from __future__ import annotations
 
 import re
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -12,6 +11,7 @@ from hftoolkit import console
 from hftoolkit.config.recipe import Recipe, load_recipe, recipe_to_yaml, replaced
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation.evaluate import evaluate
+from hftoolkit.job.preflight import PACKED_TASKS
 from hftoolkit.job.spec import Job
 from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models.families import formulation
@@ -34,6 +34,8 @@ def load_trained(run_dir: Path, full_precision: bool = False, data: bool = False
         raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
     weights = run.weights_dir()
     recipe = load_recipe(run / "recipe.yaml")
+    if recipe.data.packing is True and recipe.task not in PACKED_TASKS:  # (accepted, and ignored, before preflight
+        recipe = replaced(recipe, {"data.packing": None})                # refused it: such runs still load)
     if full_precision:
         recipe = replaced(recipe, {"model.quantization": "none"})
     if split:
@@ -106,8 +108,7 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
         return _evaluate_base(recipe, split, run, command)
     except BaseException:
         if run is not None and not run.contents():
-            run.release()
-            shutil.rmtree(run.path)  # bad input: leave no empty run directory behind
+            run.discard()  # bad input: leave no empty run directory behind
         raise
     finally:
         if run is not None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import shlex
-import shutil
 import time
 from pathlib import Path
 
@@ -83,9 +82,12 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         with state.main_process_first():  # resolved on the main process first; the others read its caches
             job = _resolve(recipe, run.refusal(overwrite, resume) if writer else None)
         if writer:
-            _say_interrupted(run, run.claim(overwrite=overwrite, resume=resume, command=shlex.join(command)))
+            run.path.mkdir(parents=True, exist_ok=True)
         state.wait_for_everyone()
         check_run_directory(run.path, recipe.training.save_on_each_node)  # (several machines: shared, or one each)
+        if writer:
+            _say_interrupted(run, run.claim(overwrite=overwrite, resume=resume, command=shlex.join(command)))
+        state.wait_for_everyone()
         existed = bool(run.contents())  # kept by --resume: never removed on error
         for line in job.findings.notes:
             console.note(f"preflight: {line}")
@@ -106,13 +108,14 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         run.release()
 
 
-def check_run_folder(run_dir: Path, overwrite: bool, resume: bool) -> None:
+def check_run_folder(run_dir: Path, overwrite: bool, resume: bool, sharding: str | None) -> None:
     """What the run folder alone can refuse (a live run writes there, a non-empty folder, a --resume of a run that
-    is complete or not a run), checked before any training process is started, so that a refusal is one line."""
+    is complete, not a run, or sharded otherwise than `sharding`: FSDP, DEEPSPEED or None), checked before any
+    training process is started, so that a refusal is one line."""
     from hftoolkit.training.checkpoints import resume_refusal
 
     run = RunDirectory(run_dir)
-    refusal = run.refusal(overwrite, resume) or (resume_refusal(run) if resume else None)
+    refusal = run.refusal(overwrite, resume) or (resume_refusal(run, sharding) if resume else None)
     if refusal:
         raise UserError(refusal)
 
@@ -145,9 +148,8 @@ def _stopped(stop: Stopped, run: RunDirectory, writer: bool, existed: bool, prog
             run.write_jsonl("log_history.jsonl", progress.trainer.state.log_history)
         run.finish(TRAINED_EVAL_FAILED if progress.trained else "stopped", error=said)
         run.update_manifest(stopped_at_step=step)
-    elif writer and not existed and run.path.is_dir():
-        run.release()
-        shutil.rmtree(run.path, ignore_errors=True)  # nothing written yet: leave no run directory behind
+    elif writer and not existed:
+        run.discard()  # nothing written yet: leave no run directory behind
     if is_main_process():
         console.error(f"{said}; {then}")
     stop.said = True
@@ -291,8 +293,7 @@ def _fail(err: BaseException, run: RunDirectory, writer: bool, existed: bool, pr
     if not writer:
         return
     if isinstance(err, UserError) and not existed and progress.trainer is None:
-        run.release()
-        shutil.rmtree(run.path, ignore_errors=True)  # bad input, found before training: leave nothing
+        run.discard()  # bad input, found before training: leave nothing
     elif progress.written:  # (a refused --resume has written nothing)
         if progress.trainer is not None:  # a failed run keeps its log
             run.write_jsonl("log_history.jsonl", progress.trainer.state.log_history)
@@ -303,8 +304,7 @@ def _fail(err: BaseException, run: RunDirectory, writer: bool, existed: bool, pr
                           f"problem below is fixed, `hftoolkit eval {run.path}` evaluates them and completes the run"
                           + (" (add --benchmark TASKS for eval.benchmarks)" if run.metrics().get("eval") else ""))
     elif run.path.is_dir() and not any(p.name != "train.log" for p in run.contents()):
-        run.release()
-        shutil.rmtree(run.path)  # nothing but the log was written: leave no run directory behind
+        run.discard()  # nothing but the log was written: leave no run directory behind
 
 
 def resolved_record(job: Job) -> dict:
