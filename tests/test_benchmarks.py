@@ -76,6 +76,7 @@ def test_the_keys_that_tell_a_harness_task_file_are_the_harness_own_and_no_recip
     assert not HARNESS_KEYS & set(Recipe.model_fields)
 
 
+@pytest.mark.slow
 def test_train_with_eval_benchmarks_records_each_task(lora_run):
     metrics = json.loads((lora_run / "metrics.json").read_text())
     assert set(metrics["benchmarks"]) == {MC, GEN}
@@ -113,6 +114,7 @@ def _choice_logprobs(model, tokenizer, context: str, choices: list[str], seq2seq
                                             pytest.param("smollm2", False, marks=[pytest.mark.slow,
                                                                                   pytest.mark.xdist_group("smollm2")])],
                          ids=["gpt2", "t5", "smollm2"])
+@pytest.mark.slow
 def test_multiple_choice_accuracy_equals_the_accuracy_from_the_models_loglikelihoods(recipe, seq2seq, tmp_path,
                                                                                       request):
     import torch
@@ -188,6 +190,7 @@ def test_without_the_harness_benchmark_says_how_to_install_it(monkeypatch):
     assert "pip install 'hftoolkit[benchmarks]'" in result.output and len(result.output.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_a_lora_run_and_its_merged_folder_score_the_same(lora_run, tmp_path):
     merged = tmp_path / "merged"
     run_cli("merge", lora_run, "--output", merged)
@@ -293,6 +296,7 @@ def base_and_tuned_report(lora_run, tmp_path_factory) -> tuple[Path, Path]:
     return base, root / "out"
 
 
+@pytest.mark.slow
 def test_the_report_sets_each_benchmark_of_the_tuned_run_beside_its_base(lora_run, base_and_tuned_report):
     base, out = base_and_tuned_report
     report = (out / "report.md").read_text()

@@ -134,6 +134,7 @@ def test_lora_on_gpt2_trains_c_attn_only_with_the_expected_count():
     assert model.peft_config["default"].fan_in_fan_out, "GPT-2's Conv1D stores its weight transposed"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bits, layer", [("8bit", "Linear8bitLt"), ("4bit", "Linear4bit")])
 def test_quantized_lora_trains_with_lm_head_in_full_precision(bits, layer, tmp_path):
     pytest.importorskip("bitsandbytes", reason="bitsandbytes is not installed")

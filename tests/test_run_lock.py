@@ -63,6 +63,14 @@ def trained(tmp_path) -> Path:
     return run
 
 
+@pytest.fixture(scope="session")
+def trained_once(tmp_path_factory) -> Path:
+    """A complete LoRA run that the tests using it leave as it is."""
+    run = tmp_path_factory.mktemp("locked") / "run"
+    train_recipe(ENCODER, run, *TINY)
+    return run
+
+
 def test_a_finished_run_leaves_no_lock_and_a_killed_writers_record_is_reported_as_interrupted(trained):
     assert not (trained / LOCK).exists()
     assert RunDirectory(trained).holder() is None
@@ -80,8 +88,9 @@ def test_a_finished_run_leaves_no_lock_and_a_killed_writers_record_is_reported_a
                                   ("train", str(ENCODER), "--output", "{run}", "--overwrite"), ("eval", "{run}"),
                                   ("merge", "{run}", "--output", "{out}")],
                          ids=["resume", "second-train", "overwrite", "eval", "merge"])
-def test_a_folder_a_live_run_writes_is_refused_in_one_line_that_names_the_run(trained, tmp_path, args):
-    before = {p.name: p.stat().st_mtime_ns for p in trained.iterdir()}
+def test_a_folder_a_live_run_writes_is_refused_in_one_line_that_names_the_run(trained_once, tmp_path, args):
+    trained = trained_once
+    before = {p.name: p.stat().st_mtime_ns for p in trained.iterdir() if p.name != LOCK}
     writer = hold_elsewhere(trained)
     try:
         result = run_cli(*(a.format(run=trained, out=tmp_path / "merged") for a in args), expect=2)
@@ -91,7 +100,7 @@ def test_a_folder_a_live_run_writes_is_refused_in_one_line_that_names_the_run(tr
     assert said.count("Error:") == 1 and "being written by a live run" in said, result.output
     assert "hftoolkit train recipes/x.yaml" in said and "elsewhere" in said and "kill" in said, said
     after = {p.name: p.stat().st_mtime_ns for p in trained.iterdir() if p.name != LOCK}
-    assert after == {k: v for k, v in before.items()}, "the refused command wrote into the live run's folder"
+    assert after == before, "the refused command wrote into the live run's folder"
     assert not (tmp_path / "merged").exists()
     assert json.loads(run_cli("runs", trained.parent, "--json").stdout)[0]["status"] == "complete"
 

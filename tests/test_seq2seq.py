@@ -191,6 +191,7 @@ def _bitsandbytes_problem() -> str | None:
     return None
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(_bitsandbytes_problem() is not None, reason=str(_bitsandbytes_problem()))
 @pytest.mark.parametrize("arch", ["t5", "bart"])
 @pytest.mark.parametrize("bits", ["8bit", "4bit"])

@@ -20,7 +20,7 @@ SMALL = ("data.max_length=32", "training.batch_size=8", "training.logging_steps=
          "eval.max_predictions=2", "eval.generation.max_new_tokens=8")
 
 # One xdist worker takes the SmolLM2 tests, so the session converts the GGUF file once.
-pytestmark = pytest.mark.xdist_group("smollm2")
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("smollm2")]  # (a real checkpoint)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,10 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 
+
+@pytest.mark.slow
 def test_xdist_groups_keep_their_tests_on_one_worker(tmp_path):
     """The tests that start processes, build the Docker image or convert SmolLM2 share a worker through
     xdist_group. pytest 9.2 made loadgroup ignore the mark (pytest-xdist issue 1386): they then ran at once,

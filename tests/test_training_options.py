@@ -280,6 +280,7 @@ def test_dora_rslora_and_all_linear_change_what_is_trained():
         8 * (m.in_features + m.out_features) for m in layers)
 
 
+@pytest.mark.slow
 def test_4bit_double_quant_and_compute_dtype_reach_bitsandbytes():
     import torch
 
@@ -301,6 +302,7 @@ def test_4bit_double_quant_and_compute_dtype_reach_bitsandbytes():
 # ---------------------------------------------------------------- gradient checkpointing
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization", ["none", "8bit", "4bit"])
 def test_gradient_checkpointing_trains_lora_under_quantized_and_plain_weights(tmp_path, quantization):
     # LoRA's B starts at zero: it moves only if gradients flow back through the recomputed layers

@@ -40,6 +40,7 @@ def _digit_images(count: int):
     return digits(count)
 
 
+@pytest.mark.slow
 def test_train_writes_metrics_predictions_and_the_adapter(digits_run):
     import yaml
 
@@ -61,6 +62,7 @@ def test_train_writes_metrics_predictions_and_the_adapter(digits_run):
     assert "accuracy *" in result.output
 
 
+@pytest.mark.slow
 def test_learns_digits_clearly_above_the_majority_baseline(digits_run):
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.sources.data import load_data
@@ -72,6 +74,7 @@ def test_learns_digits_clearly_above_the_majority_baseline(digits_run):
     assert accuracy >= majority + 0.3, f"accuracy {accuracy:.3f} vs majority-class baseline {majority:.3f}"
 
 
+@pytest.mark.slow
 def test_eval_reproduces_the_metrics_and_predict_reads_a_png(digits_run, tmp_path):
     from hftoolkit.workflows.evaluate import load_trained
 
@@ -96,6 +99,7 @@ def test_eval_reproduces_the_metrics_and_predict_reads_a_png(digits_run, tmp_pat
     assert "is not a readable image" in plain(result.output)
 
 
+@pytest.mark.slow
 def test_lora_targets_the_query_value_projections_and_the_head_only(digits_run):
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.models import loading
