@@ -352,6 +352,8 @@ def relaunch(plan: LaunchPlan, argv: list[str], run_dir: Path | None = None) -> 
 
     import torch
 
+    from hftoolkit.training.launcher import LOG_NAME
+
     cuda = torch.cuda.is_available()
     here = plan.num_processes // plan.num_machines
     if cuda and plan.config is None and here > torch.cuda.device_count():
@@ -363,8 +365,10 @@ def relaunch(plan: LaunchPlan, argv: list[str], run_dir: Path | None = None) -> 
     with tempfile.TemporaryDirectory(prefix="hftoolkit-launch-") as reasons:
         process = subprocess.Popen(cmd, env={**env, REASONS_VARIABLE: reasons}, start_new_session=True)
         status, stopped = _wait_passing_signals(process)
-        _keep_log(Path(reasons) / "launcher.log", run_dir)
-        reason = None if stopped or status == 0 else first_reason(reasons)
+        _keep_log(Path(reasons) / LOG_NAME, run_dir)
+        reason = None if stopped or status == 0 else (
+            first_reason(reasons) or f"the launch ended with exit status {status} and no training process said why: "
+                                     "see the lines above, and the run directory's train.log if it has one")
     if stopped is not None:  # (the main training process has said where the run stopped)
         stop = Stopped(stopped)
         stop.said = True

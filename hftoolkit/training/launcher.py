@@ -56,6 +56,10 @@ def main(argv: list[str]) -> int:
         return 128 + int(stop.sigval)
     except Stopped as stop:
         return stop.exit_code
+    except Exception as err:  # accelerate refused the launch itself: its traceback goes to the log, its reason up
+        logging.getLogger(__name__).exception("accelerate launch failed")
+        record_reason(f"accelerate launch: {type(err).__name__}: {err}")
+        return 1
     return 0
 
 
