@@ -231,6 +231,19 @@ def test_quantized_model_under_zero3_or_fsdp_is_refused(monkeypatch):
             "--set", f"training.accelerate_config={RECIPES / 'accelerate' / 'ddp.yaml'}")
 
 
+def test_bf16_under_deepspeed_on_cpu_processes_is_refused_in_one_line(monkeypatch):
+    """transformers refuses bf16 where use_cpu is off, as DeepSpeed's CPU processes keep it: said before launching."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    zero3 = RECIPES / "accelerate" / "deepspeed-zero3.yaml"
+    result = run_cli("validate", ENCODER, "--set", "training.precision=bf16", "--set",
+                     f"training.accelerate_config={zero3}", expect=2)
+    said = [line for line in result.output.splitlines() if line.strip()]
+    assert len(said) == 1 and "training.precision: bf16 under DeepSpeed" in said[0] and "fp32" in said[0], said
+    run_cli("validate", ENCODER, "--set", "training.precision=fp32", "--set", f"training.accelerate_config={zero3}")
+
+
 def test_config_forcing_another_precision_is_refused(tmp_path):
     config = tmp_path / "fp16.yaml"
     config.write_text((RECIPES / "accelerate" / "ddp.yaml").read_text().replace("mixed_precision: 'no'",

@@ -261,9 +261,13 @@ def test_two_machines_killed_every_way_stop_whole_and_resume_to_the_uninterrupte
 def test_a_refusal_under_a_launch_is_one_line_said_before_any_process_starts(tmp_path, no_dropout):
     """--resume of a complete run, under the ZeRO-3 config on 2 processes: the run folder's state is checked before
     the launch, so the console shows the one line and nothing of DeepSpeed, torchrun or accelerate."""
+    import yaml
+
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
-    (run / "recipe.yaml").write_text(ENCODER.read_text())
+    recipe = yaml.safe_load(ENCODER.read_text())
+    recipe["training"]["precision"] = "fp32"  # (what DeepSpeed on CPU processes trains with)
+    (run / "recipe.yaml").write_text(yaml.safe_dump(recipe))
     (run / "manifest.json").write_text(json.dumps({"status": "complete"}))
     result = subprocess.run([sys.executable, "-m", "hftoolkit", "train", "--resume", str(run), "--accelerate-config",
                              str(RECIPES / "accelerate" / "deepspeed-zero3.yaml"), "--num-processes", "2"],

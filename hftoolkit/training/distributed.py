@@ -249,7 +249,24 @@ def check(recipe: Recipe, plan: LaunchPlan) -> list[str]:
     if plan.distributed == "DEEPSPEED" and not plan.launched and not _installed("deepspeed"):
         problems.append(f"{plan.source} uses DeepSpeed, which is not installed: pip install "
                         "'hftoolkit[deepspeed]', or use ddp.yaml or fsdp.yaml")
+    elif plan.distributed == "DEEPSPEED" and not _has_cuda():
+        problems += _deepspeed_cpu_precision(recipe, plan)
     return problems
+
+
+def _deepspeed_cpu_precision(recipe: Recipe, plan: LaunchPlan) -> list[str]:
+    """DeepSpeed's CPU processes keep TrainingArguments' use_cpu off (training/zero.py), and transformers then
+    refuses bf16 and fp16: said here in one line instead of its traceback from every process."""
+    from hftoolkit.job.machine import resolve_precision
+    from hftoolkit.sources.checkpoint import model_type_of
+
+    t = recipe.training
+    precision = resolve_precision(t.precision, model_type_of(recipe.model.checkpoint, recipe.model.gguf_file))
+    if precision == "fp32":
+        return []
+    auto = f" (auto picks {precision} on this machine)" if t.precision != precision else ""
+    return [f"training.precision: {precision}{auto} under DeepSpeed ({plan.source}) on CPU processes is refused by "
+            "transformers without a GPU: set training.precision: fp32, or use fsdp.yaml or ddp.yaml"]
 
 
 def _has_cuda() -> bool:
