@@ -129,10 +129,9 @@ class DataSection(Section):
     max_target_length: int = Field(64, gt=0)
     source_prefix: str = ""
     packing: bool | Literal["blocks"] | None = Field(
-        None, description="clm, instruction, translation and summarization on a decoder: true packs whole examples "
-                          "into full rows, attention "
-                          "never crossing from one into the next; blocks (clm only) cuts the concatenated texts into "
-                          "blocks of data.max_length; false pads each batch; unset: blocks for clm, false otherwise")
+        None, description="clm, instruction, translation, summarization on a decoder: true packs whole examples into "
+                          "full rows, attention never crossing from one into the next; blocks (clm only) cuts the "
+                          "concatenated texts into blocks of data.max_length; false pads; unset: blocks for clm")
     mask_probability: float = Field(0.15, ge=0.1, le=0.3)
     max_train_samples: int | None = Field(None, gt=0)
     max_eval_samples: int | None = Field(None, gt=0)
