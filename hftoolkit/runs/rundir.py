@@ -84,6 +84,7 @@ class RunDirectory:
     def start(self, recipe_yaml: str, command: list[str], seed: int) -> None:
         self.write_text("recipe.yaml", recipe_yaml)
         previous = self.manifest()
+        previous.pop("stopped_at_step", None)  # (a resumed run goes on past it)
         self.write_json("manifest.json", {
             **previous, "status": "running", "hftoolkit_version": __version__,
             "started": previous.get("started", _now()), "finished": None, "error": None,
