@@ -31,6 +31,7 @@ from hftoolkit.training.checkpoints import PAUSED, complete_checkpoints
 from tests.conftest import RECIPES, run_cli
 from tests.processes import kill_tree, start_in_group
 from tests.test_distributed import BOUND_S, SAME_BATCHES, no_dropout, step_losses
+from tests.test_multinode import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 __all__ = ["no_dropout"]  # (a fixture, imported to be shared)
@@ -93,14 +94,6 @@ def launch(root: Path, name: str, args: list[str], machines: int = 1, pause: int
                                           stderr=subprocess.STDOUT, env=env))
         logs.append(log)
     return Launch(started, logs)
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def wait_until_paused(run: Launch) -> None:
