@@ -22,15 +22,6 @@ def under_launcher() -> bool:
     return any(v in os.environ for v in LAUNCHER_VARIABLES) or ACCELERATE_LAUNCHED in os.environ
 
 
-def sharding_launched() -> str | None:
-    """"DEEPSPEED" or "FSDP" when `accelerate launch` started this process with such a config (it says so in
-    these variables), else None."""
-    for kind in ("DEEPSPEED", "FSDP"):
-        if os.environ.get(f"ACCELERATE_USE_{kind}", "").lower() == "true":
-            return kind
-    return None
-
-
 def is_main_process() -> bool:
     """Rank 0 (or no launcher), read from the environment: no torch import needed."""
     for name in ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"):

@@ -152,7 +152,7 @@ def test_load_report_translations_name_what_is_missing_and_where():
 def test_progress_replaces_the_trainers_printers(capfd, tmp_path):
     import torch
 
-    from hftoolkit.models.loading import bitsandbytes_hidden
+    from hftoolkit.patches.peft_0_21 import bitsandbytes_hidden
     from hftoolkit.sources.tiny import ensure_tiny
 
     with bitsandbytes_hidden(needed=False):  # as a run does: `import transformers.Trainer` imports peft

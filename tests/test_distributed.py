@@ -210,7 +210,8 @@ def test_quantized_model_under_zero3_or_fsdp_is_refused(monkeypatch):
     import torch
 
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.distributed import check, plan_from_config
+    from hftoolkit.training.strategies import strategy_for
+    from hftoolkit.training.strategies.launch import plan_from_config
 
     for config, name, bits in (("deepspeed-zero3.yaml", "DeepSpeed ZeRO-3", "4bit"), ("fsdp.yaml", "FSDP", "8bit")):
         path = RECIPES / "accelerate" / config
@@ -219,12 +220,12 @@ def test_quantized_model_under_zero3_or_fsdp_is_refused(monkeypatch):
         assert f"model.quantization: {bits} (bitsandbytes) weights cannot be sharded" in result.output
         assert name in result.output and "use DDP" in result.output
     # QLoRA under FSDP (4-bit weights stored in the training dtype): accepted with GPUs, refused on CPU processes.
-    recipe, plan = load_recipe(ENCODER, ["model.quantization=4bit"]), plan_from_config(RECIPES / "accelerate" /
-                                                                                      "fsdp.yaml", None)
+    recipe = load_recipe(ENCODER, ["model.quantization=4bit"])
+    fsdp = strategy_for(plan_from_config(RECIPES / "accelerate" / "fsdp.yaml", None))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert not [p for p in check(recipe, plan) if "quantization" in p]
+    assert not [p for p in fsdp.problems(recipe) if "quantization" in p]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    refusals = [p for p in check(recipe, plan) if "quantization" in p]
+    refusals = [p for p in fsdp.problems(recipe) if "quantization" in p]
     assert len(refusals) == 1 and "4bit under FSDP" in refusals[0] and "GPUs only" in refusals[0]
     # DDP keeps a whole quantized copy per process: accepted.
     run_cli("validate", ENCODER, "--set", "model.quantization=8bit",
@@ -258,7 +259,8 @@ def test_missing_accelerate_config_is_named():
 
 
 def test_relaunch_command_keeps_the_users_arguments_and_drops_the_launch_options(tmp_path):
-    from hftoolkit.training.distributed import launch_command, plan_from_config
+    from hftoolkit.training.distributed import launch_command
+    from hftoolkit.training.strategies.launch import plan_from_config
 
     argv = ["train", "r.yaml", "--num-processes", "2", "--set", "a.b=1", "--accelerate-config=x.yaml", "--overwrite"]
     cmd, env = launch_command(plan_from_config(None, 2), argv, cuda=False)
@@ -275,7 +277,7 @@ def test_relaunch_command_keeps_the_users_arguments_and_drops_the_launch_options
 
 def test_recipe_names_its_accelerate_config():
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.distributed import plan_launch
+    from hftoolkit.training.strategies import plan_launch
 
     recipe = load_recipe(ENCODER, [f"training.accelerate_config={CPU_2PROC}"])
     plan = plan_launch(recipe, None, None)
@@ -285,7 +287,7 @@ def test_recipe_names_its_accelerate_config():
 
 def test_a_launched_process_never_relaunches(monkeypatch):
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.distributed import plan_launch
+    from hftoolkit.training.strategies import plan_launch
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
@@ -302,19 +304,21 @@ def test_a_launched_process_never_relaunches(monkeypatch):
                                              ("ACCELERATE_USE_DEEPSPEED", "DEEPSPEED")])
 def test_a_sharding_launch_that_accelerate_sets_up_as_ddp_stops_instead_of_training(monkeypatch, variable, asked):
     """A config asking for FSDP or ZeRO is never downgraded in silence: were accelerate to resolve the processes
-    as plain DDP (a library change, a machine the shims in fsdp.py and zero.py do not cover), the run stops."""
+    as plain DDP (a library change, a machine the patches in patches/ do not cover), the run stops."""
     from types import SimpleNamespace
 
     from accelerate.utils import DistributedType
 
     from hftoolkit.errors import UserError
-    from hftoolkit.training.distributed import what_ran
+    from hftoolkit.training.strategies import strategy_for
+    from hftoolkit.training.strategies.launch import plan_from_environment
 
     monkeypatch.setenv(variable, "true")
+    strategy = strategy_for(plan_from_environment())
     state = SimpleNamespace(distributed_type=DistributedType.MULTI_CPU, num_processes=1, device="cpu")
     trainer = SimpleNamespace(accelerator=SimpleNamespace(state=state))
     with pytest.raises(UserError, match=f"the launch asked for {asked}, but accelerate set the processes up as "
                                         "MULTI_CPU"):
-        what_ran(trainer, "fp32")
+        strategy.record(trainer, "fp32")
     state.distributed_type = DistributedType[asked]
-    assert what_ran(trainer, "fp32")["type"] == asked
+    assert strategy.record(trainer, "fp32")["type"] == asked

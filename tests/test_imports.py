@@ -78,7 +78,8 @@ def test_modeling_does_not_import_data():
 
 # The package by stage, lowest first: a module imports its own layer and those below it, never one above.
 # `reference` stands apart: the course's mechanisms in plain torch, importing nothing of the toolkit.
-LAYERS = ("base", "config", "metrics", "sources", "job", "models", "evaluation", "runs", "training", "workflows", "cli")
+LAYERS = ("base", "config", "metrics", "sources", "job", "patches", "models", "evaluation", "runs", "training",
+          "workflows", "cli")
 BASE = {"hftoolkit", "hftoolkit.errors", "hftoolkit.console", "hftoolkit.memory", "hftoolkit.processes",
         "hftoolkit.fitting"}
 

@@ -224,7 +224,8 @@ def _learning_rate(run: Path) -> float:
 
 
 def test_machines_options_reach_accelerate_launch_and_override_the_config(tmp_path):
-    from hftoolkit.training.distributed import Machines, launch_command, plan_from_config
+    from hftoolkit.training.distributed import launch_command
+    from hftoolkit.training.strategies.launch import Machines, plan_from_config
 
     argv = ["train", "r.yaml", "--num-processes", "2", "--num-machines", "2", "--machine-rank", "1",
             "--main-process-ip", "10.1.2.3", "--main-process-port=29600", "--overwrite"]
@@ -254,7 +255,7 @@ def test_machines_that_cannot_form_one_run_are_refused_before_launching():
 
 def test_a_launched_process_refuses_machine_options(monkeypatch):
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.distributed import Machines, plan_launch
+    from hftoolkit.training.strategies import Machines, plan_launch
 
     for name, value in (("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("GROUP_RANK", "1"),
                         ("MASTER_ADDR", "10.0.0.1")):
@@ -270,10 +271,12 @@ def test_a_lost_peer_is_one_line_and_other_errors_pass_through():
     import torch  # noqa: F401  (lost_peer reads errors of torch.distributed)
 
     from hftoolkit.training.machines import lost_peer
+    from hftoolkit.training.strategies import LaunchPlan
 
     gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                         "[127.0.0.1]:1455. This is typically caused by a remote worker crashing. Check the logs")
-    error = lost_peer(gloo)
+    error = lost_peer(gloo, LaunchPlan())
     assert error is not None and "\n" not in error.message
     assert f"{LOST_PEER} (Connection closed by peer [127.0.0.1]:1455): see why" in error.message
-    assert lost_peer(RuntimeError("CUDA out of memory")) is None and lost_peer(ValueError("bad")) is None
+    assert lost_peer(RuntimeError("CUDA out of memory"), LaunchPlan()) is None
+    assert lost_peer(ValueError("bad"), LaunchPlan()) is None

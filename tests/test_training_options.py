@@ -157,9 +157,12 @@ def test_a_run_records_the_precision_auto_picked_and_the_cpu_features_behind_it(
 
 def test_launcher_mixed_precision_is_compared_with_what_auto_resolves_to(monkeypatch):
     from hftoolkit.job import machine
-    from hftoolkit.training.distributed import LaunchPlan, check
+    from hftoolkit.training.strategies import LaunchPlan, strategy_for
 
     monkeypatch.setattr(machine, "cpu_bf16_features", lambda: [])  # a CPU without bf16 matrix units
+
+    def check(recipe, launch):
+        return strategy_for(launch).problems(recipe)
 
     recipe = recipe_with()
     assert check(recipe, LaunchPlan(mixed_precision="no")) == []

@@ -105,24 +105,26 @@ def train(
     recipe, output = _recipe_and_output(recipe, output, resume, overwrite)
     parsed = load_recipe(recipe, set_ or [])
     run_dir = output or parsed.run_dir
-    from hftoolkit.training import distributed as launch
+    from hftoolkit.training import distributed
+    from hftoolkit.training.strategies import Machines, plan_launch, strategy_for
 
-    machines = launch.Machines(num_machines, machine_rank, main_process_ip, main_process_port)
-    plan = launch.plan_launch(parsed, num_processes, accelerate_config, source=str(recipe), machines=machines)
+    machines = Machines(num_machines, machine_rank, main_process_ip, main_process_port)
+    plan = plan_launch(parsed, num_processes, accelerate_config, source=str(recipe), machines=machines)
     from hftoolkit.workflows.train import check_run_folder
     from hftoolkit.workflows.train import train as run_training
 
     if plan.relaunch:  # N processes, each running this command without the launch options
         if plan.machine_rank == 0 or parsed.training.save_on_each_node:  # (a machine that writes the run folder)
-            check_run_folder(run_dir, overwrite, resume, plan.sharding)  # refused in one line, before any launch
-        raise typer.Exit(launch.relaunch(plan, sys.argv[1:], run_dir))
+            # refused in one line, before any launch
+            check_run_folder(run_dir, overwrite, resume, strategy_for(plan).sharding)
+        raise typer.Exit(distributed.relaunch(plan, sys.argv[1:], run_dir))
     from hftoolkit.processes import is_main_process
 
-    metrics = run_training(parsed, run_dir, command=launch.command_line(), overwrite=overwrite, resume=resume,
-                           verbosity=verbosity)
+    metrics = run_training(parsed, run_dir, command=distributed.command_line(), overwrite=overwrite, resume=resume,
+                           verbosity=verbosity, launch=plan)
     if is_main_process():
         stdout.show_result(metrics, run_dir, as_json, verbosity)
-    launch.end_processes()
+    distributed.end_processes()
 
 
 def _recipe_and_output(recipe: Path, output: Path | None, resume: bool, overwrite: bool) -> tuple[Path, Path | None]:
@@ -307,7 +309,8 @@ def validate(
     from hftoolkit.config.families import static_family
     from hftoolkit.config.recipe import RecipeError, load_recipe
     from hftoolkit.evaluation.benchmarks import harness_task_file
-    from hftoolkit.training.distributed import launch_config_file, plan_launch
+    from hftoolkit.training.strategies import plan_launch
+    from hftoolkit.training.strategies.launch import launch_config_file
 
     problems = []
     for path in recipes:
@@ -473,15 +476,15 @@ def sweep(
     skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
     from hftoolkit import console
     from hftoolkit.processes import is_main_process
-    from hftoolkit.training import distributed as launch
+    from hftoolkit.training import distributed
     from hftoolkit.workflows.sweep import sweep as run_sweep
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
-                       command=launch.command_line(), echo=console.phase, verbosity=verbosity)
+                       command=distributed.command_line(), echo=console.phase, verbosity=verbosity)
     if is_main_process():
         _say_report(result.report, verbosity)
-    launch.end_processes()
+    distributed.end_processes()
     if result.failed:
         console.error(f"{len(result.failed)} of {len(result.outcomes)} variants failed: run the same command again "
                       "to retry them")

@@ -46,8 +46,7 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
     inputs = eval_inputs(raw, count, task.columns[0])
     if outputs is None:
         prompt = {"prompt_fraction": task.prompt_fraction} if task.prompt_fraction < 1 else {}
-        sharded = trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled
-        outputs = generate_everywhere(form, job, trainer.model, processor, inputs, sharded, **prompt)  # shared
+        outputs = generate_everywhere(form, job, trainer.model, processor, inputs, **prompt)  # shared
     if task.scoring == "generation":
         results.update(scorer.compute([o["text"] for o in outputs], references(job, raw, count)))
     refs = references(job, raw, count)

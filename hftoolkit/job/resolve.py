@@ -17,10 +17,11 @@ from hftoolkit.job.machine import resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
 
 
-def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = None) -> Job:
+def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = None, strategy=None) -> Job:
     """The recipe resolved: its model located and loaded without weights, its data read (unless `data` is
     False, as for predict) and checked together with the model. `weights` is a trained run's model/ or
-    adapter/ folder: a full model is read from it, an adapter's base from the recipe, the processor from it."""
+    adapter/ folder: a full model is read from it, an adapter's base from the recipe, the processor from it.
+    `strategy` is how training spreads the run (training/strategies), put on the job as it is."""
     from hftoolkit.job.preflight import preflight
     from hftoolkit.sources.data import load_data
     from hftoolkit.sources.streaming import load_stream
@@ -46,7 +47,8 @@ def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = Non
         raise RecipeError(found.problems)
     names = names if names is not None else recipe.data.label_names
     return Job(recipe=recipe, model=model, precision=resolve_precision(recipe.training.precision, model.model_type),
-               data=rows, label_names=tuple(names) if names is not None else None, findings=found, data_seconds=read)
+               data=rows, label_names=tuple(names) if names is not None else None, findings=found, data_seconds=read,
+               strategy=strategy)
 
 
 def resolve_model(recipe: Recipe, weights: Path | None = None) -> ResolvedModel:

@@ -53,6 +53,15 @@ class Job:
     label_names: tuple[str, ...] | None = None
     findings: Findings = field(default_factory=Findings)
     data_seconds: float = 0.0  # reading the data (a stream: opening it and reading the eval rows)
+    # How training spreads the run over its processes (training/strategies), made once from the launch by the train
+    # workflow; None for a job that only loads a model in this one process (eval, predict, merge).
+    strategy: Any = None
+    plan: Any = None  # the strategy's memory and time plan for this job (training/strategies/plan.py), or None
+
+    @property
+    def shards_parameters(self) -> bool:
+        """Each process holds a slice of every weight (FSDP, ZeRO-3): a forward pass needs every process."""
+        return self.strategy is not None and self.strategy.shards_parameters
 
     @property
     def family(self) -> str:

@@ -8,13 +8,12 @@ peft's table, then ours, then the model's own attention (job/architectures.py).
 
 from __future__ import annotations
 
-import os
-import sys
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
-from hftoolkit.processes import sharding_launched
+from hftoolkit.patches.peft_0_21 import bitsandbytes_hidden
 from hftoolkit.sources.checkpoint import checkpoint_errors
 
 # Modules that are Conv1D (weight stored transposed): LoRA needs fan_in_fan_out=True.
@@ -22,10 +21,26 @@ CONV1D_MODEL_TYPES = {"gpt2"}
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
+# Inside `on_meta_device`: models are built from their config on the meta device, nothing read (plans).
+_ON_META = ContextVar("on_meta_device", default=False)
+
+
+@contextmanager
+def on_meta_device():
+    """Inside the block a formulation's load_model builds its model from the config alone, on the meta device: the
+    task head and the LoRA adapter as a run has them, no weight read or allocated, nothing quantized (a plan counts
+    the quantized bytes from the layers bitsandbytes would replace)."""
+    token = _ON_META.set(True)
+    try:
+        yield
+    finally:
+        _ON_META.reset(token)
+
+
 def load_task_model(auto_class, job: Job, task_type: str | None, with_head: bool = True, **kwargs):
     """Load a checkpoint into `auto_class` and wrap it in LoRA; the task head stays full precision and trainable."""
     head = task_head_of(auto_class, job, **kwargs) if with_head else []
-    with bitsandbytes_hidden(needed=job.recipe.model.quantization != "none"):
+    with bitsandbytes_hidden(needed=job.recipe.model.quantization != "none" and not _ON_META.get()):
         import peft  # noqa: F401  (imported first here, where bitsandbytes can be hidden from it)
 
         model = load_pretrained(auto_class, job, keep_full_precision=head, **kwargs)
@@ -72,14 +87,15 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
             if problems:
                 raise UserError(problems[0])
         from_kwargs["attn_implementation"] = job.recipe.model.attention
+    if _ON_META.get():
+        return _meta_model(auto_class, from_kwargs)
     quant = quantization_config(job, keep_full_precision)
+    strategy = job.strategy
     if quant is not None:
         from_kwargs.update(quantization_config=quant, device_map={"": _device()})
-        if sharding_launched() == "FSDP" and job.recipe.model.dtype == "auto":
-            # FSDP shards a unit's parameters as one flat tensor of one dtype: the unquantized ones in the dtype the
-            # 4-bit weights are stored in (quantization_config), the training dtype.
-            from_kwargs["dtype"] = quant.bnb_4bit_quant_storage
-    elif receives_weights():
+        if strategy is not None and job.recipe.model.dtype == "auto":
+            from_kwargs.update(strategy.load_arguments(quant))
+    elif strategy is not None and strategy.receives_weights():
         return weightless_model(auto_class, from_kwargs)
     from safetensors import SafetensorError  # a truncated or damaged weights file
 
@@ -99,13 +115,13 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
     return model
 
 
-def receives_weights() -> bool:
-    """True on the processes that do not read the checkpoint: under FSDP with RAM-efficient loading
-    (fsdp_cpu_ram_efficient_loading), accelerate's fsdp2_prepare_model broadcasts the main process's
-    weights to the others as it shards the model. (Quantized weights are loaded by every process.)"""
-    env = os.environ
-    return (sharding_launched() == "FSDP" and env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").lower() == "true"
-            and int(env.get("RANK", "0")) > 0)
+def _meta_model(auto_class, from_kwargs: dict):
+    from accelerate import init_empty_weights
+    from transformers.modeling_utils import set_zero3_state
+
+    keys = ("config", "dtype", "attn_implementation", "trust_remote_code")
+    with init_empty_weights(), set_zero3_state():
+        return auto_class.from_config(**{k: v for k, v in from_kwargs.items() if k in keys})
 
 
 def weightless_model(auto_class, from_kwargs: dict):
@@ -165,9 +181,7 @@ def quantization_config(job: Job, skip: list[str]):
     compute = job.recipe.model.compute_dtype
     if compute == "auto":  # the dtype training computes in
         compute = {"bf16": "bfloat16", "fp16": "float16"}.get(job.precision, "float32")
-    # Under FSDP the packed 4-bit weights are stored in the training dtype (QLoRA with FSDP, as peft documents it), so
-    # that FSDP can shard them with the other parameters; elsewhere bitsandbytes' default (uint8).
-    storage = {"bnb_4bit_quant_storage": getattr(torch, compute)} if sharding_launched() == "FSDP" else {}
+    storage = job.strategy.quantization_arguments(getattr(torch, compute)) if job.strategy is not None else {}
     return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4",
                               bnb_4bit_compute_dtype=getattr(torch, compute),
                               bnb_4bit_use_double_quant=job.recipe.model.double_quant, llm_int8_skip_modules=skip,
@@ -233,7 +247,7 @@ def apply_lora(model, job: Job, task_type: str | None, modules_to_save: list[str
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     targets = lora_targets_for(model, job, list(modules_to_save))
-    if job.recipe.model.quantization != "none":
+    if job.recipe.model.quantization != "none" and not _ON_META.get():
         # (With gradient checkpointing this also makes the embeddings' output require grad: needed by the
         # reentrant variant only; the Trainer enables the non-reentrant one, as asked here.)
         model = prepare_model_for_kbit_training(
@@ -245,32 +259,6 @@ def apply_lora(model, job: Job, task_type: str | None, modules_to_save: list[str
                         use_dora=lora.variant == "dora", use_rslora=lora.variant == "rslora",
                         fan_in_fan_out=model.config.model_type in CONV1D_MODEL_TYPES, task_type=task_type)
     return get_peft_model(model, config)
-
-
-@contextmanager
-def bitsandbytes_hidden(needed: bool):
-    """Inside the block peft finds no bitsandbytes (unless it is `needed`, or imported already).
-
-    Why: peft imports bitsandbytes as it loads (peft/helpers.py; `from transformers import Trainer`
-    imports peft) and again as it wraps layers, and bitsandbytes imports torch's compiler, a cost every
-    run that quantizes nothing would pay. A None entry in sys.modules makes that import
-    fail and find_spec answer None. On the way out peft's and transformers' cached answers are
-    cleared, so a quantized model later in the same process finds bitsandbytes again.
-    """
-    if needed or "bitsandbytes" in sys.modules:
-        yield
-        return
-    sys.modules["bitsandbytes"] = None
-    try:
-        yield
-    finally:
-        sys.modules.pop("bitsandbytes", None)
-        from peft import import_utils
-        from transformers.utils import import_utils as transformers_imports
-
-        for answer in (import_utils.is_bnb_available, import_utils.is_bnb_4bit_available,
-                       transformers_imports.is_bitsandbytes_available):
-            answer.cache_clear()
 
 
 def count_parameters(model) -> tuple[int, int]:

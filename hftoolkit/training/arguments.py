@@ -27,7 +27,7 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
     from accelerate import PartialState
     from transformers import TrainingArguments
 
-    from hftoolkit.training.zero import arguments_for_this_machine
+    from hftoolkit.training.strategies import strategy_of
 
     recipe, precision = job.recipe, job.precision
     t, cuda = recipe.training, torch.cuda.is_available()
@@ -46,7 +46,7 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
         # An int counts steps, a float below 1 is a share of all steps (transformers 5).
         warmup_steps=t.warmup_steps if t.warmup_steps is not None else t.warmup_ratio, weight_decay=t.weight_decay,
         max_grad_norm=t.max_grad_norm, label_smoothing_factor=t.label_smoothing, seed=t.seed,
-        bf16=precision == "bf16", fp16=precision == "fp16", **arguments_for_this_machine(cuda),
+        bf16=precision == "bf16", fp16=precision == "fp16", **strategy_of(job).trainer_arguments(cuda),
         tf32=t.tf32 if cuda else None,  # (a run evaluated again on a CPU: nothing to switch)
         activation_checkpointing=t.gradient_checkpointing,
         # Non-reentrant checkpointing needs no input that requires grad, so it works under frozen LoRA bases.

@@ -114,16 +114,14 @@ def remove_staging(checkpoints_dir: Path) -> None:
 # ---------------------------------------------------------------- resume
 
 
-def resume_point(run, recipe_yaml: str) -> Path | None:
+def resume_point(run, recipe_yaml: str, sharding: str | None = None) -> Path | None:
     """The checkpoint a --resume continues from, after checking that resuming makes sense.
 
     None when the folder holds no run yet or the run never reached its first checkpoint (the
     run then starts from step 0). Raises UserError for a finished run, a recipe that differs
     from the run's recipe.yaml (but for RESUMABLE_CHANGES), or a damaged checkpoint.
     """
-    from hftoolkit.processes import sharding_launched
-
-    refusal = resume_refusal(run, sharding_launched())
+    refusal = resume_refusal(run, sharding)
     if refusal:
         raise UserError(refusal)
     if not run.manifest():

@@ -1,32 +1,26 @@
-"""Training on several machines: the run directory they write, a machine that stops, weights on each machine.
+"""Training on several machines: the run directory they write, and a machine that stops.
 
 - `check_run_directory`: a shared run directory is written by machine 0 alone; with training.save_on_each_node each
   machine writes its own copy (for machines without a shared file system). Whichever is wrong is refused at start.
 - `lost_peer`: when a process of the run ends (killed, its machine lost), the others' next collective call fails
   as its connection closes; they stop with one line instead of a gloo traceback, and --resume continues the run.
-- `save_on_each_machine`: full fine-tuning's weights written on each machine under training.save_on_each_node.
 
-Launching the machines (--num-machines, --machine-rank, --main-process-ip) is `distributed.py`'s.
+Planning the machines (--num-machines, --machine-rank, --main-process-ip) is `strategies/launch.py`'s, starting
+them `distributed.py`'s; full fine-tuning's weights written on each machine is `patches/transformers_5.py`'s.
 Imports no torch at module level.
 """
 
 from __future__ import annotations
 
-import os
 import re
 import sys
 from pathlib import Path
 
 from hftoolkit.errors import UserError
+from hftoolkit.training.strategies.launch import LaunchPlan, this_process
 
 
-def several_machines() -> bool:
-    """This process is one of a run spread over several machines (torchrun's variables say so)."""
-    world = int(os.environ.get("WORLD_SIZE") or 1)
-    return world > int(os.environ.get("LOCAL_WORLD_SIZE") or world)
-
-
-def check_run_directory(run_dir: Path, each_node: bool) -> None:
+def check_run_directory(run_dir: Path, each_node: bool, launch: LaunchPlan) -> None:
     """On several machines, refuse a run directory that they would write wrongly: one that a machine cannot see
     (machine 0 writes the run and commits its checkpoints alone, so --resume elsewhere would find nothing), or,
     with training.save_on_each_node, one that machines share (each would write the same files into it).
@@ -34,7 +28,7 @@ def check_run_directory(run_dir: Path, each_node: bool) -> None:
     Machine 0 makes a file of a random name in its run directory; every process says whether it sees it there.
     A collective call: every process raises alike, so none is left waiting for one that stopped.
     """
-    if not several_machines():
+    if launch.num_machines == 1:
         return
     import uuid
 
@@ -47,7 +41,7 @@ def check_run_directory(run_dir: Path, each_node: bool) -> None:
     if state.is_main_process:
         probe.touch()
     state.wait_for_everyone()
-    seen = gather_object([(int(os.environ.get("GROUP_RANK") or 0), probe.exists())])
+    seen = gather_object([(this_process().machine, probe.exists())])
     state.wait_for_everyone()
     if state.is_main_process:
         probe.unlink(missing_ok=True)  # (a machine that shares the folder may have removed it, refusing it)
@@ -68,7 +62,7 @@ def check_run_directory(run_dir: Path, each_node: bool) -> None:
 LOST_PEER = ("connection closed by peer", "connection reset by peer", "broken pipe", "nccl communicator was aborted")
 
 
-def lost_peer(err: BaseException) -> UserError | None:
+def lost_peer(err: BaseException, launch: LaunchPlan) -> UserError | None:
     """The one-line error for a collective call that failed because another process of the run ended, or None
     for any other error. Every process still running gets it and stops, instead of waiting for the lost one."""
     if "torch" not in sys.modules or not isinstance(err, RuntimeError):
@@ -79,19 +73,10 @@ def lost_peer(err: BaseException) -> UserError | None:
     if not (isinstance(err, dist.DistNetworkError) or any(m in said.lower() for m in LOST_PEER)):
         return None
     said = re.sub(r"^\[[^\]]*\]\s*", "", said).split(". ")[0]  # gloo's first sentence, without its source line
-    where = f"machine {os.environ['GROUP_RANK']}, " if several_machines() else ""
-    lost = UserError(f"training stopped ({where}process {os.environ.get('RANK', '0')}): another process of the run "
+    here = this_process()
+    where = f"machine {here.machine}, " if launch.num_machines > 1 else ""
+    lost = UserError(f"training stopped ({where}process {here.rank}): another process of the run "
                      f"ended, so this one cannot go on ({said}): see why in that process's output, then run the same "
                      "command with --resume on every machine")
     lost.consequence = True
     return lost
-
-
-def save_on_each_machine(model) -> None:
-    """Let each machine's first process write `model`'s weights (training.save_on_each_node).
-
-    transformers 5's save_pretrained writes only on global rank 0, whatever `is_main_process` it is given (the
-    Trainer gives it `should_save`, which save_on_each_node makes true on every machine's first process), so the
-    other machines' checkpoints would hold no weights. peft's save_pretrained (LoRA) honours is_main_process."""
-    if hasattr(model, "should_save_on_this_rank"):
-        model.should_save_on_this_rank = lambda is_main_process: is_main_process

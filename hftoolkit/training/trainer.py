@@ -47,8 +47,8 @@ from hftoolkit.job.spec import Job
 from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.training.batching import LengthBucketSampler
 from hftoolkit.training.checkpoints import PICKLED_ARGS, STAGING_PREFIX, commit, latest_checkpoint, rotate, test_pause
-from hftoolkit.training.fsdp import fsdp_on_cpu, sharding_recorded, wrap_blocks_without_embeddings
 from hftoolkit.training.progress import use_progress
+from hftoolkit.training.strategies import strategy_of
 from hftoolkit.training.streaming import StreamPosition, row_stream
 
 
@@ -58,11 +58,11 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
 
     from hftoolkit.training.arguments import training_arguments
 
-    t, args = job.recipe.training, training_arguments(job, run, model, encoded, scorer)
+    t, args, strategy = job.recipe.training, training_arguments(job, run, model, encoded, scorer), strategy_of(job)
     train = encoded["train"]
     if job.recipe.data.streaming:  # its position is saved with each checkpoint (streaming.py)
         train = row_stream(train, args.per_device_train_batch_size)
-    with fsdp_on_cpu():  # (the Trainer builds its Accelerator here: FSDP engaged on CPU processes too)
+    with strategy.building_trainer():  # (the Trainer builds its Accelerator here)
         trainer = toolkit_trainer(Trainer)(
             model=model, args=args, train_dataset=train,
             eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
@@ -71,6 +71,7 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
             preprocess_logits_for_metrics=scorer.reduce_logits)
     use_progress(trainer)  # one progress bar instead of the Trainer's tqdm bars and printed log dicts
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
+    trainer.nonfinite_skippable = strategy.can_skip_nonfinite
     trainer.keep_last, trainer.keep_best = t.keep_last, job.recipe.eval.keep_best
     trainer.eval_context = EvalContext(job, processor, scorer, counter, data["eval"] if data else None)
     trainer.counts_on_main = job.recipe.data.num_workers > 0  # (the collator then runs in the worker processes)
@@ -84,9 +85,7 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
     if job.recipe.eval.keep_best:
         trainer.add_callback(best_checkpoint_found())
     _tensorboard_into(trainer, run / "tensorboard")
-    if trainer.is_fsdp_enabled:
-        wrap_blocks_without_embeddings(trainer.accelerator.state.fsdp_plugin, model)
-        trainer.add_callback(sharding_recorded(run))
+    strategy.prepare(trainer, run)
     return trainer
 
 
@@ -213,6 +212,7 @@ class NonFiniteGuard:
     """Trainer mixin: set `nonfinite_policy` and `max_nonfinite_skips` after construction."""
 
     nonfinite_policy = "stop"
+    nonfinite_skippable = True  # (the strategy says: build_trainer)
     max_nonfinite_skips = 3
     nonfinite_skips = 0
     _skips_in_a_row = 0
@@ -249,8 +249,8 @@ class NonFiniteGuard:
             self._drop_update(False)
             return
         step = self.state.global_step + 1
-        # DeepSpeed owns the gradients and the step, so an update cannot be dropped there: it stops instead.
-        can_skip = self.nonfinite_policy == "skip" and not getattr(self, "is_deepspeed_enabled", False)
+        # Where the strategy owns the gradients and the step (DeepSpeed), an update can't be dropped: it stops instead.
+        can_skip = self.nonfinite_policy == "skip" and self.nonfinite_skippable
         if can_skip and self._skips_in_a_row < self.max_nonfinite_skips:
             self._skips_in_a_row += 1
             self.nonfinite_skips += 1
@@ -441,9 +441,8 @@ class EvalDuringTraining:
         was_training = model.training
         model.eval()
         try:
-            sharded = self.is_fsdp_enabled or self.is_deepspeed_enabled
             outputs = generate_everywhere(formulation(context.job), context.job, model, context.processor,
-                                          eval_inputs(raw, len(raw), task.columns[0]), sharded)
+                                          eval_inputs(raw, len(raw), task.columns[0]))
         finally:
             model.train(was_training)
         scores = context.scorer.compute([o["text"] for o in outputs], references(context.job, raw, len(raw)))

@@ -168,7 +168,7 @@ def prepare(variants: list[Variant], out: Path, overwrite: bool = False, num_pro
     one recipe); returns the folder that holds them. Raises RecipeError listing every problem of every
     variant (a problem shared by all is listed once), then, once the recipes are valid, of every folder.
     """
-    from hftoolkit.training.distributed import plan_launch
+    from hftoolkit.training.strategies import plan_launch
 
     found: dict[str, list[str]] = {}  # variant name -> its recipe's problems
     folders = []  # problems of the variants' folders (each line names its folder)
@@ -289,7 +289,7 @@ def run_variants(variants: list[Variant], command: list[str], num_processes: int
 def _import_training(quantized: bool) -> None:
     """The training stack, imported before the first variant's clock starts, so each time shown is the variant's own
     (bitsandbytes kept hidden as loading.load_task_model keeps it when nothing is quantized)."""
-    from hftoolkit.models.loading import bitsandbytes_hidden
+    from hftoolkit.patches.peft_0_21 import bitsandbytes_hidden
 
     with bitsandbytes_hidden(needed=quantized):
         import accelerate  # noqa: F401
@@ -321,17 +321,18 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
     """In this process, or (with --num-processes or a recipe's accelerate config) as `hftoolkit train` relaunched
     under accelerate, as `hftoolkit train --num-processes N` would start it."""
     from hftoolkit.console import Verbosity
-    from hftoolkit.training import distributed as launch
+    from hftoolkit.training import distributed
+    from hftoolkit.training.strategies import plan_launch
 
     resume, overwrite = variant.action == "resume", variant.action in ("train", "restart")
-    plan = launch.plan_launch(variant.recipe, num_processes, None, source=str(variant.recipe_path))
+    plan = plan_launch(variant.recipe, num_processes, None, source=str(variant.recipe_path))
     if plan.relaunch:
         argv = ["train", str(variant.recipe_path), "--output", str(variant.run_dir)]
         for item in [*variant.overrides, f"name={variant.name}"]:  # (the name prepare gave the recipe)
             argv += ["--set", item]
         argv.append("--resume" if resume else "--overwrite")
         argv += {Verbosity.QUIET: ["--quiet"], Verbosity.VERBOSE: ["--verbose"]}.get(verbosity, [])
-        status = launch.relaunch(plan, argv, variant.run_dir)
+        status = distributed.relaunch(plan, argv, variant.run_dir)
         if status != 0:
             error = (_manifest_of(variant.run_dir).get("error") or "").strip()
             raise UserError(error or f"hftoolkit train exited with status {status}")
@@ -340,7 +341,7 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
 
     reset_peak_memory()
     train(variant.recipe.model_copy(deep=True), variant.run_dir, command=command, overwrite=overwrite, resume=resume,
-          verbosity=verbosity)
+          verbosity=verbosity, launch=plan)
 
 
 def _manifest_of(run_dir: Path) -> dict:

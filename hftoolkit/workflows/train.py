@@ -31,17 +31,20 @@ from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, follow_umask
 from hftoolkit.sources.data import fingerprint
 from hftoolkit.sources.streaming import is_stream
+from hftoolkit.training.strategies import LaunchPlan, Strategy, strategy_for
+from hftoolkit.training.strategies.launch import current_launch
 from hftoolkit.training.throughput import TokenCounter, efficiency
 
 
 def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False,
-          verbosity: console.Verbosity | None = None) -> dict:
+          verbosity: console.Verbosity | None = None, launch: LaunchPlan | None = None) -> dict:
     """Run one recipe end to end; returns metrics.json's content.
 
     What the libraries say goes to the run directory's train.log (and to the console only when verbosity is
     VERBOSE); the console shows the toolkit's phases and one progress bar (console.py, progress.py).
 
-    resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py).
+    resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py). `launch` is how the
+    run is spread (the launcher's, read back, when not given).
     Bad input found before training starts (preflight: every problem at once) removes the run directory
     this call created; a run that fails once training has started keeps its log and says "failed" in
     manifest.json, or "trained, eval failed" once its weights are saved.
@@ -49,7 +52,7 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
     gc.disable()  # until the model is loaded: see _startup_done
     try:
         with console.capture(verbosity=verbosity) as log:
-            return _train(recipe, run_dir, command, overwrite, resume, log)
+            return _train(recipe, run_dir, command, overwrite, resume, log, strategy_for(launch or current_launch()))
     finally:
         gc.unfreeze()  # what the run left behind is collectable again (a caller may go on: tests, notebooks)
         gc.enable()
@@ -66,12 +69,12 @@ def _startup_done() -> None:
     gc.enable()
 
 
-def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool, log) -> dict:
+def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool, log,
+           strategy: Strategy) -> dict:
     from hftoolkit.job.machine import check_hardware
     from hftoolkit.training.machines import check_run_directory, lost_peer
-    from hftoolkit.training.zero import process_state
 
-    state = process_state()
+    state = strategy.process_state()
     writer = writes_run(recipe, state)
     run = RunDirectory(run_dir)
     started = time.perf_counter()
@@ -80,11 +83,11 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     try:
         check_hardware(recipe)  # flash attention or TF32 asked of a machine without them
         with state.main_process_first():  # resolved on the main process first; the others read its caches
-            job = _resolve(recipe, run.refusal(overwrite, resume) if writer else None)
+            job = _resolve(recipe, run.refusal(overwrite, resume) if writer else None, strategy)
         if writer:
             run.path.mkdir(parents=True, exist_ok=True)
         state.wait_for_everyone()
-        check_run_directory(run.path, recipe.training.save_on_each_node)  # (several machines: shared, or one each)
+        check_run_directory(run.path, recipe.training.save_on_each_node, strategy.launch)  # (shared, or one each)
         if writer:
             _say_interrupted(run, run.claim(overwrite=overwrite, resume=resume, command=shlex.join(command)))
         state.wait_for_everyone()
@@ -99,7 +102,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         _stopped(stop, run, writer, existed, progress, command)
         raise
     except BaseException as err:
-        lost = lost_peer(err)  # another process ended: this one says so in a line, not a gloo traceback
+        lost = lost_peer(err, strategy.launch)  # another process ended: said in a line, not a gloo traceback
         _fail(lost or err, run, writer, existed, progress)
         if lost is not None:
             raise lost from None
@@ -162,11 +165,11 @@ def resume_command(run_dir: Path, command: list[str]) -> str:
     return shlex.join(["hftoolkit", "train", "--resume", str(run_dir), *launch_options(command)])
 
 
-def _resolve(recipe: Recipe, refusal: str | None) -> Job:
+def _resolve(recipe: Recipe, refusal: str | None, strategy: Strategy) -> Job:
     """The job, or every problem at once: the run folder's refusal (a folder in use) among the recipe's and
     the data's, not before them, so one run tells all that is wrong."""
     try:
-        job = resolve_job(recipe)
+        job = resolve_job(recipe, strategy=strategy)
     except UserError as err:
         if refusal is None:
             raise
@@ -194,7 +197,7 @@ def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], res
     from hftoolkit.training import checkpoints
 
     recorded = recipe_to_yaml(job.recorded_recipe())
-    resume_from = checkpoints.resume_point(run, recorded) if resume else None
+    resume_from = checkpoints.resume_point(run, recorded, job.strategy.sharding) if resume else None
     if writer:
         if resume:
             checkpoints.clear_results(run)
@@ -209,18 +212,14 @@ def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], res
 
 def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started: float, progress: Progress) -> dict:
     """Load, train, save the weights, evaluate, and write the results."""
+    from hftoolkit.patches.transformers_5 import save_on_each_machine
     from hftoolkit.training.arguments import run_record
-    from hftoolkit.training.distributed import what_ran
-    from hftoolkit.training.machines import save_on_each_machine
     from hftoolkit.training.trainer import build_trainer
-    from hftoolkit.training.zero import config_at_load, loading_order, optimizer_state_record, shard_record
 
-    recipe, form = job.recipe, formulation(job)
+    recipe, form, strategy = job.recipe, formulation(job), job.strategy
     set_seed(recipe.training.seed)
-    zero3 = config_at_load()  # ZeRO-3 builds the model partitioned: its config is live before the load
-    with loading_order(state, zero3):  # (the main process first: a quantized load prepares its weights once)
+    with strategy.loading(state):  # (the main process first, unless every process takes part in the load)
         model, processor = form.load_model(job)
-    shards = shard_record(model)  # (a collective call: every process)
     if recipe.training.save_on_each_node:
         save_on_each_machine(model)
     console.phase(console.model_line(recipe.model.checkpoint, *loading.count_parameters(model),
@@ -230,10 +229,7 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
     counter = TokenCounter(form.collator(job, processor))
     scorer = form.metrics(job, processor)
     trainer = progress.trainer = build_trainer(job, run, model, processor, encoded, counter, scorer, data=job.data)
-    ran = what_ran(trainer, job.precision)  # (a collective call: every process)
-    del zero3  # the Trainer's own DeepSpeed config is live now
-    if shards:
-        ran.update(shards_at_load=shards)
+    ran = strategy.record(trainer, job.precision)  # (a collective call: every process)
     if writer:
         run.update_manifest(distributed=ran)
     _startup_done()
@@ -241,7 +237,7 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     train_seconds = time.perf_counter() - started - setup_seconds
     train_counts = counter.snapshot()  # before eval batches pass through the same collator
-    optimizer_shards = optimizer_state_record(trainer)  # (a collective call: every process)
+    optimizer_shards = strategy.record_after_training(trainer)  # (a collective call: every process)
     if optimizer_shards and writer:
         run.update_manifest(distributed={**ran, **optimizer_shards})
     save_weights(job, trainer, processor, run)  # every process: sharded weights are gathered first
@@ -317,8 +313,8 @@ def resolved_record(job: Job) -> dict:
 
 
 def set_seed(seed: int) -> None:
-    """Seed python, numpy and torch (on every device), as transformers.set_seed does; accelerate's
-    copy, because importing transformers' imports peft, before loading.bitsandbytes_hidden can act."""
+    """Seed python, numpy and torch (on every device), as transformers.set_seed does; accelerate's copy, because
+    importing transformers' imports peft, before bitsandbytes_hidden (patches/peft_0_21.py) can act."""
     from accelerate.utils import set_seed as seed_everything
 
     seed_everything(seed)
@@ -338,18 +334,10 @@ def summarize(job: Job, model, scorer, counts, train_seconds, processes: int = 1
 def save_weights(job: Job, trainer, processor, run: RunDirectory) -> None:
     """The adapter (LoRA) or the whole model (full fine-tuning), as safetensors, with the processor.
 
-    Called on every process. Under FSDP or DeepSpeed each process holds only shards of the weights:
-    the Trainer's save_model gathers them (a collective call) and writes on the main process alone
-    (tests/test_fsdp.py and tests/test_zero.py run it on CPU processes); DDP and single-process runs take the
-    plain path.
+    Called on every process: where each holds only shards of the weights, the strategy gathers them first.
     """
     target = run / ("adapter" if job.recipe.lora.enabled else "model")
-    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
-        trainer.save_model(str(target))
-        if trainer.args.should_save:
-            (target / "training_args.bin").unlink(missing_ok=True)  # pickled arguments: not weights, not kept
-    elif trainer.args.should_save:  # (the run directory's writer: see writes_run)
-        trainer.model.save_pretrained(target, safe_serialization=True)
+    job.strategy.save(trainer, target)
     if trainer.args.should_save:
         processor.save_pretrained(target)
         follow_umask(target)

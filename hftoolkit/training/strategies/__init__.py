@@ -1,0 +1,82 @@
+"""The ways a run is spread over its processes, one module each, behind one protocol (`base.Strategy`).
+
+The launch (`launch.LaunchPlan`: how many processes, which accelerate config) is planned once by the command, or
+read back once in a process a launcher started; `strategy_for` turns it into the strategy, which `resolve_job` puts
+on the `Job`. Nothing after it reads the launch from the environment, or asks the Trainer whether FSDP or
+DeepSpeed is engaged: it asks `job.strategy`.
+
+A new strategy is one new module holding a `Strategy` subclass, and one line in `STRATEGIES` (and, if accelerate
+names it by a new distributed type, one line in `strategy_for`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hftoolkit.config.recipe import Recipe, RecipeError
+from hftoolkit.errors import UserError
+from hftoolkit.processes import under_launcher
+from hftoolkit.training.strategies.base import Strategy
+from hftoolkit.training.strategies.ddp import DDP
+from hftoolkit.training.strategies.fsdp import FSDP
+from hftoolkit.training.strategies.launch import (
+    LaunchPlan,
+    Machines,
+    check_machines,
+    plan_from_config,
+    plan_from_environment,
+)
+from hftoolkit.training.strategies.single import Single
+from hftoolkit.training.strategies.zero import ZeRO2, ZeRO3
+
+# Cheapest to run first: `plan` names the first one that fits.
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (Single, DDP, ZeRO2, FSDP, ZeRO3)}
+
+
+def strategy_of(job) -> Strategy:
+    """The job's strategy; one process for a job resolved without one (eval, predict: a Trainer that only scores)."""
+    return job.strategy if job.strategy is not None else Single(LaunchPlan(source="a single process"))
+
+
+def strategy_for(launch: LaunchPlan) -> Strategy:
+    """The strategy a launch engages: accelerate's distributed type (and ZeRO stage), or one process."""
+    if launch.distributed == "FSDP":
+        return FSDP(launch)
+    if launch.distributed == "DEEPSPEED":
+        return ZeRO3(launch) if launch.zero_stage == 3 else ZeRO2(launch)
+    return DDP(launch) if launch.num_processes > 1 else Single(launch)
+
+
+
+def plan_launch(recipe: Recipe, num_processes: int | None, accelerate_config: Path | None,
+                source: str = "recipe", machines: Machines | None = None) -> LaunchPlan:
+    """The plan for this `hftoolkit train` call, checked against the recipe (raises RecipeError)."""
+    machines = machines or Machines()
+    if under_launcher():
+        plan = plan_from_environment()
+        _refuse_relaunch_options(plan, num_processes, accelerate_config, machines)
+    else:
+        config = accelerate_config or (Path(recipe.training.accelerate_config)
+                                       if recipe.training.accelerate_config else None)
+        origin = "--accelerate-config" if accelerate_config else "training.accelerate_config"
+        plan = plan_from_config(config, num_processes, origin if config else "--num-processes", machines)
+    problems = [*check_machines(plan), *(f"{source}: {p}" for p in strategy_for(plan).problems(recipe))]
+    if problems:
+        raise RecipeError(problems)
+    return plan
+
+
+def _refuse_relaunch_options(plan: LaunchPlan, num_processes: int | None, accelerate_config: Path | None,
+                             machines: Machines) -> None:
+    if machines.given():
+        raise UserError(f"{machines.given()[0]}: this process was started by a launcher already (one of "
+                        f"{plan.num_processes}); give the machines to that launcher, or drop the option")
+    if accelerate_config is not None:
+        raise UserError(f"--accelerate-config: this process was started by a launcher already (one of "
+                        f"{plan.num_processes}); give the config to that launcher, or drop --accelerate-config")
+    if num_processes not in (None, plan.num_processes):
+        raise UserError(f"--num-processes {num_processes}: this process is one of {plan.num_processes} that a "
+                        "launcher started already; drop --num-processes or launch that many")
+
+
+__all__ = ["STRATEGIES", "LaunchPlan", "Machines", "Strategy", "plan_launch", "strategy_for", "strategy_of"]

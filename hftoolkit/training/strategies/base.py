@@ -1,0 +1,173 @@
+"""The protocol every strategy follows, with what a single process does as the default of each part.
+
+A strategy is one way of spreading a run over its processes (`single`, `ddp`, `fsdp`, `zero`). It is made once
+from the launch (`strategy_for`), put on the `Job`, and asked at each stage where the way of spreading matters:
+
+    problems(recipe, cuda)  what the recipe asks that this strategy can't do, one line each (before any launch)
+    process_state()         accelerate's state for this process (the process group)
+    loading(state)          the context the model is loaded in, and `load_arguments` / `receives_weights`
+    trainer_arguments(cuda) TrainingArguments' device settings; `building_trainer()` the context it is built in
+    prepare(trainer, run)   what the strategy adds once the Trainer exists
+    record(trainer)         what manifest.json's "distributed" records (a collective call)
+    save(trainer, target)   writing the weights (every process: sharded weights are gathered first)
+    shards_parameters       a forward pass needs every process
+    spread()                the figures its memory and time plan divides (plan.py)
+Imports no torch at module level.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from typing import TYPE_CHECKING, ClassVar
+
+from hftoolkit.training.strategies.launch import LaunchPlan
+
+if TYPE_CHECKING:
+    from hftoolkit.config.recipe import Recipe
+
+
+class Strategy:
+    name: ClassVar[str] = "single"  # the key in strategies.STRATEGIES, and what `plan --json` names
+    label: ClassVar[str] = "one process"  # how a person reads it
+    shards_parameters: ClassVar[bool] = False  # FSDP, ZeRO-3: each process holds a slice of every weight
+    shards_gradients: ClassVar[bool] = False
+    shards_optimizer: ClassVar[bool] = False
+    sharding: ClassVar[str | None] = None  # "FSDP" or "DEEPSPEED": how its checkpoints are written
+    record_name: ClassVar[str | None] = None  # manifest.json's "sharding": "FSDP", "ZeRO-2", "ZeRO-3"
+    runtime: ClassVar[str] = "torch"  # what each process imports besides torch ("deepspeed")
+    can_skip_nonfinite: ClassVar[bool] = True  # a step with a non-finite gradient can be dropped
+
+    def __init__(self, launch: LaunchPlan):
+        self.launch = launch
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.launch.num_processes} processes, {self.launch.num_machines} machines)"
+
+    @property
+    def processes(self) -> int:
+        return self.launch.num_processes
+
+    # ------------------------------------------------------------ before anything loads
+
+    def problems(self, recipe: Recipe, cuda: bool | None = None) -> list[str]:
+        """Every reason `recipe` can't train this way, each a `key: what, why, what to do` sentence; `cuda` says
+        whether the processes have GPUs (None: as this machine has)."""
+        problems = []
+        n, t = self.processes, recipe.training
+        if t.batch_size % n:
+            problems.append(f"training.batch_size: {t.batch_size} examples per step do not split evenly over {n} "
+                            f"processes ({self.launch.source}): set it to a multiple of {n}, each process then "
+                            f"takes batch_size / {n}")
+        return problems + self._precision_problems(recipe)
+
+    def _precision_problems(self, recipe: Recipe) -> list[str]:
+        """The launch config's mixed_precision against the recipe's training.precision, which decides."""
+        if self.launch.mixed_precision == "no":  # (auto is resolved, importing torch, only when there is a config)
+            return []
+        precision = recipe_precision(recipe)
+        wanted = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[precision]
+        if self.launch.mixed_precision == wanted:
+            return []
+        auto = "" if recipe.training.precision == precision else f" (auto picks {precision} on this machine)"
+        return [f"training.precision: {precision} disagrees with mixed_precision {self.launch.mixed_precision!r} of "
+                f"{self.launch.source}{auto}: set mixed_precision: 'no' in the config (the recipe's "
+                "training.precision decides)"]
+
+    # ------------------------------------------------------------ loading
+
+    def process_state(self):
+        """accelerate's PartialState for this training process (the first one it makes sets up the process
+        group). cpu=True on a machine without CUDA: processes that torchrun started without ACCELERATE_USE_CPU
+        would otherwise each run alone as rank 0, and all write the run directory."""
+        import torch
+        from accelerate import PartialState
+
+        return PartialState(cpu=not torch.cuda.is_available())
+
+    def loading(self, state):
+        """The context to load the model in: the main process first (the others then read its caches and
+        prepared weights)."""
+        return state.main_process_first()
+
+    def load_arguments(self, quantization) -> dict:
+        """from_pretrained's arguments this strategy adds, given the recipe's BitsAndBytesConfig (or None)."""
+        return {}
+
+    def quantization_arguments(self, compute_dtype) -> dict:
+        """BitsAndBytesConfig's arguments this strategy adds for 4-bit weights."""
+        return {}
+
+    def receives_weights(self) -> bool:
+        """True on a process that does not read the checkpoint (it gets the weights from another)."""
+        return False
+
+    # ------------------------------------------------------------ training
+
+    def trainer_arguments(self, cuda: bool) -> dict:
+        return {"use_cpu": not cuda}
+
+    def building_trainer(self):
+        """The context the Trainer (and so its Accelerator) is built in."""
+        return nullcontext()
+
+    def prepare(self, trainer, run) -> None:
+        """What the strategy adds to a built Trainer (its callbacks, its wrapping policy)."""
+
+    def record(self, trainer, precision: str) -> dict:
+        """How the run was spread, as accelerate resolved it (manifest.json's "distributed"): its type, the
+        processes and machines, what was sharded, the precision, and each process's device. A collective call."""
+        from accelerate.utils import gather_object
+
+        from hftoolkit.errors import UserError
+
+        state = trainer.accelerator.state
+        kind = state.distributed_type.name
+        if self.sharding and kind != self.sharding:  # never trained as plain DDP while the config says otherwise
+            raise UserError(f"the launch asked for {self.sharding}, but accelerate set the processes up as {kind}: "
+                            "this combination of machine and libraries is not supported; use --num-processes N for "
+                            "DDP")
+        devices = gather_object([str(state.device)]) if state.num_processes > 1 else [str(state.device)]
+        return {"type": kind, "processes": state.num_processes, "machines": self.launch.num_machines,
+                "sharding": self.record_name, "precision": precision, "devices": devices}
+
+    def record_after_training(self, trainer) -> dict:
+        """What training showed about the spread (a collective call), added to manifest.json's "distributed"."""
+        return {}
+
+    def save(self, trainer, target) -> None:
+        """Write the adapter or the model to `target` on the run directory's writer."""
+        if trainer.args.should_save:  # (the run directory's writer: see workflows/train.writes_run)
+            trainer.model.save_pretrained(target, safe_serialization=True)
+
+    # ------------------------------------------------------------ planning
+
+    def spread(self):
+        """What this strategy divides over its processes, for its memory and time plan."""
+        from hftoolkit.training.strategies.plan import Spread
+
+        return Spread(name=self.name, processes=self.processes,
+                      processes_per_machine=self.launch.processes_per_machine,
+                      shards_parameters=self.shards_parameters, shards_gradients=self.shards_gradients,
+                      shards_optimizer=self.shards_optimizer, runtime=self.runtime)
+
+
+def recipe_precision(recipe: Recipe) -> str:
+    """training.precision with auto decided for this machine, before anything is loaded (a local checkpoint's type
+    is read from its files, a hub id's not)."""
+    from hftoolkit.job.machine import resolve_precision
+    from hftoolkit.sources.checkpoint import model_type_of
+
+    return resolve_precision(recipe.training.precision,
+                             model_type_of(recipe.model.checkpoint, recipe.model.gguf_file))
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def installed(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

@@ -1,0 +1,47 @@
+"""Each patch of a library's code lives in hftoolkit/patches/, in a module named after the library and the versions
+it was checked against; this test fails when the installed library leaves that range, or when the code a patch
+relies on reads differently, so that a new release is checked before it is trusted."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from hftoolkit.patches import in_range, patch_modules
+
+PACKAGE = Path(__file__).resolve().parent.parent / "hftoolkit"
+MODULES = patch_modules()
+
+
+def test_the_folder_holds_the_patches_the_runs_rely_on():
+    names = {m.__name__.rsplit(".", 1)[1] for m in MODULES}
+    assert {"accelerate_1_15", "deepspeed_0_19", "peft_0_21", "transformers_5"} <= names
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
+def test_each_patch_names_its_library_and_holds_for_the_installed_version(module):
+    from importlib.metadata import version
+
+    name = module.__name__.rsplit(".", 1)[1]
+    assert name.startswith(module.LIBRARY.replace("-", "_") + "_"), "the module is named after the library it patches"
+    assert re.fullmatch(r"[a-z_]+_\d+(_\d+)*", name), "and the version range"
+    assert in_range(module), (f"{module.LIBRARY} {version(module.LIBRARY)} is outside {module.VERSIONS}, the range "
+                              f"{name} was checked against: check the patch against this version, then widen it")
+    assert module.still_needed() == [], "the code this patch relies on has changed"
+
+
+def test_library_code_is_replaced_only_in_the_patches_folder():
+    """An assignment to a library class's method (`AcceleratorState.__init__ = ...`) or an entry of a library's
+    table of ops is a patch: it belongs in patches/."""
+    assignment = re.compile(r"^\s*[A-Za-z_][\w.]*\.(__init__|__compatible_ops__\[.*\])\s*=", re.M)
+    elsewhere = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if "patches" not in p.parts and assignment.search(p.read_text(encoding="utf-8"))]
+    assert elsewhere == []
+
+
+def test_the_version_check_fails_outside_the_range():
+    from types import SimpleNamespace
+
+    assert not in_range(SimpleNamespace(LIBRARY="accelerate", VERSIONS=">=0.1,<0.2"))
