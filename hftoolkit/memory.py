@@ -20,6 +20,13 @@ def peak_memory_mb() -> float:
     return round(resident_peak_kb() / 1024, 1)
 
 
+def reserved_peak_mb() -> float | None:
+    """Peak GPU memory the CUDA allocator reserved (allocated plus its cache); None off CUDA."""
+    import torch
+
+    return round(torch.cuda.max_memory_reserved() / 2**20, 1) if torch.cuda.is_available() else None
+
+
 def resident_peak_kb() -> float:
     """The process's own peak resident set: Linux's VmHWM, which `reset_peak_memory` resets. getrusage's
     ru_maxrss is the fallback elsewhere: on Linux a process started by a larger one inherits its peak there."""

@@ -14,6 +14,16 @@ import typer
 
 from hftoolkit.cli import stdout
 from hftoolkit.cli.helpformat import Command
+from hftoolkit.cli.options import (
+    AccelerateConfigOption,
+    JsonOption,
+    NumMachinesOption,
+    NumProcessesOption,
+    QuietOption,
+    SetOption,
+    VerboseOption,
+)
+from hftoolkit.cli.plan import plan
 from hftoolkit.errors import UserError
 from hftoolkit.processes import under_launcher
 
@@ -52,18 +62,6 @@ def _options(version: Annotated[bool, typer.Option("--version", callback=_print_
     """Fine-tune and evaluate pretrained transformers from one YAML recipe."""
 
 
-# Options several commands share.
-SetOption = Annotated[list[str] | None, typer.Option("--set", metavar="KEY=VALUE",
-                                                     help="Override a recipe key: a.b.c=value.")]
-VerboseOption = Annotated[bool, typer.Option("--verbose", "-v", help=(
-    "Show the libraries' own logs and warnings too (train, eval and sweep always keep them in the run "
-    "directory's train.log)."))]
-JsonOption = Annotated[bool, typer.Option("--json", help=(
-    "Print metrics.json's content as one JSON object on standard output, and nothing else there (the toolkit's "
-    "lines go to standard error)."))]
-QuietOption = Annotated[bool, typer.Option("--quiet", "-q", help="Print only errors and the path written.")]
-
-
 @app.command()
 def train(
     recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file (or, with --resume, a run "
@@ -74,17 +72,11 @@ def train(
     overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty run directory.")] = False,
     resume: Annotated[bool, typer.Option("--resume", help="Continue the run from its newest complete checkpoint.")
                       ] = False,
-    num_processes: Annotated[int | None, typer.Option(
-        "--num-processes", min=1, metavar="N", help="Train on N processes (one per GPU; gloo on a CPU), started "
-                                                    "through accelerate launch. training.batch_size is split over "
-                                                    "them.")] = None,
-    accelerate_config: Annotated[Path | None, typer.Option(
-        "--accelerate-config", metavar="FILE", help="An accelerate launch config (see recipes/accelerate/); "
-                                                    "overrides the recipe's training.accelerate_config.")] = None,
-    num_machines: Annotated[int | None, typer.Option(
-        "--num-machines", min=1, metavar="M", help="Train on M machines, each running this same command with its "
-                                                   "own --machine-rank; --num-processes then counts the processes "
-                                                   "of all machines together.")] = None,
+    num_processes: NumProcessesOption = None,
+    accelerate_config: AccelerateConfigOption = None,
+    num_machines: NumMachinesOption = None,
+    skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help=(
+        "Train even when the plan (hftoolkit plan) says the run needs more memory than this machine has."))] = False,
     machine_rank: Annotated[int | None, typer.Option(
         "--machine-rank", min=0, metavar="R", help="This machine's index among --num-machines (0: the main "
                                                    "machine, which --main-process-ip names).")] = None,
@@ -121,7 +113,7 @@ def train(
     from hftoolkit.processes import is_main_process
 
     metrics = run_training(parsed, run_dir, command=distributed.command_line(), overwrite=overwrite, resume=resume,
-                           verbosity=verbosity, launch=plan)
+                           verbosity=verbosity, launch=plan, memory_check=not skip_memory_check)
     if is_main_process():
         stdout.show_result(metrics, run_dir, as_json, verbosity)
     distributed.end_processes()
@@ -536,6 +528,8 @@ def parity(
 
     raise typer.Exit(run_parity(only=only, worked_examples=worked_examples))
 
+
+app.command("plan")(plan)
 
 # Every command's help reads as conventional tools' do (set here, once every command is registered).
 for _info in app.registered_commands:

@@ -327,7 +327,7 @@ class Recipe(Section):
 
 
 def _training_rules(recipe: Recipe) -> list[str]:
-    """Training and eval keys that contradict each other (the hardware-dependent ones: trainer.check_hardware)."""
+    """Training and eval keys that contradict each other (the hardware-dependent ones: machine.hardware_problems)."""
     t, e, problems = recipe.training, recipe.eval, []
     if t.warmup_steps is not None and t.warmup_ratio:
         problems.append("training.warmup_steps and training.warmup_ratio both say how long to warm up: set one")

@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from hftoolkit.config.families import NO_FP16
-from hftoolkit.errors import UserError
 
 if TYPE_CHECKING:
     from hftoolkit.config.recipe import Recipe
@@ -77,11 +76,3 @@ def hardware_problems(recipe: Recipe) -> list[str]:
         problems.append("training.tf32: TF32 matmuls need an NVIDIA Ampere or newer GPU, which this machine lacks: "
                         "set training.tf32 to false")
     return problems
-
-
-def check_hardware(recipe: Recipe) -> None:
-    """Refuse, before anything is loaded, a recipe that asks this machine for what it lacks (`validate`
-    does not: a recipe for a GPU server validates anywhere)."""
-    problems = hardware_problems(recipe)
-    if problems:
-        raise UserError("\n".join(problems))

@@ -13,7 +13,7 @@ from pathlib import Path
 from hftoolkit.config.families import model_rules
 from hftoolkit.config.recipe import Recipe, RecipeError
 from hftoolkit.errors import UserError
-from hftoolkit.job.machine import resolve_precision
+from hftoolkit.job.machine import hardware_problems, resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
 
 
@@ -26,7 +26,9 @@ def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = Non
     from hftoolkit.sources.data import load_data
     from hftoolkit.sources.streaming import load_stream
 
-    problems, dropped, model, rows, names = [], {}, None, None, None
+    # Hardware and precision are checked here, once, for a training job (eval and predict load on what is there).
+    problems = hardware_problems(recipe) if strategy is not None else []
+    dropped, model, rows, names = {}, None, None, None
     try:
         model = resolve_model(recipe, weights)
     except UserError as err:

@@ -32,6 +32,7 @@ from hftoolkit.runs.summary import (
     format_value,
     load_run,
     lora_cell,
+    memory_cell,
     params_cell,
     pareto_best,
     same_task_groups,
@@ -84,7 +85,7 @@ def summary_rows(runs: list[RunSummary]) -> list[dict[str, str]]:
             "checkpoint": run.checkpoint or DASH, "task": run.task or DASH,
             "quant": run.quantization or DASH, "LoRA r": lora_cell(run),
             "main metric": metric,
-            "trainable / total": params_cell(run), "peak mem": format_memory(run.peak_memory_mb),
+            "trainable / total": params_cell(run), "peak mem": memory_cell(run),
             "train time": format_seconds(run.train_seconds), "notes": "; ".join(run.notes),
         })
     return rows

@@ -56,6 +56,7 @@ class RunSummary:
     samples_per_second: float | None = None
     tokens_per_second: float | None = None
     peak_memory_mb: float | None = None
+    planned_peak_mb: float | None = None  # what `hftoolkit plan` predicted for the main process (manifest.json)
     trainable_params: int | None = None
     total_params: int | None = None
     hftoolkit_version: str | None = None
@@ -187,6 +188,8 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
     run.lora_known = "lora_rank" in source and (source["lora_rank"] is None or run.lora_rank is not None)
     for attr in ("train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second", "peak_memory_mb"):
         setattr(run, attr, _num(source.get(attr)))
+    plan = (manifest or {}).get("plan")
+    run.planned_peak_mb = _num(plan.get("planned_peak_mb")) if isinstance(plan, dict) else None
     run.trainable_params = _int(source.get("trainable_params"))
     run.total_params = _int(source.get("total_params"))
     run.trained = source.get("trained") is not False
@@ -331,6 +334,12 @@ def format_memory(value: float | None) -> str:
     if value is None:
         return DASH
     return f"{value / 1024:.2f} GB" if value >= 1024 else f"{value:.0f} MB"
+
+
+def memory_cell(run: RunSummary) -> str:
+    """The measured peak, with the planned one beside it where the run recorded a plan."""
+    measured = format_memory(run.peak_memory_mb)
+    return measured if run.planned_peak_mb is None else f"{measured} (plan {format_memory(run.planned_peak_mb)})"
 
 
 def params_cell(run: RunSummary) -> str:

@@ -34,17 +34,20 @@ from hftoolkit.sources.streaming import is_stream
 from hftoolkit.training.strategies import LaunchPlan, Strategy, strategy_for
 from hftoolkit.training.strategies.launch import current_launch
 from hftoolkit.training.throughput import TokenCounter, efficiency
+from hftoolkit.workflows.plan import measured_record, planned_job, planned_record
 
 
 def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False,
-          verbosity: console.Verbosity | None = None, launch: LaunchPlan | None = None) -> dict:
+          verbosity: console.Verbosity | None = None, launch: LaunchPlan | None = None,
+          memory_check: bool = True) -> dict:
     """Run one recipe end to end; returns metrics.json's content.
 
     What the libraries say goes to the run directory's train.log (and to the console only when verbosity is
     VERBOSE); the console shows the toolkit's phases and one progress bar (console.py, progress.py).
 
     resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py). `launch` is how the
-    run is spread (the launcher's, read back, when not given).
+    run is spread (the launcher's, read back, when not given). A run planned over this machine's memory is refused
+    before anything loads, unless `memory_check` is False (workflows/plan.py).
     Bad input found before training starts (preflight: every problem at once) removes the run directory
     this call created; a run that fails once training has started keeps its log and says "failed" in
     manifest.json, or "trained, eval failed" once its weights are saved.
@@ -52,7 +55,8 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
     gc.disable()  # until the model is loaded: see _startup_done
     try:
         with console.capture(verbosity=verbosity) as log:
-            return _train(recipe, run_dir, command, overwrite, resume, log, strategy_for(launch or current_launch()))
+            strategy = strategy_for(launch or current_launch())
+            return _train(recipe, run_dir, command, overwrite, resume, log, strategy, memory_check)
     finally:
         gc.unfreeze()  # what the run left behind is collectable again (a caller may go on: tests, notebooks)
         gc.enable()
@@ -70,8 +74,7 @@ def _startup_done() -> None:
 
 
 def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool, log,
-           strategy: Strategy) -> dict:
-    from hftoolkit.job.machine import check_hardware
+           strategy: Strategy, memory_check: bool) -> dict:
     from hftoolkit.training.machines import check_run_directory, lost_peer
 
     state = strategy.process_state()
@@ -81,9 +84,9 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
     existed = run.path.exists()  # another run's, until claimed: never removed on error
     progress = Progress()
     try:
-        check_hardware(recipe)  # flash attention or TF32 asked of a machine without them
         with state.main_process_first():  # resolved on the main process first; the others read its caches
-            job = _resolve(recipe, run.refusal(overwrite, resume) if writer else None, strategy)
+            job = planned_job(_resolve(recipe, run.refusal(overwrite, resume) if writer else None, strategy),
+                              check=memory_check)
         if writer:
             run.path.mkdir(parents=True, exist_ok=True)
         state.wait_for_everyone()
@@ -206,7 +209,7 @@ def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], res
         progress.written = True
         run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
                             data_fingerprint=fingerprint(job.data), preflight=job.findings.record,
-                            resolved=resolved_record(job))
+                            resolved=resolved_record(job), plan=planned_record(job))
     return resume_from
 
 
@@ -234,9 +237,14 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
         run.update_manifest(distributed=ran)
     _startup_done()
     setup_seconds = time.perf_counter() - started
+    first_step = trainer.state.global_step if resume_from is None else _step_of(resume_from)
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     train_seconds = time.perf_counter() - started - setup_seconds
     train_counts = counter.snapshot()  # before eval batches pass through the same collator
+    steps = trainer.state.global_step - first_step
+    calibration = measured_record(job, train_seconds / steps if steps > 0 else None)  # (a collective call)
+    if writer:
+        run.update_manifest(plan=calibration)
     optimizer_shards = strategy.record_after_training(trainer)  # (a collective call: every process)
     if optimizer_shards and writer:
         run.update_manifest(distributed={**ran, **optimizer_shards})
@@ -262,6 +270,11 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
         metrics = run.metrics()
         run.finish("complete")
     return metrics
+
+
+def _step_of(checkpoint: Path) -> int:
+    """The optimizer step a checkpoint folder (checkpoint-N) was written at."""
+    return int(Path(checkpoint).name.rsplit("-", 1)[-1])
 
 
 def _check_benchmarks(job: Job) -> None:

@@ -1,0 +1,105 @@
+"""`hftoolkit plan RECIPE`: the run's memory per process, itemized, and its time, for the launch it names and for
+every other strategy beside it, on this machine or a GPU named from the table. Reads the model's config only."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hftoolkit.cli.options import AccelerateConfigOption, NumMachinesOption, NumProcessesOption, SetOption
+
+
+def plan(
+    recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file.")],
+    set_: SetOption = None,
+    num_processes: NumProcessesOption = None,
+    accelerate_config: AccelerateConfigOption = None,
+    num_machines: NumMachinesOption = None,
+    gpu: Annotated[str | None, typer.Option("--gpu", metavar="NAME", help=(
+        "Plan for a GPU from the table (t4, l4, a10g, a100-40gb, a100-80gb, h100-80gb, h200, ...): its memory and "
+        "its bf16/fp16 peak, one per process."))] = None,
+    gpu_memory: Annotated[float | None, typer.Option("--gpu-memory", metavar="GiB", help=(
+        "Plan for a GPU with this much memory per process (GiB)."))] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object on standard output.")
+                       ] = False,
+):
+    """Plan a run's memory and time before launching it: per process, itemized, for every strategy."""
+    from hftoolkit import console
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.errors import UserError
+    from hftoolkit.training.strategies.launch import Machines, check_machines, plan_from_config
+    from hftoolkit.training.strategies.plan import device_named, device_with_memory, this_machine
+    from hftoolkit.workflows.plan import plan_recipe
+
+    if gpu is not None and gpu_memory is not None:
+        raise UserError("--gpu and --gpu-memory both name the device: pass one of them")
+    device = device_named(gpu) if gpu is not None else device_with_memory(gpu_memory) if gpu_memory is not None \
+        else this_machine()
+    parsed = load_recipe(recipe, set_ or [])
+    config = accelerate_config or (Path(parsed.training.accelerate_config)
+                                   if parsed.training.accelerate_config else None)
+    launch = plan_from_config(config, num_processes, "--accelerate-config" if config else "--num-processes",
+                              Machines(num_machines=num_machines, main_process_ip="(planned)"))
+    problems = check_machines(launch)
+    if problems:
+        raise UserError(problems[0])
+    with console.capture(explain_loading=False):  # the libraries' lines (DeepSpeed's on stdout) kept off the plan
+        planned = plan_recipe(parsed, launch, device)
+    if as_json:
+        typer.echo(json.dumps(planned.as_dict(), indent=2))
+    else:
+        show(planned)
+
+
+def show(planned) -> None:
+    """The launch's strategy itemized, then every strategy in one table, then the cheapest that fits."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console, chosen, shape = Console(), planned.chosen, planned.shape
+    console.print(f"{planned.recipe}: {planned.checkpoint}, {shape.get('parameters', 0) / 1e6:,.1f}M parameters "
+                  f"({shape.get('trainable', 0) / 1e6:,.2f}M trained), {planned.precision}, on {planned.device.name}")
+    if chosen.memory is not None:
+        items = Table(title=f"{_on(chosen)}: memory per process")
+        items.add_column("item")
+        items.add_column("GiB", justify="right")
+        for item, count in chosen.memory.items.items():
+            items.add_row(item, _gib(count))
+        items.add_row("peak", _gib(chosen.memory.peak))
+        console.print(items)
+    table = Table(title="every strategy")
+    for column in ("strategy", "processes", "peak GiB / process", "fits", "step", "run"):
+        table.add_column(column, justify="left" if column in ("strategy", "fits") else "right")
+    for row in planned.strategies:
+        if row.not_possible:
+            keys = ", ".join(dict.fromkeys(p.split(":", 1)[0] for p in row.not_possible))
+            table.add_row(row.label, str(row.processes), "-", f"not possible ({keys})", "-", "-")
+            continue
+        fits = {True: "yes", False: "no", None: "?"}[row.memory.fits]
+        table.add_row(row.label, str(row.processes), _gib(row.memory.peak), fits, _seconds(row.time.step_seconds),
+                      _seconds(row.time.train_seconds))
+    console.print(table)
+    for row in planned.strategies:
+        for problem in row.not_possible:
+            console.print(f"{row.label} is not possible: {problem}", soft_wrap=True)
+    best = planned.cheapest_fit
+    console.print(f"cheapest that fits: {_on(best)}" if best else "no strategy fits this device: set "
+                  "training.gradient_checkpointing, 4-bit weights with LoRA, or a smaller training.batch_size, and "
+                  "plan again")
+
+
+def _on(row) -> str:
+    return row.label if row.processes == 1 else f"{row.label} on {row.processes} processes"
+
+
+def _gib(count: float | None) -> str:
+    return "-" if count is None else f"{count / 2**30:,.2f}"
+
+
+def _seconds(value: float | None) -> str:
+    from hftoolkit.runs.summary import format_seconds
+
+    return "-" if value is None else format_seconds(value)

@@ -1,0 +1,479 @@
+"""The memory and time a run will take, per process, before any weight is loaded (`hftoolkit plan`, issue 29).
+
+Everything here is arithmetic on a model's shape (read from a model built on the meta device) and the recipe, so a
+plan costs no memory and can be made for a GPU this machine does not have. What each figure counts, and why:
+
+- runtime: what a process holds before the model. On a CPU the resident set of a process that imported the training
+  stack, measured (benchmarks/plan.py, `measure_runtime`); on CUDA the context plus cuBLAS' workspace (an estimate,
+  not measured here: it is outside torch's allocator, so torch's peak figure never shows it).
+- weights at their stored dtype, or quantized (bitsandbytes' layouts, scales included), the rest unquantized;
+  LoRA adapters in fp32 (peft keeps them fp32 under a half-precision base).
+- gradients for trainable parameters only, in the weights' dtype; DeepSpeed also keeps an fp32 partition of them
+  for its fp32 optimizer step when the weights are half precision.
+- optimizer states: AdamW two fp32 moments; 8-bit AdamW two 8-bit moments plus a block scale; Adafactor a row and a
+  column accumulator per matrix (the Trainer's Adafactor has no first moment); the Trainer's sgd no momentum.
+- master weights: only where a copy exists. The HF Trainer's bf16/fp16 autocast leaves fp32 weights as they are
+  (they are the master) and trains half-precision weights (model.dtype) in place: no copy either way. DeepSpeed
+  keeps an fp32 partition of the parameters in every precision.
+- sharding divides what the strategy shards by the processes of the run.
+- activations from the config: per layer, what autograd saves (the layer's input, q/k/v, attention output, the
+  feed-forward's two wide tensors, dropout masks; the attention matrix under eager attention); with gradient
+  checkpointing one hidden state per layer plus one layer's activations, recomputed in the backward pass.
+- buffers: the logits over the vocabulary and the loss's fp32 copies, DDP's gradient buckets (a second copy of the
+  gradients), one layer's gathered parameters under FSDP and ZeRO-3.
+- on a CPU the peak is the resident high-water mark, which also sees loading: transformers maps the checkpoint and
+  the parameters stay backed by its pages, so a checkpoint in the weights' dtype costs nothing twice; converting
+  (another dtype, quantizing) touches the whole file while the converted weights are made, and FSDP's rank 0
+  holds the full weights while it shards them. Whichever is larger, loading or a training step, is the peak.
+
+The step time divides a step's FLOPs (hftoolkit.training.throughput's convention) by a rate: the GPU's datasheet
+peak at the precision times a stated utilisation, or on a CPU this machine's measured matmul rate.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+GiB = 2**30
+TFLOPS = 1e12
+
+# What a CPU process of a run holds once the training stack is imported, before its model: measured by
+# benchmarks/plan.py (`measure_runtime`, the VmHWM of a process importing what a training process imports).
+CPU_RUNTIME_BYTES = {"torch": 560 * 2**20, "deepspeed": 600 * 2**20}
+# The CUDA context and cuBLAS workspace: not measured here (no GPU); the context is commonly a few hundred MiB and
+# cuBLAS reserves a workspace per stream. DeepSpeed adds its own kernels' context. An estimate, stated as such.
+CUDA_RUNTIME_BYTES = {"torch": 512 * 2**20 + 32 * 2**20, "deepspeed": 640 * 2**20 + 32 * 2**20}
+
+WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where a process trains: its memory per process and its dense peak FLOP/s per precision."""
+
+    name: str
+    kind: str
+    memory: int
+    peak_flops: dict = field(default_factory=dict)
+    utilisation: float = 0.4
+
+
+def _gpu(name: str, gib: float, fp32: float, half: float, bf16: bool = True) -> Device:
+    peaks = {"fp32": fp32 * TFLOPS, "fp16": half * TFLOPS}
+    if bf16:
+        peaks["bf16"] = half * TFLOPS
+    return Device(name, "cuda", int(gib * GiB), peaks)
+
+
+# Datasheet dense (not 2:4 sparse) tensor-core peaks for bf16/fp16, and for fp32 the plain (non-tensor-core) FP32
+# peak: the Trainer trains fp32 without TF32 unless training.tf32 is set. GeForce cards: fp16/bf16 with fp32
+# accumulation, which is what autocast uses. Memory: what torch reports as the card's total. Pre-Ampere cards
+# have no bf16, so no bf16 rate (time then comes out None).
+GPUS: dict[str, Device] = {
+    "t4": _gpu("NVIDIA T4", 15, 8.1, 65, bf16=False),
+    "v100-16gb": _gpu("NVIDIA V100 16GB (SXM2)", 16, 15.7, 125, bf16=False),
+    "v100-32gb": _gpu("NVIDIA V100 32GB (SXM2)", 32, 15.7, 125, bf16=False),
+    "a10g": _gpu("NVIDIA A10G", 22.5, 31.2, 70),  # AWS's A10 variant: no NVIDIA datasheet; the commonly quoted rates
+    "l4": _gpu("NVIDIA L4", 22.5, 30.3, 121),
+    "l40s": _gpu("NVIDIA L40S", 45, 91.6, 362),
+    "rtx3090": _gpu("NVIDIA GeForce RTX 3090", 24, 35.6, 71),
+    "rtx4090": _gpu("NVIDIA GeForce RTX 4090", 24, 82.6, 165),
+    "a100-40gb": _gpu("NVIDIA A100 40GB", 40, 19.5, 312),
+    "a100-80gb": _gpu("NVIDIA A100 80GB", 80, 19.5, 312),
+    "h100-80gb": _gpu("NVIDIA H100 80GB (SXM)", 79.6, 67, 989.5),
+    "h200": _gpu("NVIDIA H200", 140.4, 67, 989.5),
+}
+
+
+def device_named(name: str) -> Device:
+    """A GPU of the table by its short name, in any case."""
+    from hftoolkit.errors import UserError
+
+    device = GPUS.get(name.strip().lower())
+    if device is None:
+        raise UserError(f"--gpu {name}: unknown GPU; known: {', '.join(GPUS)}: or give --gpu-memory GiB")
+    return device
+
+
+def device_with_memory(gib: float) -> Device:
+    """A GPU known only by its memory. Its speed is not guessed: peak_flops is empty, so the time comes out None
+    rather than a figure borrowed from some other card."""
+    from hftoolkit.errors import UserError
+
+    if not isinstance(gib, (int, float)) or not math.isfinite(gib) or gib <= 0:
+        raise UserError(f"--gpu-memory {gib}: give the GPU's memory in GiB, a positive number such as 24")
+    return Device(f"a GPU with {gib:g} GiB", "cuda", int(gib * GiB), {})
+
+
+def this_machine() -> Device:
+    """This machine's GPU (the first one) when torch sees one, else its CPU with all of its RAM."""
+    import torch
+
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        known = next((d for d in GPUS.values() if d.name.lower() in props.name.lower()
+                      or props.name.lower() in d.name.lower()), None)
+        return Device(props.name, "cuda", int(props.total_memory), dict(known.peak_flops) if known else {})
+    total = _meminfo_total()
+    return Device(f"this machine's CPU ({total / GiB:.1f} GiB RAM)", "cpu", total, {})
+
+
+def _meminfo_total() -> int:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    raise OSError("/proc/meminfo has no MemTotal")
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How a strategy spreads the model states over the processes of a run."""
+
+    name: str
+    processes: int
+    processes_per_machine: int
+    shards_parameters: bool
+    shards_gradients: bool
+    shards_optimizer: bool
+    runtime: str = "torch"
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Bytes per process, itemized; the items add up to the peak."""
+
+    items: dict
+    peak: int
+    fits: bool | None
+    available: int | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TimePlan:
+    """Seconds a step, the training and the evaluation take; None where no rate is known."""
+
+    step_seconds: float | None
+    train_seconds: float | None
+    eval_seconds: float | None
+    flops_per_step: float
+    rate: float | None
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------------ the model's shape
+
+def _config_value(config, *names, default=0):
+    for name in names:
+        value = getattr(config, name, None)
+        if value:
+            return value
+    return default
+
+
+def _dims(config) -> dict:
+    """Widths and depths from a config, under the names the families use."""
+    hidden = _config_value(config, "hidden_size", "n_embd", "d_model")
+    encoder = _config_value(config, "encoder_layers", "num_layers", "num_hidden_layers", "n_layer")
+    decoder = _config_value(config, "decoder_layers", "num_decoder_layers")
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    heads = _config_value(config, "num_attention_heads", "n_head", "num_heads", "encoder_attention_heads")
+    image, patch = _config_value(config, "image_size"), _config_value(config, "patch_size")
+    dropout = _config_value(config, "attention_probs_dropout_prob", "attn_pdrop", "attention_dropout",
+                            "dropout_rate", "dropout", default=0.0)
+    return {
+        "layers": encoder + (decoder or encoder if seq2seq else 0),
+        "encoder_layers": encoder if seq2seq else 0, "decoder_layers": (decoder or encoder) if seq2seq else 0,
+        "hidden": hidden, "heads": heads,
+        "intermediate": _config_value(config, "intermediate_size", "n_inner", "d_ff", "encoder_ffn_dim",
+                                      default=4 * hidden),
+        "kv_heads": _config_value(config, "num_key_value_heads", default=heads),
+        "vocab": _config_value(config, "vocab_size"), "seq2seq": seq2seq,
+        "image_tokens": (image // patch) ** 2 + 1 if image and patch else 0,
+        "dropout": float(dropout) > 0,
+        "eager_attention": getattr(config, "_attn_implementation", "eager") in (None, "eager"),
+        "dtype_bytes": WEIGHT_BYTES.get(str(getattr(config, "dtype", None) or "").removeprefix("torch."), 4),
+    }
+
+
+def model_shape(model) -> dict:
+    """Parameter counts and dimensions of a model on the meta device, plain or wrapped by peft (not quantized)."""
+    import torch
+
+    head = _head_names(model)
+    embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
+    seen, counts = set(), dict.fromkeys(("parameters", "embedding", "trainable", "adapter", "quantizable",
+                                         "quantizable_rows", "adafactor_state", "largest_layer"), 0)
+    for name, module in model.named_modules():
+        own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
+        counts["largest_layer"] = max(counts["largest_layer"], sum(p.numel() for _, p in own))
+        for n, p in own:
+            seen.add(id(p))
+            full = f"{name}.{n}" if name else n
+            counts["parameters"] += p.numel()
+            counts["embedding"] += p.numel() if id(p) in embedding else 0
+            counts["adapter"] += p.numel() if "lora_" in full else 0
+            if p.requires_grad:
+                counts["trainable"] += p.numel()
+                counts["adafactor_state"] += sum(p.shape[-2:]) if p.dim() >= 2 else p.numel()
+        conv1d = type(module).__name__ == "Conv1D"  # GPT-2's transposed Linear: bitsandbytes replaces it too
+        if ((isinstance(module, torch.nn.Linear) or conv1d) and "lora_" not in name
+                and not any(part in head for part in name.split("."))):
+            counts["quantizable"] += module.weight.numel()
+            counts["quantizable_rows"] += module.weight.shape[1 if conv1d else 0]
+    base = counts["parameters"] - counts["adapter"]
+    return {**counts, "base": base, "non_embedding": base - counts["embedding"],
+            "block": _block_parameters(model), **_dims(model.config)}
+
+
+def _head_names(model) -> set:
+    """Module names bitsandbytes leaves unquantized: the output embeddings, the task head (the model's last child,
+    as transformers' get_keys_to_not_convert picks it) and peft's modules_to_save."""
+    names = {"modules_to_save", "original_module"}
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    out = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    for name, module in inner.named_modules():
+        if out is not None and module is out:
+            names.add(name.split(".")[-1])
+    children = list(inner.named_children())
+    if children:
+        names.add(children[-1][0])
+    return names
+
+
+def _block_parameters(model) -> int:
+    """Parameters of the largest repeated block (a transformer layer): what FSDP and ZeRO-3 gather at once."""
+    import torch
+
+    largest = 0
+    for module in model.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) > 1:
+            largest = max(largest, max(sum(p.numel() for p in m.parameters()) for m in module))
+    return largest
+
+
+# ------------------------------------------------------------------------------------------------------- memory
+
+def _weight_bytes(shape: dict, recipe) -> tuple[float, float]:
+    """(bytes of the base weights as held, bytes per base parameter as stored in the checkpoint file)."""
+    dtype = recipe.model.dtype
+    unquantized = WEIGHT_BYTES.get(dtype, shape["dtype_bytes"])
+    quant = recipe.model.quantization
+    if quant == "none":
+        return shape["base"] * unquantized, unquantized
+    q, rest = shape["quantizable"], shape["base"] - shape["quantizable"]
+    if quant == "8bit":  # LLM.int8: one int8 per weight and one fp32 scale per output row
+        packed = q + 4 * shape["quantizable_rows"]
+    else:  # nf4: half a byte per weight, an absmax per block of 64 (fp32, or 8-bit plus an fp32 per 256 blocks)
+        scales = q / 64 + 4 * q / (64 * 256) if recipe.model.double_quant else 4 * q / 64
+        packed = q / 2 + scales
+    # peft's prepare_model_for_kbit_training casts every parameter left unquantized to fp32
+    return packed + rest * 4, shape["dtype_bytes"]
+
+
+def _optimizer_bytes(shape: dict, optimizer: str) -> float:
+    trainable = shape["trainable"]
+    if optimizer in ("adamw_fused", "adamw"):
+        return 8 * trainable
+    if optimizer in ("adamw_8bit", "paged_adamw_8bit"):  # two uint8 moments, an fp32 absmax per 256 of each
+        return 2 * trainable + 2 * 4 * trainable / 256
+    if optimizer == "adafactor":
+        return 4 * shape["adafactor_state"]
+    return 0.0  # the Trainer's sgd: torch.optim.SGD without momentum keeps no state
+
+
+def _model_states(shape: dict, recipe, spread: Spread, precision: str) -> dict:
+    """Weights, adapter, gradients, optimizer and master weights per process, divided where the strategy shards."""
+    weights, _ = _weight_bytes(shape, recipe)
+    deepspeed = spread.runtime == "deepspeed"
+    half = recipe.model.dtype in ("bfloat16", "float16") or (deepspeed and precision != "fp32")
+    if deepspeed and precision != "fp32" and recipe.model.quantization == "none":
+        weights = shape["base"] * 2  # DeepSpeed casts the module to the training precision
+    lora = recipe.lora.enabled
+    trainable_base = shape["trainable"] - (shape["adapter"] if lora else 0)
+    grad_bytes = 2 if half else 4
+    gradients = shape["adapter"] * 4 * lora + trainable_base * grad_bytes
+    master = 0.0
+    if deepspeed:  # an fp32 partition of the trainable parameters, and of their gradients for a half model
+        master = 4 * shape["trainable"]
+        gradients += 4 * shape["trainable"] if half else 0
+    n = spread.processes
+    return {
+        "weights": weights / n if spread.shards_parameters else weights,
+        "adapter": shape["adapter"] * 4 / (n if spread.shards_parameters else 1) if lora else 0,
+        "gradients": gradients / n if spread.shards_gradients else gradients,
+        "optimizer": _optimizer_bytes(shape, recipe.training.optimizer) / (n if spread.shards_optimizer else 1),
+        "master weights": master / (n if spread.shards_optimizer else 1),
+    }
+
+
+def _layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int | None = None) -> float:
+    """What autograd keeps for one transformer layer over `batch` rows of `tokens` tokens, at `e` bytes an
+    element: inputs of the q/k/v, output and feed-forward products, q, k, v, the attention output, the layer
+    norms' inputs (8 tensors of the width), the feed-forward's two wide tensors, and with dropout a 1-byte mask
+    per dropout; eager attention also keeps the attention probabilities (and their dropped-out copy). A decoder
+    layer of a seq2seq model adds cross-attention over `keys` encoder tokens."""
+    h, i, a = shape["hidden"], shape["intermediate"], shape["heads"]
+    rows = batch * tokens
+    total = e * rows * (8 * h + 2 * i) + (3 * rows * h if shape["dropout"] else 0)
+    if shape["eager_attention"]:
+        total += batch * a * tokens * tokens * (2 * e + 1 if shape["dropout"] else e)
+    if keys:
+        total += e * (4 * rows * h + 2 * batch * keys * h)
+        if shape["eager_attention"]:
+            total += batch * a * tokens * keys * (2 * e + 1 if shape["dropout"] else e)
+    return total
+
+
+def _stack(shape: dict, batch: int, tokens: int, layers: int, e: int, checkpointing: bool, keys=None) -> float:
+    """A stack of layers: all of them, or with checkpointing one saved input per layer plus one layer recomputed."""
+    if not layers:
+        return 0.0
+    one = _layer_bytes(shape, batch, tokens, e, keys)
+    if checkpointing:
+        return layers * e * batch * tokens * shape["hidden"] + one
+    return layers * one
+
+
+def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict) -> tuple[float, float]:
+    """(activations, logits and loss buffers) of one forward and backward over a process's micro-batch."""
+    from hftoolkit.config.tasks import spec
+
+    e = PRECISION_BYTES[precision]
+    checkpointing = recipe.training.gradient_checkpointing
+    source = shape["image_tokens"] or lengths["max_length"]
+    if shape["seq2seq"]:
+        target = lengths.get("max_target_length") or source
+        acts = (_stack(shape, batch, source, shape["encoder_layers"], e, checkpointing)
+                + _stack(shape, batch, target, shape["decoder_layers"], e, checkpointing, keys=source))
+        out_tokens = target
+    else:
+        acts = _stack(shape, batch, source, shape["layers"], e, checkpointing)
+        out_tokens = source
+    acts += 2 * e * batch * source * shape["hidden"]  # the embeddings' output and the final norm's input
+    vocab = shape["vocab"] if spec(recipe.task).scoring in ("loss", "generation") else 0
+    # The logits, the loss's fp32 copy (the same tensor in fp32), its log-softmax and the logits' gradient.
+    copies = 4 * 3 + (e if e != 4 else 0)
+    return acts, batch * out_tokens * vocab * copies
+
+
+def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, precision: str,
+                lengths: dict) -> MemoryPlan:
+    """Peak bytes per process of a training step (or of loading, on a CPU, when that is larger)."""
+    cuda = device is None or device.kind == "cuda"
+    runtime = (CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES)[spread.runtime]
+    states = _model_states(shape, recipe, spread, precision)
+    batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
+    activations, logits = _activations(shape, recipe, batch, precision, lengths)
+    buffers = logits + _strategy_buffers(shape, recipe, spread, states)
+    items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers}
+    if not cuda:
+        items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
+    items = {k: int(round(v)) for k, v in items.items()}
+    peak = sum(items.values())
+    available = None
+    if device is not None:
+        available = device.memory if cuda else device.memory // max(1, spread.processes_per_machine)
+    return MemoryPlan(items, peak, None if available is None else peak <= available, available)
+
+
+def _strategy_buffers(shape: dict, recipe, spread: Spread, states: dict) -> float:
+    """DDP's gradient buckets (a full copy of the gradients); FSDP's and ZeRO-3's gathered layer (its parameters,
+    and their gradients before the reduce-scatter)."""
+    if spread.name == "ddp" and spread.processes > 1:
+        return states["gradients"]
+    if spread.shards_parameters and spread.processes > 1:
+        weights, _ = _weight_bytes({**shape, "base": shape["block"], "quantizable": 0, "quantizable_rows": 0}, recipe)
+        return 2 * weights
+    return 0.0
+
+
+def _loading_bytes(shape: dict, recipe, spread: Spread) -> float:
+    """The resident set while a CPU process loads its model, above the runtime. Parameters in the checkpoint's
+    dtype stay backed by the mapped file (counted once, as weights); a conversion touches the whole file besides
+    the converted weights. Whichever process reads the checkpoint under FSDP (the main one) holds the full weights
+    while its shard is cut; ZeRO flattens the parameters into one buffer, a second copy for a moment."""
+    held, stored = _weight_bytes(shape, recipe)
+    file_bytes = shape["base"] * stored
+    total = held + (file_bytes if (recipe.model.quantization != "none" or held != file_bytes) else 0)
+    if spread.shards_parameters and spread.runtime == "torch":
+        total += held / spread.processes
+    elif spread.runtime == "deepspeed":
+        total += held
+    return total
+
+
+# --------------------------------------------------------------------------------------------------------- time
+
+def _flops_per_token(shape: dict, lora: bool, tokens: int) -> float:
+    """Training FLOPs per token (hftoolkit.training.throughput's convention): 6N, or 4N under LoRA, plus attention."""
+    attention = 4 * shape["layers"] * tokens * shape["hidden"] * (2 if lora else 3)
+    return (4 if lora else 6) * shape["non_embedding"] + attention
+
+
+def _rate(shape: dict, device: Device | None, precision: str, tokens: int) -> float | None:
+    """FLOP/s one process reaches: a GPU's peak times its utilisation; a CPU's measured matmul rate at the run's
+    sizes (with its threads shared by the processes of the machine, as the run's processes share them)."""
+    if device is None:
+        return None
+    if device.kind == "cuda":
+        peak = device.peak_flops.get(precision)
+        return peak * device.utilisation if peak else None
+    from hftoolkit.training.throughput import matmul_flops_per_second
+
+    # (measured at a batch's tokens up to a few thousand: the rate levels off there, and a huge planned batch must
+    # not be allocated to find out)
+    return matmul_flops_per_second(precision, min(tokens, 4096), shape["hidden"], shape["intermediate"])
+
+
+def _steps(recipe, train_rows: int | None) -> int | None:
+    training = recipe.training
+    if training.max_steps:
+        return training.max_steps
+    if train_rows is None:
+        return None
+    return math.ceil(train_rows / (training.batch_size * training.gradient_accumulation)) * training.epochs
+
+
+def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precision: str, lengths: dict,
+              train_rows: int | None, eval_rows: int | None) -> TimePlan:
+    """Seconds per optimizer step, for the training and for one evaluation (loss pass plus generation)."""
+    lora = recipe.lora.enabled
+    source = shape["image_tokens"] or lengths["max_length"]
+    tokens = source + (lengths.get("max_target_length") or source if shape["seq2seq"] else 0)
+    rows = recipe.training.batch_size * recipe.training.gradient_accumulation
+    flops = rows * tokens * _flops_per_token(shape, lora, tokens)
+    per_process = flops / spread.processes
+    rate = _rate(shape, device, precision, max(1, rows // spread.processes) * source)
+    if rate is None:
+        return TimePlan(None, None, None, flops, None)
+    if device.kind == "cpu" and spread.processes_per_machine > 1:
+        rate = rate / spread.processes_per_machine  # the processes share this machine's cores
+    step = per_process / rate
+    steps = _steps(recipe, train_rows)
+    return TimePlan(step, None if steps is None else steps * step,
+                    _eval_seconds(shape, recipe, spread, lengths, eval_rows, rate), flops, rate)
+
+
+def _eval_seconds(shape: dict, recipe, spread: Spread, lengths: dict, eval_rows: int | None,
+                  rate: float) -> float | None:
+    """A forward pass (2N per token) over the eval rows, and for generative tasks 2N per generated token."""
+    from hftoolkit.config.tasks import spec
+
+    if eval_rows is None:
+        return None
+    source = shape["image_tokens"] or lengths["max_length"]
+    tokens = source + (lengths.get("max_target_length") or source if shape["seq2seq"] else 0)
+    forward = 2 * shape["non_embedding"] + 4 * shape["layers"] * tokens * shape["hidden"]
+    flops = eval_rows * tokens * forward
+    if spec(recipe.task).scoring == "generation" or (recipe.task == "clm" and recipe.eval.max_predictions):
+        predicted = eval_rows if recipe.task != "clm" else min(eval_rows, recipe.eval.max_predictions)
+        flops += predicted * lengths.get("max_new_tokens", 0) * 2 * shape["non_embedding"]
+    return flops / spread.processes / rate

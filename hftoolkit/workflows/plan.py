@@ -1,0 +1,272 @@
+"""`hftoolkit plan RECIPE`: the memory and time a run will take, for every strategy at once, before a GPU is rented;
+and the same plan asked by `train` before it loads anything.
+
+The model is built from its config on the meta device (nothing read but config.json), with the task head and the
+LoRA adapter the run would have; each strategy (training/strategies) divides its states as it would, and
+`strategies/plan.py` turns the figures into bytes and seconds on the target device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from hftoolkit.config.recipe import Recipe
+from hftoolkit.errors import UserError
+from hftoolkit.job.spec import Job, ResolvedModel
+from hftoolkit.training.strategies import STRATEGIES, LaunchPlan, Strategy, strategy_for
+from hftoolkit.training.strategies.plan import Device, MemoryPlan, TimePlan, plan_memory, plan_time
+
+# What the override of the memory check is called, wherever a refusal names it.
+OVERRIDE = "--skip-memory-check"
+
+
+@dataclass(frozen=True)
+class StrategyPlan:
+    """One strategy's plan, or why the recipe can't use it."""
+
+    name: str
+    label: str
+    processes: int
+    memory: MemoryPlan | None = None
+    time: TimePlan | None = None
+    not_possible: tuple[str, ...] = ()
+
+    @property
+    def fits(self) -> bool:
+        return not self.not_possible and self.memory is not None and self.memory.fits is not False
+
+    def as_dict(self) -> dict:
+        return {"strategy": self.name, "label": self.label, "processes": self.processes, "fits": self.fits,
+                "not_possible": list(self.not_possible),
+                "memory": self.memory.as_dict() if self.memory else None,
+                "time": self.time.as_dict() if self.time else None}
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A recipe's plan on one device: the launch's own strategy, and every strategy beside it."""
+
+    recipe: str
+    checkpoint: str
+    device: Device
+    precision: str
+    shape: dict
+    launched: str  # the strategy the launch engages
+    strategies: tuple[StrategyPlan, ...] = field(default_factory=tuple)
+
+    @property
+    def chosen(self) -> StrategyPlan:
+        return next(s for s in self.strategies if s.name == self.launched)
+
+    @property
+    def cheapest_fit(self) -> StrategyPlan | None:
+        """The first strategy that fits, in the table's order (the cheapest to run first)."""
+        return next((s for s in self.strategies if s.fits), None)
+
+    def as_dict(self) -> dict:
+        return {"recipe": self.recipe, "checkpoint": self.checkpoint, "device": vars(self.device),
+                "precision": self.precision, "model": self.shape, "launched": self.launched,
+                "cheapest_fit": self.cheapest_fit.name if self.cheapest_fit else None,
+                "strategies": [s.as_dict() for s in self.strategies]}
+
+
+def plan_recipe(recipe: Recipe, launch: LaunchPlan, device: Device) -> Plan:
+    """The plan of `recipe` under `launch` on `device`, with every other strategy beside it (at the launch's process
+    count, two at least); reads the model's config, and the data's row counts where they can be read (the run's
+    time needs them unless training.max_steps is set)."""
+    job = _config_job(recipe, device)
+    train_rows, eval_rows = _row_counts(recipe)
+    shape = model_shape_of(job)
+    launched = strategy_for(launch)
+    several = max(2, launch.num_processes)
+    rows = []
+    for name, cls in STRATEGIES.items():
+        count = 1 if name == "single" else launch.num_processes if name == launched.name else several
+        strategy = launched if name == launched.name else cls(replace(launch, num_processes=count))
+        rows.append(strategy_plan(strategy, job, shape, device, train_rows, eval_rows))
+    return Plan(recipe=recipe.name, checkpoint=recipe.model.checkpoint, device=device, precision=job.precision,
+                shape=shape, launched=launched.name, strategies=tuple(rows))
+
+
+def strategy_plan(strategy: Strategy, job: Job, shape: dict, device: Device | None, train_rows: int | None = None,
+                  eval_rows: int | None = None) -> StrategyPlan:
+    """One strategy's memory and time for `job`, or the reasons it can't run the recipe."""
+    head = dict(name=strategy.name, label=strategy.label, processes=strategy.processes)
+    cuda = device.kind == "cuda" if device is not None else None
+    refused = tuple(strategy.problems(job.recipe, cuda=cuda))
+    if refused:
+        return StrategyPlan(**head, not_possible=refused)
+    spread, lengths = strategy.spread(), _lengths(job)
+    return StrategyPlan(**head, memory=plan_memory(shape, job.recipe, spread, device, job.precision, lengths),
+                        time=plan_time(shape, job.recipe, spread, device, job.precision, lengths, train_rows,
+                                       eval_rows))
+
+
+def _row_counts(recipe: Recipe) -> tuple[int | None, int | None]:
+    """The train and eval rows of a data set that is at hand (a local file, a builtin set, a cached hub set); None
+    for a stream, or data that can't be read here (the step time is planned all the same)."""
+    from hftoolkit.sources.data import load_data
+
+    if recipe.data.streaming:
+        return None, None
+    try:
+        splits, _ = load_data(recipe, {})
+    except UserError:
+        return None, None
+    return len(splits["train"]), len(splits["eval"])
+
+
+def model_shape_of(job: Job) -> dict:
+    """The figures of the job's model, built on the meta device as its formulation builds it for training."""
+    from hftoolkit.models.families import formulation
+    from hftoolkit.models.loading import on_meta_device
+    from hftoolkit.training.strategies.plan import model_shape
+
+    with on_meta_device():
+        model, _ = formulation(job).load_model(job)
+    return model_shape(model)
+
+
+def _config_job(recipe: Recipe, device: Device) -> Job:
+    """A job of the recipe's model config alone: no tokenizer, no weights, no data (a hub id whose config alone is
+    cached plans as well as a local folder)."""
+    from hftoolkit.job.resolve import family_of, load_config
+    from hftoolkit.sources.checkpoint import checkpoint_errors, resolve_checkpoint
+
+    path = resolve_checkpoint(recipe)
+    with checkpoint_errors(recipe):
+        config = load_config(recipe, path)
+        family = family_of(recipe, config)
+    model = ResolvedModel(checkpoint=recipe.model.checkpoint, path=path, revision=recipe.model.revision,
+                          config=config, family=family, processor=None)
+    names = recipe.data.label_names or ("a", "b")  # (the head's width hardly weighs: two labels stand in)
+    return Job(recipe=recipe, model=model, precision=precision_on(device, recipe.training.precision, config.model_type),
+               label_names=tuple(names))
+
+
+def precision_on(device: Device, precision: str, model_type: str) -> str:
+    """training.precision with auto decided for `device` as `job.machine.resolve_precision` decides it for this
+    machine's own: on a GPU bf16 where it has bf16, else fp16 (fp32 for a model that overflows in fp16)."""
+    from hftoolkit.config.families import NO_FP16
+    from hftoolkit.job.machine import resolve_precision
+
+    if precision != "auto" or device.kind != "cuda":
+        return resolve_precision(precision, model_type)
+    if "bf16" in device.peak_flops:
+        return "bf16"
+    return "fp32" if model_type in NO_FP16 else "fp16"
+
+
+def _lengths(job: Job) -> dict:
+    return {"max_length": job.max_length, "max_target_length": job.max_target_length,
+            "max_new_tokens": job.max_new_tokens}
+
+
+# ---------------------------------------------------------------- train asks first
+
+
+def refusal(job: Job, memory: MemoryPlan) -> str | None:
+    """One line when the job is planned over the memory its processes have, naming the cheapest change that fits;
+    None when it fits."""
+    if memory.fits is not False:
+        return None
+    return (f"training: this run is planned to need {_gib(memory.peak)} per process ({job.strategy.label}), more "
+            f"than the {_gib(memory.available)} each process has on this machine: {cheapest_change(job)} "
+            f"(`hftoolkit plan` itemizes it; {OVERRIDE} trains anyway)")
+
+
+def cheapest_change(job: Job) -> str:
+    """The first change, in order of what it costs the run, that the plan says fits: another strategy at the same
+    process count, gradient checkpointing, 4-bit weights with LoRA, then a smaller batch."""
+    from hftoolkit.training.strategies.plan import this_machine
+
+    device, strategy, recipe = this_machine(), job.strategy, job.recipe
+    shape = model_shape_of(job)
+    for name, cls in STRATEGIES.items():
+        if name not in ("single", strategy.name):
+            other = cls(replace(strategy.launch, num_processes=max(2, strategy.processes)))
+            if strategy_plan(other, job, shape, device).fits:
+                return f"use {other.label} on {other.processes} processes"
+    changes = [("training.gradient_checkpointing=true", {"training": {"gradient_checkpointing": True}}),
+               ("model.quantization=4bit with lora.enabled=true",
+                {"model": {"quantization": "4bit"}, "lora": {"enabled": True}})]
+    batch = recipe.training.batch_size
+    while batch > strategy.processes:
+        batch //= 2
+        changes.append((f"training.batch_size={batch}", {"training": {"batch_size": batch}}))
+    for said, change in changes:
+        changed = replace(job, recipe=_changed(recipe, change))
+        if not strategy.problems(changed.recipe) and strategy_plan(strategy, changed, model_shape_of(changed),
+                                                                   device).fits:
+            return f"set {said}"
+    return "no change of strategy, checkpointing, 4-bit or batch fits it here: use a machine with more memory"
+
+
+def _changed(recipe: Recipe, change: dict) -> Recipe:
+    from hftoolkit.config.recipe import validate_recipe
+
+    raw = recipe.model_dump()
+    for section, values in change.items():
+        raw[section].update(values)
+    return validate_recipe(raw, "recipe")
+
+
+def planned_job(job: Job, check: bool = True) -> Job:
+    """The job with its strategy's plan on this machine, refused in one line (`check`) when it does not fit."""
+    from hftoolkit.training.strategies.plan import this_machine
+
+    data = job.data or {}
+    rows = {split: len(ds) if hasattr(ds, "__len__") else None for split, ds in data.items()}
+    planned = strategy_plan(job.strategy, job, model_shape_of(job), this_machine(), rows.get("train"),
+                            rows.get("eval"))
+    said = refusal(job, planned.memory) if check and planned.memory is not None else None
+    if said:
+        raise UserError(said)
+    return replace(job, plan=planned)
+
+
+# ---------------------------------------------------------------- every run calibrates the plan
+
+
+def planned_record(job: Job) -> dict:
+    """manifest.json's "plan" as the run starts: the strategy, the device, and the planned peak per process
+    (itemized, MiB) and step time."""
+    planned = job.plan
+    memory, time = planned.memory, planned.time
+    return {"strategy": planned.name, "processes": planned.processes,
+            "planned_peak_mb": _mb(memory.peak) if memory else None,
+            "planned_items_mb": {k: _mb(v) for k, v in memory.items.items()} if memory else None,
+            "available_mb": _mb(memory.available) if memory else None,
+            "planned_step_seconds": _round(time.step_seconds) if time else None}
+
+
+def measured_record(job: Job, step_seconds: float | None) -> dict:
+    """What training measured beside what was planned: each process's peak (VmHWM on a CPU, the CUDA allocator's
+    peaks on a GPU) and the mean step time; each peak's error against the plan. A collective call: every process."""
+    from accelerate import PartialState
+    from accelerate.utils import gather_object
+
+    from hftoolkit.memory import peak_memory_mb, reserved_peak_mb
+
+    mine = {"peak_mb": peak_memory_mb(), "reserved_mb": reserved_peak_mb()}
+    peaks = gather_object([mine]) if PartialState().num_processes > 1 else [mine]
+    record = {**planned_record(job), "measured_peak_mb": [p["peak_mb"] for p in peaks],
+              "measured_step_seconds": _round(step_seconds)}
+    if any(p["reserved_mb"] is not None for p in peaks):
+        record["measured_reserved_mb"] = [p["reserved_mb"] for p in peaks]
+    planned = record["planned_peak_mb"]
+    if planned:
+        record["peak_error"] = [round(planned / p["peak_mb"] - 1, 4) for p in peaks if p["peak_mb"]]
+    return record
+
+
+def _mb(count: float | None) -> float | None:
+    return None if count is None else round(count / 2**20, 1)
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)
+
+
+def _gib(count: int | None) -> str:
+    return "?" if count is None else f"{count / 2**30:.1f} GiB"
