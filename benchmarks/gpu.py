@@ -13,7 +13,9 @@ length 64, batch 32, one epoch), in its own process so that peak GPU memory is t
   LoRA training step, timed; on CUDA only.
 
 It prints one table: train seconds, samples/s, tokens/s, MFU, peak GPU memory and dev accuracy, with the
-weights and data it used. MFU is hftoolkit's achieved FLOP/s (the FLOPs convention of
+weights and data it used; then, for each variant, what `hftoolkit plan` predicted beside what the run measured
+(manifest.json's "plan": the peak per process and the step time), so the first GPU that runs this checks the plan.
+MFU is hftoolkit's achieved FLOP/s (the FLOPs convention of
 hftoolkit/training/throughput.py: 6N per real token for full fine-tuning, 4N for LoRA, plus attention) over the
 GPU's dense bf16 peak (a table of known GPUs, else --peak-tflops).
 
@@ -235,7 +237,8 @@ def run_variant(variant: str, recipe: dict, workdir: Path) -> dict:
     if out.returncode:
         return {"error": last_line(out)}
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    return {**metrics, "end_to_end_seconds": time.perf_counter() - started, "processes": processes}
+    plan = json.loads((run_dir / "manifest.json").read_text()).get("plan") or {}
+    return {**metrics, "end_to_end_seconds": time.perf_counter() - started, "processes": processes, "plan": plan}
 
 
 def last_line(out: subprocess.CompletedProcess) -> str:
@@ -321,6 +324,32 @@ def format_table(rows: dict[str, dict], peak: float | None, notes: tuple[str, ..
     return "\n".join(lines)
 
 
+def format_plan_table(rows: dict[str, dict]) -> str:
+    """Planned against measured, per variant: the peak of the main process (on a GPU the plan less its runtime item,
+    the CUDA context, which the allocator's figures never see, against max_memory_allocated and _reserved) and the
+    mean step time."""
+    head = (f"{'planned against measured':32}{'plan MB':>9}{'alloc MB':>10}{'resv MB':>9}{'error':>8}"
+            f"{'plan step s':>13}{'step s':>9}")
+    lines = [head, "-" * len(head)]
+    for variant, r in rows.items():
+        plan = r.get("plan") or {}
+        if not plan.get("planned_peak_mb"):
+            continue
+        on_gpu = plan.get("measured_reserved_mb") is not None
+        planned = plan["planned_peak_mb"] - (plan["planned_items_mb"].get("runtime", 0) if on_gpu else 0)
+        measured = plan["measured_peak_mb"][0]
+        reserved = (plan.get("measured_reserved_mb") or [None])[0]
+        error = planned / measured - 1 if measured else None
+        lines.append(f"{variant:32}{planned:9.0f}{measured:10.0f}{'' if reserved is None else f'{reserved:.0f}':>9}"
+                     f"{'' if error is None else f'{error:+.0%}':>8}{_figure(plan.get('planned_step_seconds')):>13}"
+                     f"{_figure(plan.get('measured_step_seconds')):>9}")
+    return "\n".join(lines)
+
+
+def _figure(value) -> str:
+    return "" if value is None else f"{value:.3f}"
+
+
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     # An air-gapped server answers no request; a library that tried the network would only wait for a timeout.
@@ -367,6 +396,7 @@ def main(argv: list[str] | None = None) -> None:
                                            workdir)
             print(f"  {row}: done", flush=True)
     print(format_table(results, peak, notes))
+    print(format_plan_table(results))
 
 
 if __name__ == "__main__":

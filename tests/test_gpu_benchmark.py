@@ -61,6 +61,15 @@ def test_the_table_shows_mfu_against_the_peak(gpu):
     assert lines[5].endswith("failed: out of memory")
 
 
+def test_each_run_adds_its_plan_beside_what_it_measured(gpu):
+    plan = {"planned_peak_mb": 1600.0, "planned_items_mb": {"runtime": 600.0}, "measured_peak_mb": [1250.0],
+            "measured_reserved_mb": [1400.0], "planned_step_seconds": 0.1, "measured_step_seconds": 0.125}
+    table = gpu.format_plan_table({"LoRA + 4-bit": {"plan": plan}, "LoRA + 8-bit": {"error": "out of memory"}})
+    row = table.splitlines()[2].split()
+    # On a GPU the plan less its CUDA context (which the allocator never sees) against max_memory_allocated.
+    assert row[-6:] == ["1000", "1250", "1400", "-20%", "0.100", "0.125"] and len(table.splitlines()) == 3
+
+
 def test_rows_a_machine_cannot_run_skip_with_one_line(gpu):
     ddp, qlora = "full fine-tuning bf16, DDP x2", gpu.QLORA_FSDP
     assert gpu.skip_reason(ddp, 1) == "needs 2 GPUs, this machine has 1"
