@@ -21,7 +21,7 @@ def plan(
     gpu: Annotated[str | None, typer.Option("--gpu", metavar="NAME", help=(
         "Plan for a GPU from the table (t4, l4, a10g, a100-40gb, a100-80gb, h100-80gb, h200, ...): its memory and "
         "its bf16/fp16 peak, one per process."))] = None,
-    gpu_memory: Annotated[float | None, typer.Option("--gpu-memory", metavar="GiB", help=(
+    gpu_memory: Annotated[float | None, typer.Option("--gpu-memory", metavar="GIB", help=(
         "Plan for a GPU with this much memory per process (GiB)."))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object on standard output.")
                        ] = False,

@@ -171,6 +171,23 @@ def decoder_surplus_example() -> WorkedExample:
     )
 
 
+def llama_full_finetuning_example() -> WorkedExample:
+    """16.9 Real-World Connection: full fine-tuning of LLaMA-7B "requires ~56GB". The model states of mixed-precision
+    AdamW are 16 bytes a parameter: fp32 weights (4, the master copy the optimizer updates), fp32 gradients (4)
+    and Adam's two fp32 moments (8); with bf16 weights, 2 + 2 + an fp32 master copy (4) + 8, the same 16."""
+    d, ffn, layers, vocab = 4096, 11008, 32, 32000
+    per_layer = 4 * d * d + 3 * d * ffn + 2 * d  # q, k, v, o; gate, up, down; two RMSNorm weights
+    params = layers * per_layer + 2 * vocab * d + d  # untied embeddings and LM head, the final norm
+    states = 16 * params / 1e9
+    return WorkedExample(
+        "LLaMA-7B full fine-tuning model states, mixed-precision AdamW (GB)", "16.9 Real-World Connection",
+        (states,), (56,), "~56GB", 4.0,
+        f"{params:,} parameters x 16 bytes = {states:.1f} GB before activations; 56 GB is {56e9 / params:.1f} bytes "
+        "a parameter, what bf16 weights, bf16 gradients and two bf16 Adam moments take (2+2+2+2) with no fp32 "
+        "master copy, or fp32 weights and gradients with no optimizer state: not mixed-precision AdamW",
+    )
+
+
 def all_worked_examples() -> list[WorkedExample]:
     return [
         *self_attention_examples(),
@@ -181,6 +198,7 @@ def all_worked_examples() -> list[WorkedExample]:
         *lora_examples(),
         *vit_examples(),
         decoder_surplus_example(),
+        llama_full_finetuning_example(),
     ]
 
 

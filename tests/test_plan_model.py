@@ -1,0 +1,167 @@
+"""The memory and time model behind `hftoolkit plan` (training/strategies/plan.py): its rules on meta-device models
+built from tiny configs. No training, no timing: benchmarks/plan.py holds the plan against measured runs."""
+
+from __future__ import annotations
+
+import pytest
+
+from hftoolkit.errors import UserError
+from hftoolkit.training.strategies.plan import (
+    GPUS,
+    Spread,
+    device_named,
+    device_with_memory,
+    model_shape,
+    plan_memory,
+    plan_time,
+)
+from tests.conftest import RECIPES
+
+LENGTHS = {"max_length": 32, "max_target_length": 16, "max_new_tokens": 8}
+SINGLE = Spread("single", 1, 1, False, False, False)
+
+
+def recipe(path="decoder-clm.yaml", *sets):
+    from hftoolkit.config.recipe import load_recipe
+
+    return load_recipe(RECIPES / path, list(sets))
+
+
+def full(*sets):
+    return recipe("decoder-clm.yaml", "lora.enabled=false", "training.optimizer=adamw", *sets)
+
+
+def meta(config, auto="AutoModelForCausalLM", lora=False):
+    import transformers
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        model = getattr(transformers, auto).from_config(config)
+    if lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=4, target_modules="all-linear"))
+    return model
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    import transformers
+
+    return model_shape(meta(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000,
+                                                    n_positions=128)))
+
+
+def states(plan) -> int:
+    return sum(plan.items[k] for k in ("weights", "adapter", "gradients", "optimizer", "master weights"))
+
+
+def test_mixed_precision_adamw_is_16_bytes_a_parameter(gpt2):
+    plan = plan_memory(gpt2, full(), SINGLE, GPUS["a100-80gb"], "bf16", LENGTHS)
+    assert states(plan) == 16 * gpt2["parameters"]
+    assert plan.items["master weights"] == 0, "the Trainer's autocast trains the fp32 weights: they are the master"
+    zero = Spread("zero2", 1, 1, False, True, True, "deepspeed")  # bf16 weights, fp32 master and gradient copies
+    plan = plan_memory(gpt2, full(), zero, None, "bf16", LENGTHS)
+    assert plan.items["weights"] == 2 * gpt2["parameters"] and plan.items["master weights"] == 4 * gpt2["parameters"]
+
+
+def test_sharding_divides_what_the_strategy_shards(gpt2):
+    single = plan_memory(gpt2, full(), SINGLE, None, "fp32", LENGTHS).items
+    zero2 = plan_memory(gpt2, full(), Spread("zero2", 4, 4, False, True, True), None, "fp32", LENGTHS).items
+    assert zero2["weights"] == single["weights"]
+    assert zero2["gradients"] == pytest.approx(single["gradients"] / 4, abs=1)
+    assert zero2["optimizer"] == pytest.approx(single["optimizer"] / 4, abs=1)
+    for sharded in (Spread("fsdp", 4, 4, True, True, True), Spread("zero3", 4, 4, True, True, True)):
+        items = plan_memory(gpt2, full(), sharded, None, "fp32", LENGTHS).items
+        for key in ("weights", "gradients", "optimizer"):
+            assert items[key] == pytest.approx(single[key] / 4, abs=1), (sharded.name, key)
+        assert items["buffers"] > zero2["buffers"], "one layer gathered at a time (the logits alike)"
+    ddp = plan_memory(gpt2, full(), Spread("ddp", 4, 4, False, False, False), None, "fp32", LENGTHS).items
+    alike = plan_memory(gpt2, full(), Spread("other", 4, 4, False, False, False), None, "fp32", LENGTHS).items
+    assert ddp["buffers"] - alike["buffers"] == ddp["gradients"], "DDP's buckets are a copy of the gradients"
+
+
+def test_gradient_checkpointing_lowers_activations(gpt2):
+    """(Over enough layers: the layer being recomputed and its gradients are live together, two layers' worth.)"""
+    import transformers
+
+    deep = model_shape(meta(transformers.GPT2Config(n_embd=64, n_layer=8, n_head=4, vocab_size=1000, n_positions=128)))
+    plain = plan_memory(deep, full(), SINGLE, None, "fp32", LENGTHS).items["activations"]
+    checkpointed = plan_memory(deep, full("training.gradient_checkpointing=true"), SINGLE, None, "fp32", LENGTHS)
+    assert 0 < checkpointed.items["activations"] < plain
+    bigger = plan_memory(deep, full("training.batch_size=16"), SINGLE, None, "fp32", LENGTHS).items["activations"]
+    assert bigger > plain
+
+
+def test_weights_shrink_with_their_precision():
+    import transformers
+
+    shape = model_shape(meta(transformers.LlamaConfig(hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                                                      num_attention_heads=4, vocab_size=1000), lora=True))
+    weights = {}
+    for name, sets in {"fp32": [], "bf16": ["model.dtype=bfloat16"], "8bit": ["model.quantization=8bit"],
+                       "4bit": ["model.quantization=4bit"]}.items():
+        weights[name] = plan_memory(shape, recipe("decoder-clm.yaml", *sets), SINGLE, None, "fp32",
+                                    LENGTHS).items["weights"]
+    assert weights["4bit"] < weights["8bit"] < weights["bf16"] < weights["fp32"]
+    assert shape["quantizable"] > 0 and shape["adapter"] > 0 and shape["trainable"] == shape["adapter"]
+
+
+def test_unknown_gpu_and_no_memory_are_one_line_user_errors():
+    with pytest.raises(UserError) as err:
+        device_named("b200x")
+    assert "\n" not in err.value.message and err.value.message.startswith("--gpu b200x: unknown GPU; known: t4")
+    for bad in (0, -1, float("nan"), float("inf")):
+        with pytest.raises(UserError) as err:
+            device_with_memory(bad)
+        assert "\n" not in err.value.message and err.value.message.startswith(f"--gpu-memory {bad}")
+    assert device_named("A100-80GB") is GPUS["a100-80gb"]
+    assert device_with_memory(24).memory == 24 * 2**30 and not device_with_memory(24).peak_flops
+
+
+def test_model_states_match_deepspeeds_estimators_for_zero2_and_zero3():
+    """DeepSpeed counts 2 + 18/N bytes a parameter under ZeRO-2: ours too (within 1%). Under ZeRO-3 it counts 18/N
+    plus one fp32 layer; ours counts 20/N (the 16-bit gradient partition besides the fp32 one) and puts the gathered
+    layer in the buffers: the model states differ by exactly that 2/N."""
+    import transformers
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
+
+    shape = model_shape(meta(transformers.GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=5000)))
+    n = shape["parameters"]
+    z2 = plan_memory(shape, full(), Spread("zero2", 8, 8, False, True, True, "deepspeed"), None, "bf16", LENGTHS)
+    assert states(z2) == pytest.approx(estimate_zero2_model_states_mem_needs(n, 8, 1, cpu_offload=False)[1], rel=0.01)
+    z3 = plan_memory(shape, full(), Spread("zero3", 8, 8, True, True, True, "deepspeed"), None, "bf16", LENGTHS)
+    _, theirs, layer = estimate_zero3_model_states_mem_needs(n, shape["largest_layer"], 8, 1, cpu_offload=False)
+    assert states(z3) - (theirs - layer) == pytest.approx(2 * n / 8, rel=0.01)
+
+
+def test_model_shape_of_tiny_bert_gpt2_and_t5(gpt2):
+    import transformers
+
+    bert = model_shape(meta(transformers.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                                    intermediate_size=128, vocab_size=1000),
+                            "AutoModelForSequenceClassification"))
+    assert (bert["hidden"], bert["layers"], bert["heads"], bert["intermediate"], bert["vocab"]) == (64, 2, 4, 128, 1000)
+    assert bert["embedding"] == (1000 + 512 + 2) * 64 and bert["trainable"] == bert["parameters"]
+    assert bert["quantizable"] == 2 * (4 * 64 * 64 + 2 * 64 * 128) + 64 * 64, "the pooler too, not the classifier"
+    assert (gpt2["hidden"], gpt2["layers"], gpt2["intermediate"], gpt2["seq2seq"]) == (64, 2, 256, False)
+    block = 4 * 64 + 3 * 64 * 64 + 3 * 64 + 64 * 64 + 64 + 64 * 256 + 256 + 256 * 64 + 64
+    assert gpt2["parameters"] == (1000 + 128) * 64 + 2 * block + 2 * 64, "the LM head tied to the embeddings: once"
+    assert gpt2["quantizable"] == 2 * (3 * 64 * 64 + 64 * 64 + 2 * 64 * 256), "Conv1D layers, not the tied head"
+    t5 = model_shape(meta(transformers.T5Config(d_model=64, num_layers=2, num_decoder_layers=3, num_heads=4, d_kv=16,
+                                                d_ff=128, vocab_size=1000), "AutoModelForSeq2SeqLM", lora=True))
+    assert (t5["encoder_layers"], t5["decoder_layers"], t5["layers"], t5["seq2seq"]) == (2, 3, 5, True)
+    assert t5["adapter"] > 0 and t5["trainable"] == t5["adapter"] and t5["base"] == t5["parameters"] - t5["adapter"]
+
+
+def test_time_follows_the_flops_convention(gpt2):
+    plan = plan_time(gpt2, full("training.max_steps=10"), SINGLE, GPUS["a100-80gb"], "bf16", LENGTHS, None, 100)
+    tokens = 8 * 32
+    per_token = 6 * gpt2["non_embedding"] + 3 * 4 * gpt2["layers"] * 32 * gpt2["hidden"]
+    assert plan.flops_per_step == tokens * per_token
+    assert plan.rate == 312e12 * 0.4 and plan.train_seconds == pytest.approx(10 * plan.step_seconds)
+    assert plan.eval_seconds > 0
+    unknown = plan_time(gpt2, full(), SINGLE, device_with_memory(16), "bf16", LENGTHS, 100, 10)
+    assert unknown.step_seconds is None and unknown.flops_per_step == plan.flops_per_step
+    assert GPUS["t4"].peak_flops.get("bf16") is None, "no bf16 on a T4: no rate is made up"
