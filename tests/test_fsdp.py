@@ -151,3 +151,19 @@ def test_merge_folds_the_fsdp_adapter(runs, tmp_path):
     batch = processor(["the film was brilliant", "every scene was dull"], padding=True, return_tensors="pt")
     with torch.no_grad():
         assert torch.allclose(adapter_model(**batch).logits, merged(**batch).logits, atol=1e-5)
+
+
+def test_a_seq2seq_model_whose_embedding_is_shared_three_ways_trains_as_one_process_does(tmp_path, no_dropout):
+    """T5 keeps one embedding weight in three modules (shared, the encoder's and the decoder's embed_tokens), which
+    FSDP2 refused to shard as two units; full fine-tuning trains that weight too."""
+    seq2seq = RECIPES / "seq2seq-translation-t5.yaml"
+    sets = (f"model.checkpoint={no_dropout['t5']}", *SAME_BATCHES, "lora.enabled=false", "data.max_eval_samples=8",
+            "eval.max_predictions=2", "eval.generation.max_new_tokens=4")
+    rc, output, _ = run_bounded([sys.executable, "-m", "hftoolkit", "train", seq2seq, "--accelerate-config", FSDP,
+                                 *_argv(sets), "--output", tmp_path / "fsdp"])
+    assert rc == 0, output[-4000:]
+    train_recipe(seq2seq, tmp_path / "one", *sets)
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "fsdp")
+    assert one.keys() == two.keys() == set(range(1, STEPS + 1))
+    for step in one:
+        assert two[step] == pytest.approx(one[step], rel=LOSS_RTOL), step

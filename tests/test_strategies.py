@@ -55,3 +55,18 @@ def test_a_launched_process_reads_its_strategy_from_the_launchers_variables(monk
     strategy = strategy_for(current_launch())
     assert (strategy.name, strategy.processes, strategy.launch.num_machines) == ("zero3", 4, 2)
     assert strategy.sharding == "DEEPSPEED" and strategy.shards_parameters and not strategy.can_skip_nonfinite
+
+
+def test_copies_of_the_shared_embedding_become_the_module_itself_only_where_they_compute_the_same():
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    from hftoolkit.training.strategies.fsdp import one_module_per_shared_embedding
+
+    model = BartForConditionalGeneration(BartConfig(d_model=16, encoder_ffn_dim=32, decoder_ffn_dim=32, vocab_size=64,
+                                                    encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+                                                    decoder_attention_heads=2, scale_embedding=True))
+    shared = model.get_input_embeddings()
+    model.model.decoder.embed_tokens.embed_scale = 2.0  # (another scale: it computes something else)
+    one_module_per_shared_embedding(model)
+    assert model.model.encoder.embed_tokens is shared and model.model.decoder.embed_tokens is not shared
+    assert model.model.decoder.embed_tokens.weight is shared.weight and model.lm_head.weight is shared.weight

@@ -59,6 +59,7 @@ class FSDP(Strategy):
 
     def prepare(self, trainer, run) -> None:
         wrap_blocks_without_embeddings(trainer.accelerator.state.fsdp_plugin, trainer.model)
+        one_module_per_shared_embedding(trainer.model)
         trainer.add_callback(sharding_recorded(run, self))
 
     def save(self, trainer, target) -> None:
@@ -90,6 +91,27 @@ def wrap_blocks_without_embeddings(plugin, model) -> None:
                if embeddings is not None and any(e is embeddings for e in m.modules())}
     plugin.transformer_cls_names_to_wrap = [name for name in getattr(model, "_no_split_modules", None) or []
                                             if name not in holders]
+
+
+def one_module_per_shared_embedding(model) -> None:
+    """Make every embedding module that holds the input embeddings' weight that module itself.
+
+    Why: T5 and BART keep the shared embedding as three modules over one weight (`shared`, the encoder's and the
+    decoder's `embed_tokens`). accelerate's fsdp2_prepare_model shards `shared` with the output head as one unit,
+    and the stacks' copies would leave the same weight to the root unit too, which FSDP2 refuses ("shared with a
+    parameter already managed by another FSDP group"). A copy of the same class and settings (BART's embed_scale)
+    computes exactly what `shared` computes, so the module itself takes its place; another kind is left alone.
+    """
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    weight = getattr(embeddings, "weight", None)
+    if weight is None:
+        return
+    settings = lambda m: {k: v for k, v in vars(m).items() if not k.startswith("_") and k != "training"}
+    for name, module in list(model.named_modules(remove_duplicate=False)):
+        if (module is not embeddings and getattr(module, "weight", None) is weight and type(module) is type(embeddings)
+                and settings(module) == settings(embeddings)):
+            parent, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(parent) if parent else model, attribute, embeddings)
 
 
 def sharding_record(model) -> dict:
