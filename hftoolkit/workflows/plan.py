@@ -81,8 +81,11 @@ def plan_recipe(recipe: Recipe, launch: LaunchPlan, device: Device) -> Plan:
     several = max(2, launch.num_processes)
     rows = []
     for name, cls in STRATEGIES.items():
-        count = 1 if name == "single" else launch.num_processes if name == launched.name else several
-        strategy = launched if name == launched.name else cls(replace(launch, num_processes=count))
+        if name == launched.name:
+            strategy = launched
+        else:
+            count = 1 if name == "single" else several
+            strategy = cls(replace(launch, num_processes=count, source=f"{count} processes"))
         rows.append(strategy_plan(strategy, job, shape, device, train_rows, eval_rows))
     return Plan(recipe=recipe.name, checkpoint=recipe.model.checkpoint, device=device, precision=job.precision,
                 shape=shape, launched=launched.name, strategies=tuple(rows))
