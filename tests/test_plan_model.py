@@ -7,7 +7,9 @@ import pytest
 
 from hftoolkit.errors import UserError
 from hftoolkit.training.strategies.plan import (
+    CPU_HEAP_RETAINED,
     GPUS,
+    Device,
     Spread,
     device_named,
     device_with_memory,
@@ -165,3 +167,13 @@ def test_time_follows_the_flops_convention(gpt2):
     unknown = plan_time(gpt2, full(), SINGLE, device_with_memory(16), "bf16", LENGTHS, 100, 10)
     assert unknown.step_seconds is None and unknown.flops_per_step == plan.flops_per_step
     assert GPUS["t4"].peak_flops.get("bf16") is None, "no bf16 on a T4: no rate is made up"
+
+
+def test_cpu_heap_keeps_a_fraction_of_the_activations_unless_the_mmap_threshold_is_fixed(gpt2, monkeypatch):
+    cpu = Device("cpu", "cpu", 64 * 2**30, {})
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    plan = plan_memory(gpt2, full(), SINGLE, cpu, "fp32", LENGTHS)
+    assert plan.items["heap"] == pytest.approx(CPU_HEAP_RETAINED * plan.items["activations"], abs=1)
+    assert "heap" not in plan_memory(gpt2, full(), SINGLE, GPUS["a100-80gb"], "fp32", LENGTHS).items
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert plan_memory(gpt2, full(), SINGLE, cpu, "fp32", LENGTHS).items["heap"] == 0

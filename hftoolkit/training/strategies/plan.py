@@ -22,6 +22,10 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - on a CPU the peak is the resident high-water mark, which also sees loading: parameters in the checkpoint's dtype
   stay backed by the mapped file (counted once); converting (another dtype, quantizing) touches the whole file
   besides the converted weights. Whichever is larger, loading or a training step, is the peak.
+- heap, on a CPU: glibc's malloc raises its mmap threshold to the size of each large block freed (up to 32 MiB), so
+  from the first step on the activations come from the heap, whose freed blocks stay resident and fragment: the
+  backward pass's gradients land beside activations freed but kept, and the high-water mark sees a fraction of the
+  activations twice (CPU_HEAP_RETAINED). With MALLOC_MMAP_THRESHOLD_ set the threshold is fixed and this item is 0.
 
 Step time: a step's FLOPs (training/throughput.py's convention) over the GPU's peak x utilisation, or this CPU's
 measured matmul rate.
@@ -30,18 +34,25 @@ measured matmul rate.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
+
+from hftoolkit.training.strategies.plan_memory import WEIGHT_BYTES
+from hftoolkit.training.strategies.plan_memory import optimizer_bytes as _optimizer_bytes
+from hftoolkit.training.strategies.plan_memory import weight_bytes as _weight_bytes
 
 GiB, TFLOPS = 2**30, 1e12
 
 # What a CPU process of a run holds besides its model: measured by benchmarks/plan.py (`calibration_run`: the
 # VmHWM of a 3-step run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
 CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20}
+# The fraction of a step's activations glibc's heap keeps resident besides them (see "heap" above): measured by
+# benchmarks/plan.py (`heap_calibration`: runs trained with the default and with a fixed mmap threshold).
+CPU_HEAP_RETAINED = 0.57
 # The CUDA context and cuBLAS workspace: not measured here (no GPU); the context is commonly a few hundred MiB and
 # cuBLAS reserves a workspace per stream. DeepSpeed adds its own kernels' context. An estimate, stated as such.
 CUDA_RUNTIME_BYTES = {"torch": 512 * 2**20 + 32 * 2**20, "deepspeed": 640 * 2**20 + 32 * 2**20}
 
-WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -269,34 +280,6 @@ def _block_parameters(model) -> int:
 
 # ------------------------------------------------------------------------------------------------------- memory
 
-def _weight_bytes(shape: dict, recipe) -> tuple[float, float]:
-    """(bytes of the base weights as held, bytes per base parameter as stored in the checkpoint file)."""
-    dtype = recipe.model.dtype
-    unquantized = WEIGHT_BYTES.get(dtype, shape["dtype_bytes"])
-    quant = recipe.model.quantization
-    if quant == "none":
-        return shape["base"] * unquantized, unquantized
-    q, rest = shape["quantizable"], shape["base"] - shape["quantizable"]
-    if quant == "8bit":  # LLM.int8: one int8 per weight and one fp32 scale per output row
-        packed = q + 4 * shape["quantizable_rows"]
-    else:  # nf4: half a byte per weight, an absmax per block of 64 (fp32, or 8-bit plus an fp32 per 256 blocks)
-        scales = q / 64 + 4 * q / (64 * 256) if recipe.model.double_quant else 4 * q / 64
-        packed = q / 2 + scales
-    # peft's prepare_model_for_kbit_training casts every parameter left unquantized to fp32
-    return packed + rest * 4, shape["dtype_bytes"]
-
-
-def _optimizer_bytes(shape: dict, optimizer: str) -> float:
-    trainable = shape["trainable"]
-    if optimizer in ("adamw_fused", "adamw"):
-        return 8 * trainable
-    if optimizer in ("adamw_8bit", "paged_adamw_8bit"):  # two uint8 moments, an fp32 absmax per 256 of each
-        return 2 * trainable + 2 * 4 * trainable / 256
-    if optimizer == "adafactor":
-        return 4 * shape["adafactor_state"]
-    return 0.0  # the Trainer's sgd: torch.optim.SGD without momentum keeps no state
-
-
 def _model_states(shape: dict, recipe, spread: Spread, precision: str) -> dict:
     """Weights, adapter, gradients, optimizer and master weights per process, divided where the strategy shards."""
     weights, _ = _weight_bytes(shape, recipe)
@@ -394,6 +377,7 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     buffers = logits + max(0.0, step - activations - logits) + _strategy_buffers(shape, recipe, spread, states)
     items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers}
     if not cuda:
+        items["heap"] = 0.0 if os.environ.get("MALLOC_MMAP_THRESHOLD_") else CPU_HEAP_RETAINED * activations
         items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
     items = {k: int(round(v)) for k, v in items.items()}
     peak = sum(items.values())
