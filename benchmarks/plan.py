@@ -3,7 +3,8 @@
     python benchmarks/plan.py [--quick] [--only NAME,...] [--heap] [--out DIR] [--replan plan.json]
 
 0. `--heap`: how much of a step's activations glibc's heap keeps resident (plan.py's CPU_HEAP_RETAINED): two rows
-   trained as usual and with MALLOC_MMAP_THRESHOLD_ fixed.
+   trained as usual and with MALLOC_MMAP_THRESHOLD_ fixed; ZERO3_KEPT_COPIES: the ZeRO-3 row with DeepSpeed's
+   defaults and with stage3_max_reuse_distance and stage3_max_live_parameters 0.
 1. `runtime`: the resident set of a process that imported what a training process imports (VmHWM), once for the
    torch stack and once with DeepSpeed: the plan's CPU_RUNTIME_BYTES come from here.
 2. the grid: real `hftoolkit train` runs (3 steps) in subprocesses, each launch (one process, DDP, FSDP, ZeRO-2,
@@ -211,7 +212,8 @@ def grid(ck: dict) -> list[tuple]:
 QUICK = ("enc-lora-b32", "enc-full-b64", "dec-full-b32", "enc-full-ddp", "enc-full-zero2", "s2s-full-b32")
 
 
-def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict | None = None) -> dict:
+def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict | None = None,
+          accelerate_config: Path | None = None) -> dict:
     """One real run of 3 steps, no eval: every process's peak (MiB, VmHWM, from manifest.json's "plan"; peak_mb
     the largest, which the plan must cover) and the train seconds."""
     config, n, _ = SPREADS[launch]
@@ -222,7 +224,7 @@ def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict
     if n > 1:
         cmd += ["--num-processes", str(n)]
     if config:
-        cmd += ["--accelerate-config", str(ACCEL / config)]
+        cmd += ["--accelerate-config", str(accelerate_config or ACCEL / config)]
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true",
            **(env_extra or {})}
     shutil.rmtree(out, ignore_errors=True)  # (a rerun replaces the row's run)
@@ -413,6 +415,33 @@ def heap_calibration(rows: list[tuple], out: Path) -> dict:
     return {**found, "mean": fractions and round(sum(fractions) / len(fractions), 3)}
 
 
+ZERO3_ROW = "dec-full-zero3"
+NO_REUSE = {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 0},
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+
+
+def zero3_calibration(rows: list[tuple], out: Path) -> dict:
+    """plan.py's ZERO3_KEPT_COPIES: the ZeRO-3 row with DeepSpeed's defaults and with stage3_max_reuse_distance and
+    stage3_max_live_parameters 0 (every parameter released after use), both with the mmap threshold fixed so that
+    the heap does not blur them; the difference over the model's full weights."""
+    name, recipe, sets, launch = next(r for r in rows if r[0] == ZERO3_ROW)
+    folder = out / "zero3-no-reuse"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ds.json").write_text(json.dumps(NO_REUSE))
+    lines = [line for line in (ACCEL / SPREADS[launch][0]).read_text().splitlines()
+             if not line.startswith(("mixed_precision", "deepspeed_config", " "))]
+    (folder / "accelerate.yaml").write_text("\n".join(lines + ["deepspeed_config:",
+                                                               f"  deepspeed_config_file: {folder / 'ds.json'}",
+                                                               "  zero3_init_flag: true"]) + "\n")
+    usual = train(recipe, sets, launch, out / "runs" / "zero3-defaults", FIXED_MMAP)
+    released = train(recipe, sets, launch, out / "runs" / "zero3-no-reuse", FIXED_MMAP, folder / "accelerate.yaml")
+    if "peak_mb" not in usual or "peak_mb" not in released:
+        return {"failed": usual.get("failed") or released.get("failed")}
+    weights = planned(recipe, sets + ["training.precision=fp32"], "single")["memory"]["items"]["weights"] / MiB
+    return {"defaults_mb": usual["peak_mb"], "no_reuse_mb": released["peak_mb"], "weights_mb": round(weights, 1),
+            "copies": round((usual["peak_mb"] - released["peak_mb"]) / weights, 2)}
+
+
 def main() -> None:
     import argparse
 
@@ -424,12 +453,14 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "hftoolkit-plan-bench",
                         help="checkpoints and run directories (kept, so that checkpoints are built once)")
     parser.add_argument("--replan", type=Path, help="a plan.json: plan its measured rows again, train nothing")
-    parser.add_argument("--heap", action="store_true", help="measure CPU_HEAP_RETAINED first (4 runs)")
+    parser.add_argument("--heap", action="store_true",
+                        help="measure CPU_HEAP_RETAINED and ZERO3_KEPT_COPIES first (6 runs)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     before = json.loads(args.replan.read_text()) if args.replan else None
     if before:
-        report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained") if k in before}
+        report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained",
+                                           "zero3_kept") if k in before}
     else:
         report = {"runtime_imports_mib": {r: round(measure_runtime(r) / MiB, 1) for r in IMPORTS}}
         print("runtime after imports (MiB):", report["runtime_imports_mib"], flush=True)
@@ -442,6 +473,8 @@ def main() -> None:
     if args.heap:
         report["heap_retained"] = heap_calibration(rows, args.work)
         print("heap retained, fraction of the activations:", report["heap_retained"], flush=True)
+        report["zero3_kept"] = zero3_calibration(rows, args.work)
+        print("ZeRO-3 gathered copies kept:", report["zero3_kept"], flush=True)
     wanted = set(filter(None, args.only.split(","))) or (set(QUICK) if args.quick else None)
     rows = [r for r in rows if wanted is None or r[0] in wanted]
     print("| run | launch | planned MiB | measured MiB | error | planned step s | measured step s |\n"

@@ -9,6 +9,7 @@ from hftoolkit.errors import UserError
 from hftoolkit.training.strategies.plan import (
     CPU_HEAP_RETAINED,
     GPUS,
+    ZERO3_KEPT_COPIES,
     Device,
     Spread,
     device_named,
@@ -177,3 +178,11 @@ def test_cpu_heap_keeps_a_fraction_of_the_activations_unless_the_mmap_threshold_
     assert "heap" not in plan_memory(gpt2, full(), SINGLE, GPUS["a100-80gb"], "fp32", LENGTHS).items
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     assert plan_memory(gpt2, full(), SINGLE, cpu, "fp32", LENGTHS).items["heap"] == 0
+
+
+def test_zero3_keeps_the_whole_model_gathered_below_its_live_parameter_limit(gpt2):
+    fsdp = plan_memory(gpt2, full(), Spread("fsdp", 4, 4, True, True, True), None, "fp32", LENGTHS).items
+    zero3 = plan_memory(gpt2, full(), Spread("zero3", 4, 4, True, True, True, "deepspeed"), None, "fp32",
+                        LENGTHS).items
+    kept = ZERO3_KEPT_COPIES * 4 * zero3["weights"]
+    assert zero3["buffers"] - fsdp["buffers"] == pytest.approx(kept, abs=4)

@@ -18,7 +18,8 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - activations from the config: per layer what autograd saves (see _layer_bytes); with gradient checkpointing one
   hidden state per layer plus one layer's activations, recomputed in the backward pass.
 - buffers: the logits over the vocabulary and the loss's fp32 copies, DDP's gradient buckets (a second copy of the
-  gradients), one layer's gathered parameters under FSDP and ZeRO-3.
+  gradients), one layer's gathered parameters under FSDP and ZeRO-3, and under ZeRO-3 the whole model kept gathered
+  (see _strategy_buffers).
 - on a CPU the peak is the resident high-water mark, which also sees loading: parameters in the checkpoint's dtype
   stay backed by the mapped file (counted once); converting (another dtype, quantizing) touches the whole file
   besides the converted weights. Whichever is larger, loading or a training step, is the peak.
@@ -49,6 +50,10 @@ CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20}
 # The fraction of a step's activations glibc's heap keeps resident besides them (see "heap" above): measured by
 # benchmarks/plan.py (`heap_calibration`: runs trained with the default and with a fixed mmap threshold).
 CPU_HEAP_RETAINED = 0.57
+# ZeRO-3's defaults (DeepSpeed's, which accelerate and the Trainer keep) for stage3_max_reuse_distance and
+# stage3_max_live_parameters, and how many copies of the parameters it then keeps gathered: measured by
+# benchmarks/plan.py (`zero3_calibration`: the defaults against both limits set to 0).
+ZERO3_LIVE_PARAMETERS, ZERO3_KEPT_COPIES = 1e9, 2.0
 # The CUDA context and cuBLAS workspace: not measured here (no GPU); the context is commonly a few hundred MiB and
 # cuBLAS reserves a workspace per stream. DeepSpeed adds its own kernels' context. An estimate, stated as such.
 CUDA_RUNTIME_BYTES = {"torch": 512 * 2**20 + 32 * 2**20, "deepspeed": 640 * 2**20 + 32 * 2**20}
@@ -389,12 +394,18 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
 
 def _strategy_buffers(shape: dict, recipe, spread: Spread, states: dict) -> float:
     """DDP's gradient buckets (a full copy of the gradients); FSDP's and ZeRO-3's gathered layer (its parameters,
-    and their gradients before the reduce-scatter)."""
+    and their gradients before the reduce-scatter). ZeRO-3 besides does not release a gathered parameter whose next
+    use lies within stage3_max_reuse_distance, up to stage3_max_live_parameters: from the second step on the model
+    (up to that many parameters) stays gathered on every process, ZERO3_KEPT_COPIES times."""
     if spread.name == "ddp" and spread.processes > 1:
         return states["gradients"]
     if spread.shards_parameters and spread.processes > 1:
         weights, _ = _weight_bytes({**shape, "base": shape["block"], "quantizable": 0, "quantizable_rows": 0}, recipe)
-        return 2 * weights
+        kept = 0.0
+        if spread.runtime == "deepspeed":
+            full = states["weights"] * spread.processes
+            kept = ZERO3_KEPT_COPIES * full * min(1.0, ZERO3_LIVE_PARAMETERS / max(1, shape["base"]))
+        return 2 * weights + kept
     return 0.0
 
 
