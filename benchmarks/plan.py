@@ -392,7 +392,7 @@ def calibration_run(out: Path) -> dict:
     return found
 
 
-HEAP_ROWS = ("enc-full-b64", "dec-full-b32")
+HEAP_ROWS = ("enc-full-b64", "dec-full-b32", "dec-lora-b8")  # full fine-tuning and LoRA
 FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # glibc's initial threshold, fixed: freed blocks go back at once
 
 
@@ -454,7 +454,7 @@ def main() -> None:
                         help="checkpoints and run directories (kept, so that checkpoints are built once)")
     parser.add_argument("--replan", type=Path, help="a plan.json: plan its measured rows again, train nothing")
     parser.add_argument("--heap", action="store_true",
-                        help="measure CPU_HEAP_RETAINED and ZERO3_KEPT_COPIES first (6 runs)")
+                        help="measure CPU_HEAP_RETAINED and ZERO3_KEPT_COPIES first (8 runs)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     before = json.loads(args.replan.read_text()) if args.replan else None

@@ -176,6 +176,8 @@ def test_cpu_heap_keeps_a_fraction_of_the_activations_unless_the_mmap_threshold_
     plan = plan_memory(gpt2, full(), SINGLE, cpu, "fp32", LENGTHS)
     assert plan.items["heap"] == pytest.approx(CPU_HEAP_RETAINED * plan.items["activations"], abs=1)
     assert "heap" not in plan_memory(gpt2, full(), SINGLE, GPUS["a100-80gb"], "fp32", LENGTHS).items
+    checkpointed = plan_memory(gpt2, full("training.gradient_checkpointing=true"), SINGLE, cpu, "fp32", LENGTHS)
+    assert checkpointed.items["heap"] == plan.items["heap"], "the backward pass allocates the activations again"
     monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
     assert plan_memory(gpt2, full(), SINGLE, cpu, "fp32", LENGTHS).items["heap"] == 0
 

@@ -26,7 +26,8 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - heap, on a CPU: glibc's malloc raises its mmap threshold to the size of each large block freed (up to 32 MiB), so
   from the first step on the activations come from the heap, whose freed blocks stay resident and fragment: the
   backward pass's gradients land beside activations freed but kept, and the high-water mark sees a fraction of the
-  activations twice (CPU_HEAP_RETAINED). With MALLOC_MMAP_THRESHOLD_ set the threshold is fixed and this item is 0.
+  activations twice (CPU_HEAP_RETAINED; of those a step allocates, which checkpointing does not lessen: the
+  backward pass recomputes them). With MALLOC_MMAP_THRESHOLD_ set the threshold is fixed and this item is 0.
 
 Step time: a step's FLOPs (training/throughput.py's convention) over the GPU's peak x utilisation, or this CPU's
 measured matmul rate.
@@ -53,7 +54,7 @@ CPU_HEAP_RETAINED = 0.57
 # ZeRO-3's defaults (DeepSpeed's, which accelerate and the Trainer keep) for stage3_max_reuse_distance and
 # stage3_max_live_parameters, and how many copies of the parameters it then keeps gathered: measured by
 # benchmarks/plan.py (`zero3_calibration`: the defaults against both limits set to 0).
-ZERO3_LIVE_PARAMETERS, ZERO3_KEPT_COPIES = 1e9, 2.0
+ZERO3_LIVE_PARAMETERS, ZERO3_KEPT_COPIES = 1e9, 1.82
 # The CUDA context and cuBLAS workspace: not measured here (no GPU); the context is commonly a few hundred MiB and
 # cuBLAS reserves a workspace per stream. DeepSpeed adds its own kernels' context. An estimate, stated as such.
 CUDA_RUNTIME_BYTES = {"torch": 512 * 2**20 + 32 * 2**20, "deepspeed": 640 * 2**20 + 32 * 2**20}
@@ -345,12 +346,14 @@ def _stack(shape: dict, batch: int, tokens: int, layers: int, e: int, checkpoint
     return layers * one
 
 
-def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict, cuda: bool) -> tuple[float, float]:
-    """(activations, logits and loss buffers) of one forward and backward over a process's micro-batch."""
+def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict, cuda: bool,
+                 checkpointing: bool | None = None) -> tuple[float, float]:
+    """(activations, logits and loss buffers) of one forward and backward over a process's micro-batch; with the
+    recipe's gradient checkpointing unless `checkpointing` says otherwise."""
     from hftoolkit.config.tasks import spec
 
     e = PRECISION_BYTES[precision]
-    checkpointing = recipe.training.gradient_checkpointing
+    checkpointing = recipe.training.gradient_checkpointing if checkpointing is None else checkpointing
     matrix = shape["eager_attention"] or (shape["dropout"] and not cuda)
     source = shape["image_tokens"] or lengths["max_length"]
     if shape["seq2seq"]:
@@ -382,7 +385,9 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     buffers = logits + max(0.0, step - activations - logits) + _strategy_buffers(shape, recipe, spread, states)
     items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers}
     if not cuda:
-        items["heap"] = 0.0 if os.environ.get("MALLOC_MMAP_THRESHOLD_") else CPU_HEAP_RETAINED * activations
+        # (with checkpointing the backward pass allocates every layer's activations again, as many as without it)
+        allocated = _activations(shape, recipe, batch, precision, lengths, cuda, False)[0]
+        items["heap"] = 0.0 if os.environ.get("MALLOC_MMAP_THRESHOLD_") else CPU_HEAP_RETAINED * allocated
         items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
     items = {k: int(round(v)) for k, v in items.items()}
     peak = sum(items.values())
