@@ -379,11 +379,13 @@ def llama_7b() -> list[dict]:
 
 def calibration_run(out: Path) -> dict:
     """The resident set a training run holds besides its model: the tiny init:bert quickstart model (a fraction
-    of a MiB of weights), one row a step, on one process and under ZeRO-2: measured peak minus planned states."""
+    of a MiB of weights), one row a step, on one process, 4-bit (bitsandbytes' import brings torch's compiler
+    stack) and under ZeRO-2: measured peak minus planned states."""
     found = {}
-    for launch, runtime in (("single", "torch"), ("zero2", "deepspeed")):
+    for launch, runtime in (("single", "torch"), ("single", "bitsandbytes"), ("zero2", "deepspeed")):
         sets = ["training.batch_size=2" if launch == "zero2" else "training.batch_size=1", "data.max_length=16"]
-        measured = train(ENC, sets, launch, out / "runs" / f"calibration-{launch}")
+        sets += QLORA if runtime == "bitsandbytes" else []
+        measured = train(ENC, sets, launch, out / "runs" / f"calibration-{runtime}")
         if "peak_mb" not in measured:
             found[runtime] = measured
             continue

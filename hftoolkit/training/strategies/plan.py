@@ -47,7 +47,8 @@ GiB, TFLOPS = 2**30, 1e12
 
 # What a CPU process of a run holds besides its model: measured by benchmarks/plan.py (`calibration_run`: the
 # VmHWM of a 3-step run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
-CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20}
+# A quantized model's process also imports bitsandbytes, which brings in torch's compiler stack.
+CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20, "bitsandbytes": 631 * 2**20}
 # The fraction of a step's activations glibc's heap keeps resident besides them (see "heap" above): measured by
 # benchmarks/plan.py (`heap_calibration`: runs trained with the default and with a fixed mmap threshold).
 CPU_HEAP_RETAINED = 0.57
@@ -375,7 +376,8 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
                 lengths: dict) -> MemoryPlan:
     """Peak bytes per process of a training step (or of loading, on a CPU, when that is larger)."""
     cuda = device is None or device.kind == "cuda"
-    runtime = (CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES)[spread.runtime]
+    quantized = not cuda and spread.runtime == "torch" and recipe.model.quantization != "none"
+    runtime = (CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES)["bitsandbytes" if quantized else spread.runtime]
     states = _model_states(shape, recipe, spread, precision)
     batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
     activations, logits = _activations(shape, recipe, batch, precision, lengths, cuda)
