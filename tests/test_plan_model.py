@@ -188,3 +188,12 @@ def test_zero3_keeps_the_whole_model_gathered_below_its_live_parameter_limit(gpt
                         LENGTHS).items
     kept = ZERO3_KEPT_COPIES * 4 * zero3["weights"]
     assert zero3["buffers"] - fsdp["buffers"] == pytest.approx(kept, abs=4)
+
+
+def test_fsdp_heap_also_keeps_the_gathered_parameters_and_gradients(gpt2, monkeypatch):
+    cpu = Device("cpu", "cpu", 64 * 2**30, {})
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    ddp = plan_memory(gpt2, full(), Spread("ddp", 2, 2, False, False, False), cpu, "fp32", LENGTHS).items
+    fsdp = plan_memory(gpt2, full(), Spread("fsdp", 2, 2, True, True, True), cpu, "fp32", LENGTHS).items
+    gathered = 3 * 2 * fsdp["weights"]
+    assert fsdp["heap"] - ddp["heap"] == pytest.approx(CPU_HEAP_RETAINED * gathered, abs=8)

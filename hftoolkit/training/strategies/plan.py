@@ -23,11 +23,10 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - on a CPU the peak is the resident high-water mark, which also sees loading: parameters in the checkpoint's dtype
   stay backed by the mapped file (counted once); converting (another dtype, quantizing) touches the whole file
   besides the converted weights. Whichever is larger, loading or a training step, is the peak.
-- heap, on a CPU: glibc's malloc raises its mmap threshold to the size of each large block freed (up to 32 MiB), so
-  from the first step on the activations come from the heap, whose freed blocks stay resident and fragment: the
-  backward pass's gradients land beside activations freed but kept, and the high-water mark sees a fraction of the
-  activations twice (CPU_HEAP_RETAINED; of those a step allocates, which checkpointing does not lessen: the
-  backward pass recomputes them). With MALLOC_MMAP_THRESHOLD_ set the threshold is fixed and this item is 0.
+- heap, on a CPU: glibc's malloc raises its mmap threshold to each large block freed (up to 32 MiB), so from the
+  first step on the activations come from the heap, whose freed blocks stay resident and fragment: the peak sees a
+  fraction (CPU_HEAP_RETAINED) of what a step allocates and frees again: its activations (recomputed under
+  checkpointing), under FSDP also the gathered parameters and gradients. 0 under a fixed MALLOC_MMAP_THRESHOLD_.
 
 Step time: a step's FLOPs (training/throughput.py's convention) over the GPU's peak x utilisation, or this CPU's
 measured matmul rate.
@@ -387,8 +386,11 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     buffers = logits + max(0.0, step - activations - logits) + _strategy_buffers(shape, recipe, spread, states)
     items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers}
     if not cuda:
-        # (with checkpointing the backward pass allocates every layer's activations again, as many as without it)
+        # (with checkpointing the backward pass allocates every layer's activations again, as many as without it;
+        # FSDP allocates each layer's parameters in the forward and the backward pass, and its full gradients)
         allocated = _activations(shape, recipe, batch, precision, lengths, cuda, False)[0]
+        if spread.shards_parameters and spread.runtime == "torch" and spread.processes > 1:
+            allocated += 3 * states["weights"] * spread.processes
         items["heap"] = 0.0 if os.environ.get("MALLOC_MMAP_THRESHOLD_") else CPU_HEAP_RETAINED * allocated
         items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
     items = {k: int(round(v)) for k, v in items.items()}
