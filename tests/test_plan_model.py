@@ -197,3 +197,12 @@ def test_fsdp_heap_also_keeps_the_gathered_parameters_and_gradients(gpt2, monkey
     fsdp = plan_memory(gpt2, full(), Spread("fsdp", 2, 2, True, True, True), cpu, "fp32", LENGTHS).items
     gathered = 3 * 2 * fsdp["weights"]
     assert fsdp["heap"] - ddp["heap"] == pytest.approx(CPU_HEAP_RETAINED * gathered, abs=8)
+
+
+def test_the_trainers_freed_gradients_share_memory_with_the_activations(gpt2):
+    plan = plan_memory(gpt2, full("training.batch_size=64"), SINGLE, None, "fp32", LENGTHS).items
+    assert plan["activations"] > plan["gradients"] > 0
+    assert plan["gradients freed"] == -plan["gradients"], "zero_grad sets them to None: the larger of the two counts"
+    zero2 = plan_memory(gpt2, full("training.batch_size=64"), Spread("zero2", 2, 2, False, True, True, "deepspeed"),
+                        None, "fp32", LENGTHS).items
+    assert zero2["gradients freed"] == 0, "DeepSpeed keeps its gradient partitions"

@@ -8,7 +8,9 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - weights at their stored dtype, or quantized (bitsandbytes' layouts, scales included), the rest unquantized;
   LoRA adapters in fp32 (peft keeps them fp32 under a half-precision base).
 - gradients for trainable parameters only, in the weights' dtype; DeepSpeed also keeps an fp32 partition of them
-  for its fp32 optimizer step when the weights are half precision.
+  for its fp32 optimizer step when the weights are half precision. The Trainer sets them to None after each step
+  (zero_grad), so the forward pass's activations and the backward's gradients share memory ("gradients freed": the
+  smaller of the two, taken off; DeepSpeed keeps its partitions).
 - optimizer states: AdamW two fp32 moments; 8-bit AdamW two 8-bit moments plus a block scale; Adafactor a row and a
   column accumulator per matrix (the Trainer's Adafactor has no first moment); the Trainer's sgd no momentum.
 - master weights: only where a copy exists. The HF Trainer's bf16/fp16 autocast leaves fp32 weights as they are
@@ -39,6 +41,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from hftoolkit.training.strategies.plan_memory import WEIGHT_BYTES
+from hftoolkit.training.strategies.plan_memory import loading_bytes as _loading_bytes
 from hftoolkit.training.strategies.plan_memory import optimizer_bytes as _optimizer_bytes
 from hftoolkit.training.strategies.plan_memory import weight_bytes as _weight_bytes
 
@@ -384,7 +387,8 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     # the backward pass's activations are gone: whichever of the two is larger counts.
     step = states["optimizer"] / 2 if recipe.training.optimizer == "adamw" else 0.0
     buffers = logits + max(0.0, step - activations - logits) + _strategy_buffers(shape, recipe, spread, states)
-    items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers}
+    shared = min(states["gradients"], activations + logits) if spread.runtime == "torch" else 0.0
+    items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers, "gradients freed": -shared}
     if not cuda:
         # (with checkpointing the backward pass allocates every layer's activations again, as many as without it;
         # FSDP allocates each layer's parameters in the forward and the backward pass, and its full gradients)
@@ -416,21 +420,6 @@ def _strategy_buffers(shape: dict, recipe, spread: Spread, states: dict) -> floa
             kept = ZERO3_KEPT_COPIES * full * min(1.0, ZERO3_LIVE_PARAMETERS / max(1, shape["base"]))
         return 2 * weights + kept
     return 0.0
-
-
-def _loading_bytes(shape: dict, recipe, spread: Spread) -> float:
-    """The resident set while a CPU process loads its model, above the runtime. Parameters in the checkpoint's
-    dtype stay backed by the mapped file (counted once, as weights); a conversion touches the whole file besides
-    the converted weights. Whichever process reads the checkpoint under FSDP (the main one) holds the full weights
-    while its shard is cut; ZeRO flattens the parameters into one buffer, a second copy for a moment."""
-    held, stored = _weight_bytes(shape, recipe)
-    file_bytes = shape["base"] * stored
-    total = held + (file_bytes if (recipe.model.quantization != "none" or held != file_bytes) else 0)
-    if spread.shards_parameters and spread.runtime == "torch":
-        total += held / spread.processes
-    elif spread.runtime == "deepspeed":
-        total += held
-    return total
 
 
 # --------------------------------------------------------------------------------------------------------- time

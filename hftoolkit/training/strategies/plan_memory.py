@@ -1,5 +1,5 @@
 """The bytes of single items of a memory plan (training/strategies/plan.py): the base weights as held, quantized
-or not, and the optimizer's states. Kept apart so that plan.py stays one screenful per concern."""
+or not, the optimizer's states and the resident set of loading; apart, so that plan.py stays readable."""
 
 from __future__ import annotations
 
@@ -32,3 +32,18 @@ def optimizer_bytes(shape: dict, optimizer: str) -> float:
     if optimizer == "adafactor":
         return 4 * shape["adafactor_state"]
     return 0.0  # the Trainer's sgd: torch.optim.SGD without momentum keeps no state
+
+
+def loading_bytes(shape: dict, recipe, spread) -> float:
+    """The resident set while a CPU process loads its model, above the runtime. Parameters in the checkpoint's
+    dtype stay backed by the mapped file (counted once, as weights); a conversion touches the whole file besides
+    the converted weights. Whichever process reads the checkpoint under FSDP (the main one) holds the full weights
+    while its shard is cut; ZeRO flattens the parameters into one buffer, a second copy for a moment."""
+    held, stored = weight_bytes(shape, recipe)
+    file_bytes = shape["base"] * stored
+    total = held + (file_bytes if (recipe.model.quantization != "none" or held != file_bytes) else 0)
+    if spread.shards_parameters and spread.runtime == "torch":
+        total += held / spread.processes
+    elif spread.runtime == "deepspeed":
+        total += held
+    return total
