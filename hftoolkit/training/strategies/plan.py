@@ -53,7 +53,7 @@ GiB, TFLOPS = 2**30, 1e12
 CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20, "bitsandbytes": 631 * 2**20}
 # The fraction of a step's activations glibc's heap keeps resident besides them (see "heap" above): measured by
 # benchmarks/plan.py (`heap_calibration`: runs trained with the default and with a fixed mmap threshold).
-CPU_HEAP_RETAINED = 0.57
+CPU_HEAP_RETAINED = 0.55
 # ZeRO-3's defaults (DeepSpeed's, which accelerate and the Trainer keep) for stage3_max_reuse_distance and
 # stage3_max_live_parameters, and how many copies of the parameters it then keeps gathered: measured by
 # benchmarks/plan.py (`zero3_calibration`: the defaults against both limits set to 0).
