@@ -28,7 +28,8 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - heap, on a CPU: glibc's malloc raises its mmap threshold to each large block freed (up to 32 MiB), so from the
   first step on the activations come from the heap, whose freed blocks stay resident and fragment: the peak sees a
   fraction (CPU_HEAP_RETAINED) of what a step allocates and frees again: its activations (recomputed under
-  checkpointing), under FSDP also the gathered parameters and gradients. 0 under a fixed MALLOC_MMAP_THRESHOLD_.
+  checkpointing), under FSDP and ZeRO-3 also the gathered parameters and gradients. 0 under a fixed
+  MALLOC_MMAP_THRESHOLD_.
 
 Step time: a step's FLOPs (training/throughput.py's convention) over the GPU's peak x utilisation, or this CPU's
 measured matmul rate.
@@ -391,10 +392,11 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers, "gradients freed": -shared}
     if not cuda:
         # (with checkpointing the backward pass allocates every layer's activations again, as many as without it;
-        # FSDP allocates each layer's parameters in the forward and the backward pass, and its full gradients)
+        # sharded parameters are gathered in the forward and the backward pass and their gradients reduced from
+        # full ones: FSDP2 copies each gathered buffer out and each gradient in (6 copies), ZeRO-3 does not (3))
         allocated = _activations(shape, recipe, batch, precision, lengths, cuda, False)[0]
-        if spread.shards_parameters and spread.runtime == "torch" and spread.processes > 1:
-            allocated += 3 * states["weights"] * spread.processes
+        if spread.shards_parameters and spread.processes > 1:
+            allocated += (6 if spread.runtime == "torch" else 3) * states["weights"] * spread.processes
         items["heap"] = 0.0 if os.environ.get("MALLOC_MMAP_THRESHOLD_") else CPU_HEAP_RETAINED * allocated
         items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
     items = {k: int(round(v)) for k, v in items.items()}
