@@ -52,7 +52,7 @@ GiB, TFLOPS = 2**30, 1e12
 # VmHWM of a 3-step run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
 # A quantized model's process also imports bitsandbytes, which brings in torch's compiler stack.
 CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20, "bitsandbytes": 631 * 2**20}
-# The fraction of a step's activations glibc's heap keeps resident besides them (see "heap" above): measured by
+# The fraction of what a step allocates and frees that glibc's heap keeps resident (see "heap" above): measured by
 # benchmarks/plan.py (`heap_calibration`: runs trained with the default and with a fixed mmap threshold).
 CPU_HEAP_RETAINED = 0.55
 # ZeRO-3's defaults (DeepSpeed's, which accelerate and the Trainer keep) for stage3_max_reuse_distance and
