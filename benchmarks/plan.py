@@ -1,12 +1,15 @@
 """The memory and time plan (hftoolkit/training/strategies/plan.py) against what runs really take on this machine.
 
-    python benchmarks/plan.py [--quick] [--only NAME,...] [--out DIR]
+    python benchmarks/plan.py [--quick] [--only NAME,...] [--heap] [--out DIR] [--replan plan.json]
 
+0. `--heap`: how much of a step's activations glibc's heap keeps resident (plan.py's CPU_HEAP_RETAINED): two rows
+   trained as usual and with MALLOC_MMAP_THRESHOLD_ fixed; ZERO3_KEPT_COPIES: the ZeRO-3 row with DeepSpeed's
+   defaults and with stage3_max_reuse_distance and stage3_max_live_parameters 0.
 1. `runtime`: the resident set of a process that imported what a training process imports (VmHWM), once for the
    torch stack and once with DeepSpeed: the plan's CPU_RUNTIME_BYTES come from here.
 2. the grid: real `hftoolkit train` runs (3 steps) in subprocesses, each launch (one process, DDP, FSDP, ZeRO-2,
    ZeRO-3 on 2 CPU processes), LoRA, full and 4-bit, encoder, decoder and seq2seq: planned peak per process
-   against metrics.json's peak_memory_mb (the main process's VmHWM), planned step seconds against measured.
+   against every process's VmHWM (manifest.json's "plan"; the error against the largest), step seconds too.
 3. DeepSpeed's own ZeRO-2/ZeRO-3 model-state estimators and accelerate's estimate-memory weights beside ours.
 4. LLaMA-7B from its config alone: full fine-tuning, LoRA r=16, QLoRA, FSDP and ZeRO-3 over 8 A100-80GB.
 
@@ -209,8 +212,10 @@ def grid(ck: dict) -> list[tuple]:
 QUICK = ("enc-lora-b32", "enc-full-b64", "dec-full-b32", "enc-full-ddp", "enc-full-zero2", "s2s-full-b32")
 
 
-def train(recipe: Path, sets: list[str], launch: str, out: Path) -> dict:
-    """One real run of 3 steps, no eval; metrics.json's peak (MiB, the main process's VmHWM) and train seconds."""
+def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict | None = None,
+          accelerate_config: Path | None = None) -> dict:
+    """One real run of 3 steps, no eval: every process's peak (MiB, VmHWM, from manifest.json's "plan"; peak_mb
+    the largest, which the plan must cover) and the train seconds."""
     config, n, _ = SPREADS[launch]
     cmd = [sys.executable, "-m", "hftoolkit", "train", str(recipe), "--output", str(out),
            "--set", "training.max_steps=3", "--set", "training.precision=fp32", "--set", "eval.max_predictions=0"]
@@ -219,15 +224,18 @@ def train(recipe: Path, sets: list[str], launch: str, out: Path) -> dict:
     if n > 1:
         cmd += ["--num-processes", str(n)]
     if config:
-        cmd += ["--accelerate-config", str(ACCEL / config)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true"}
+        cmd += ["--accelerate-config", str(accelerate_config or ACCEL / config)]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true",
+           **(env_extra or {})}
     shutil.rmtree(out, ignore_errors=True)  # (a rerun replaces the row's run)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
     if done.returncode != 0:
         return {"failed": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
     metrics = json.loads((out / "metrics.json").read_text())
-    return {"peak_mb": metrics["peak_memory_mb"], "train_seconds": metrics["train_seconds"],
+    peaks = json.loads((out / "manifest.json").read_text()).get("plan", {}).get("measured_peak_mb") \
+        or [metrics["peak_memory_mb"]]
+    return {"peak_mb": max(peaks), "peaks_mb": peaks, "train_seconds": metrics["train_seconds"],
             "wall_seconds": round(time.perf_counter() - start, 1)}
 
 
@@ -239,8 +247,8 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
         if measured_before is not None:
             if name not in measured_before:
                 continue
-            measured = {k: measured_before[name][k] for k in ("peak_mb", "train_seconds", "wall_seconds", "failed",
-                                                               "skipped") if k in measured_before[name]}
+            measured = {k: measured_before[name][k] for k in ("peak_mb", "peaks_mb", "train_seconds", "wall_seconds",
+                                                               "failed", "skipped") if k in measured_before[name]}
         elif time.perf_counter() - start > budget:
             results.append({"name": name, "launch": launch, "skipped": "over the time budget"})
             continue
@@ -262,7 +270,9 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
 def _line(row: dict) -> str:
     if "planned_mb" not in row:
         return f"| {row['name']} | {row['launch']} | {row.get('failed') or row.get('skipped')} |"
-    return (f"| {row['name']} | {row['launch']} | {row['planned_mb']:.0f} | {row['peak_mb']:.0f} | "
+    peaks = row.get("peaks_mb") or [row["peak_mb"]]
+    measured = " / ".join(f"{p:.0f}" for p in peaks) if max(peaks) > 1.05 * min(peaks) else f"{row['peak_mb']:.0f}"
+    return (f"| {row['name']} | {row['launch']} | {row['planned_mb']:.0f} | {measured} | "
             f"{100 * row['error']:+.1f}% | {row['planned_step']} | {row['measured_step']} |")
 
 
@@ -369,17 +379,69 @@ def llama_7b() -> list[dict]:
 
 def calibration_run(out: Path) -> dict:
     """The resident set a training run holds besides its model: the tiny init:bert quickstart model (a fraction
-    of a MiB of weights), one row a step, on one process and under ZeRO-2: measured peak minus planned states."""
+    of a MiB of weights), one row a step, on one process, 4-bit (bitsandbytes' import brings torch's compiler
+    stack) and under ZeRO-2: measured peak minus planned states."""
     found = {}
-    for launch, runtime in (("single", "torch"), ("zero2", "deepspeed")):
+    for launch, runtime in (("single", "torch"), ("single", "bitsandbytes"), ("zero2", "deepspeed")):
         sets = ["training.batch_size=2" if launch == "zero2" else "training.batch_size=1", "data.max_length=16"]
-        measured = train(ENC, sets, launch, out / "runs" / f"calibration-{launch}")
+        sets += QLORA if runtime == "bitsandbytes" else []
+        measured = train(ENC, sets, launch, out / "runs" / f"calibration-{runtime}")
         if "peak_mb" not in measured:
             found[runtime] = measured
             continue
         items = planned(ENC, sets + ["training.max_steps=3"], launch)["memory"]["items"]
         found[runtime] = round(measured["peak_mb"] - (sum(items.values()) - items["runtime"]) / MiB, 1)
     return found
+
+
+HEAP_ROWS = ("enc-full-b64", "dec-full-b32", "dec-lora-b8")  # full fine-tuning and LoRA
+FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # glibc's initial threshold, fixed: freed blocks go back at once
+
+
+def heap_calibration(rows: list[tuple], out: Path) -> dict:
+    """plan.py's CPU_HEAP_RETAINED: rows trained as usual and again with glibc's mmap threshold fixed (then the
+    activations' blocks are unmapped when freed); the difference in peak over the planned activations, per row and
+    their mean."""
+    found = {}
+    for name, recipe, sets, launch in (r for r in rows if r[0] in HEAP_ROWS):
+        usual = train(recipe, sets, launch, out / "runs" / f"heap-{name}")
+        fixed = train(recipe, sets, launch, out / "runs" / f"heap-{name}-fixed", FIXED_MMAP)
+        if "peak_mb" not in usual or "peak_mb" not in fixed:
+            found[name] = usual.get("failed") or fixed.get("failed")
+            continue
+        activations = planned(recipe, sets + ["training.max_steps=3", "training.precision=fp32"],
+                              launch)["memory"]["items"]["activations"] / MiB
+        found[name] = {"usual_mb": usual["peak_mb"], "fixed_mb": fixed["peak_mb"], "activations_mb": round(activations),
+                       "retained": round((usual["peak_mb"] - fixed["peak_mb"]) / activations, 3)}
+    fractions = [f["retained"] for f in found.values() if isinstance(f, dict)]
+    return {**found, "mean": fractions and round(sum(fractions) / len(fractions), 3)}
+
+
+ZERO3_ROW = "dec-full-zero3"
+NO_REUSE = {"zero_optimization": {"stage": 3, "stage3_max_reuse_distance": 0, "stage3_max_live_parameters": 0},
+            "train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto"}
+
+
+def zero3_calibration(rows: list[tuple], out: Path) -> dict:
+    """plan.py's ZERO3_KEPT_COPIES: the ZeRO-3 row with DeepSpeed's defaults and with stage3_max_reuse_distance and
+    stage3_max_live_parameters 0 (every parameter released after use), both with the mmap threshold fixed so that
+    the heap does not blur them; the difference over the model's full weights."""
+    name, recipe, sets, launch = next(r for r in rows if r[0] == ZERO3_ROW)
+    folder = out / "zero3-no-reuse"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ds.json").write_text(json.dumps(NO_REUSE))
+    lines = [line for line in (ACCEL / SPREADS[launch][0]).read_text().splitlines()
+             if not line.startswith(("mixed_precision", "deepspeed_config", " "))]
+    (folder / "accelerate.yaml").write_text("\n".join(lines + ["deepspeed_config:",
+                                                               f"  deepspeed_config_file: {folder / 'ds.json'}",
+                                                               "  zero3_init_flag: true"]) + "\n")
+    usual = train(recipe, sets, launch, out / "runs" / "zero3-defaults", FIXED_MMAP)
+    released = train(recipe, sets, launch, out / "runs" / "zero3-no-reuse", FIXED_MMAP, folder / "accelerate.yaml")
+    if "peak_mb" not in usual or "peak_mb" not in released:
+        return {"failed": usual.get("failed") or released.get("failed")}
+    weights = planned(recipe, sets + ["training.precision=fp32"], "single")["memory"]["items"]["weights"] / MiB
+    return {"defaults_mb": usual["peak_mb"], "no_reuse_mb": released["peak_mb"], "weights_mb": round(weights, 1),
+            "copies": round((usual["peak_mb"] - released["peak_mb"]) / weights, 2)}
 
 
 def main() -> None:
@@ -393,11 +455,14 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "hftoolkit-plan-bench",
                         help="checkpoints and run directories (kept, so that checkpoints are built once)")
     parser.add_argument("--replan", type=Path, help="a plan.json: plan its measured rows again, train nothing")
+    parser.add_argument("--heap", action="store_true",
+                        help="measure CPU_HEAP_RETAINED and ZERO3_KEPT_COPIES first (8 runs)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     before = json.loads(args.replan.read_text()) if args.replan else None
     if before:
-        report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib")}
+        report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained",
+                                           "zero3_kept") if k in before}
     else:
         report = {"runtime_imports_mib": {r: round(measure_runtime(r) / MiB, 1) for r in IMPORTS}}
         print("runtime after imports (MiB):", report["runtime_imports_mib"], flush=True)
@@ -407,6 +472,11 @@ def main() -> None:
     ck = {arch: scaled_checkpoint(arch, 512, 8, 8, 2048, ck_folder) for arch in ("bert", "gpt2", "t5")}
     ck.update(minilm=minilm(), smollm2=None if args.quick and not args.only else smollm2())
     rows = grid(ck)
+    if args.heap:
+        report["heap_retained"] = heap_calibration(rows, args.work)
+        print("heap retained, fraction of the activations:", report["heap_retained"], flush=True)
+        report["zero3_kept"] = zero3_calibration(rows, args.work)
+        print("ZeRO-3 gathered copies kept:", report["zero3_kept"], flush=True)
     wanted = set(filter(None, args.only.split(","))) or (set(QUICK) if args.quick else None)
     rows = [r for r in rows if wanted is None or r[0] in wanted]
     print("| run | launch | planned MiB | measured MiB | error | planned step s | measured step s |\n"

@@ -7,7 +7,10 @@ import pytest
 
 from hftoolkit.errors import UserError
 from hftoolkit.training.strategies.plan import (
+    CPU_HEAP_RETAINED,
     GPUS,
+    ZERO3_KEPT_COPIES,
+    Device,
     Spread,
     device_named,
     device_with_memory,
@@ -165,3 +168,41 @@ def test_time_follows_the_flops_convention(gpt2):
     unknown = plan_time(gpt2, full(), SINGLE, device_with_memory(16), "bf16", LENGTHS, 100, 10)
     assert unknown.step_seconds is None and unknown.flops_per_step == plan.flops_per_step
     assert GPUS["t4"].peak_flops.get("bf16") is None, "no bf16 on a T4: no rate is made up"
+
+
+def test_cpu_heap_keeps_a_fraction_of_the_activations_unless_the_mmap_threshold_is_fixed(gpt2, monkeypatch):
+    cpu = Device("cpu", "cpu", 64 * 2**30, {})
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    plan = plan_memory(gpt2, full(), SINGLE, cpu, "fp32", LENGTHS)
+    assert plan.items["heap"] == pytest.approx(CPU_HEAP_RETAINED * plan.items["activations"], abs=1)
+    assert "heap" not in plan_memory(gpt2, full(), SINGLE, GPUS["a100-80gb"], "fp32", LENGTHS).items
+    checkpointed = plan_memory(gpt2, full("training.gradient_checkpointing=true"), SINGLE, cpu, "fp32", LENGTHS)
+    assert checkpointed.items["heap"] == plan.items["heap"], "the backward pass allocates the activations again"
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", "131072")
+    assert plan_memory(gpt2, full(), SINGLE, cpu, "fp32", LENGTHS).items["heap"] == 0
+
+
+def test_zero3_keeps_the_whole_model_gathered_below_its_live_parameter_limit(gpt2):
+    fsdp = plan_memory(gpt2, full(), Spread("fsdp", 4, 4, True, True, True), None, "fp32", LENGTHS).items
+    zero3 = plan_memory(gpt2, full(), Spread("zero3", 4, 4, True, True, True, "deepspeed"), None, "fp32",
+                        LENGTHS).items
+    kept = ZERO3_KEPT_COPIES * 4 * zero3["weights"]
+    assert zero3["buffers"] - fsdp["buffers"] == pytest.approx(kept, abs=4)
+
+
+def test_fsdp_heap_also_keeps_the_gathered_parameters_and_gradients(gpt2, monkeypatch):
+    cpu = Device("cpu", "cpu", 64 * 2**30, {})
+    monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
+    ddp = plan_memory(gpt2, full(), Spread("ddp", 2, 2, False, False, False), cpu, "fp32", LENGTHS).items
+    fsdp = plan_memory(gpt2, full(), Spread("fsdp", 2, 2, True, True, True), cpu, "fp32", LENGTHS).items
+    gathered = 6 * 2 * fsdp["weights"]  # gathered twice, gradients reduced: each with FSDP2's copy
+    assert fsdp["heap"] - ddp["heap"] == pytest.approx(CPU_HEAP_RETAINED * gathered, abs=8)
+
+
+def test_the_trainers_freed_gradients_share_memory_with_the_activations(gpt2):
+    plan = plan_memory(gpt2, full("training.batch_size=64"), SINGLE, None, "fp32", LENGTHS).items
+    assert plan["activations"] > plan["gradients"] > 0
+    assert plan["gradients freed"] == -plan["gradients"], "zero_grad sets them to None: the larger of the two counts"
+    zero2 = plan_memory(gpt2, full("training.batch_size=64"), Spread("zero2", 2, 2, False, True, True, "deepspeed"),
+                        None, "fp32", LENGTHS).items
+    assert zero2["gradients freed"] == 0, "DeepSpeed keeps its gradient partitions"

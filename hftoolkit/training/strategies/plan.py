@@ -8,7 +8,9 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - weights at their stored dtype, or quantized (bitsandbytes' layouts, scales included), the rest unquantized;
   LoRA adapters in fp32 (peft keeps them fp32 under a half-precision base).
 - gradients for trainable parameters only, in the weights' dtype; DeepSpeed also keeps an fp32 partition of them
-  for its fp32 optimizer step when the weights are half precision.
+  for its fp32 optimizer step when the weights are half precision. The Trainer sets them to None after each step
+  (zero_grad), so the forward pass's activations and the backward's gradients share memory ("gradients freed": the
+  smaller of the two, taken off; DeepSpeed keeps its partitions).
 - optimizer states: AdamW two fp32 moments; 8-bit AdamW two 8-bit moments plus a block scale; Adafactor a row and a
   column accumulator per matrix (the Trainer's Adafactor has no first moment); the Trainer's sgd no momentum.
 - master weights: only where a copy exists. The HF Trainer's bf16/fp16 autocast leaves fp32 weights as they are
@@ -18,10 +20,16 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - activations from the config: per layer what autograd saves (see _layer_bytes); with gradient checkpointing one
   hidden state per layer plus one layer's activations, recomputed in the backward pass.
 - buffers: the logits over the vocabulary and the loss's fp32 copies, DDP's gradient buckets (a second copy of the
-  gradients), one layer's gathered parameters under FSDP and ZeRO-3.
+  gradients), one layer's gathered parameters under FSDP and ZeRO-3, and under ZeRO-3 the whole model kept gathered
+  (see _strategy_buffers).
 - on a CPU the peak is the resident high-water mark, which also sees loading: parameters in the checkpoint's dtype
   stay backed by the mapped file (counted once); converting (another dtype, quantizing) touches the whole file
   besides the converted weights. Whichever is larger, loading or a training step, is the peak.
+- heap, on a CPU: glibc's malloc raises its mmap threshold to each large block freed (up to 32 MiB), so from the
+  first step on the activations come from the heap, whose freed blocks stay resident and fragment: the peak sees a
+  fraction (CPU_HEAP_RETAINED) of what a step allocates and frees again: its activations (recomputed under
+  checkpointing), under FSDP and ZeRO-3 also the gathered parameters and gradients. 0 under a fixed
+  MALLOC_MMAP_THRESHOLD_.
 
 Step time: a step's FLOPs (training/throughput.py's convention) over the GPU's peak x utilisation, or this CPU's
 measured matmul rate.
@@ -30,18 +38,31 @@ measured matmul rate.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, field
+
+from hftoolkit.training.strategies.plan_memory import WEIGHT_BYTES
+from hftoolkit.training.strategies.plan_memory import loading_bytes as _loading_bytes
+from hftoolkit.training.strategies.plan_memory import optimizer_bytes as _optimizer_bytes
+from hftoolkit.training.strategies.plan_memory import weight_bytes as _weight_bytes
 
 GiB, TFLOPS = 2**30, 1e12
 
 # What a CPU process of a run holds besides its model: measured by benchmarks/plan.py (`calibration_run`: the
 # VmHWM of a 3-step run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
-CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20}
+# A quantized model's process also imports bitsandbytes, which brings in torch's compiler stack.
+CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20, "bitsandbytes": 631 * 2**20}
+# The fraction of what a step allocates and frees that glibc's heap keeps resident (see "heap" above): measured by
+# benchmarks/plan.py (`heap_calibration`: runs trained with the default and with a fixed mmap threshold).
+CPU_HEAP_RETAINED = 0.55
+# ZeRO-3's defaults (DeepSpeed's, which accelerate and the Trainer keep) for stage3_max_reuse_distance and
+# stage3_max_live_parameters, and how many copies of the parameters it then keeps gathered: measured by
+# benchmarks/plan.py (`zero3_calibration`: the defaults against both limits set to 0).
+ZERO3_LIVE_PARAMETERS, ZERO3_KEPT_COPIES = 1e9, 1.82
 # The CUDA context and cuBLAS workspace: not measured here (no GPU); the context is commonly a few hundred MiB and
 # cuBLAS reserves a workspace per stream. DeepSpeed adds its own kernels' context. An estimate, stated as such.
 CUDA_RUNTIME_BYTES = {"torch": 512 * 2**20 + 32 * 2**20, "deepspeed": 640 * 2**20 + 32 * 2**20}
 
-WEIGHT_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
@@ -269,34 +290,6 @@ def _block_parameters(model) -> int:
 
 # ------------------------------------------------------------------------------------------------------- memory
 
-def _weight_bytes(shape: dict, recipe) -> tuple[float, float]:
-    """(bytes of the base weights as held, bytes per base parameter as stored in the checkpoint file)."""
-    dtype = recipe.model.dtype
-    unquantized = WEIGHT_BYTES.get(dtype, shape["dtype_bytes"])
-    quant = recipe.model.quantization
-    if quant == "none":
-        return shape["base"] * unquantized, unquantized
-    q, rest = shape["quantizable"], shape["base"] - shape["quantizable"]
-    if quant == "8bit":  # LLM.int8: one int8 per weight and one fp32 scale per output row
-        packed = q + 4 * shape["quantizable_rows"]
-    else:  # nf4: half a byte per weight, an absmax per block of 64 (fp32, or 8-bit plus an fp32 per 256 blocks)
-        scales = q / 64 + 4 * q / (64 * 256) if recipe.model.double_quant else 4 * q / 64
-        packed = q / 2 + scales
-    # peft's prepare_model_for_kbit_training casts every parameter left unquantized to fp32
-    return packed + rest * 4, shape["dtype_bytes"]
-
-
-def _optimizer_bytes(shape: dict, optimizer: str) -> float:
-    trainable = shape["trainable"]
-    if optimizer in ("adamw_fused", "adamw"):
-        return 8 * trainable
-    if optimizer in ("adamw_8bit", "paged_adamw_8bit"):  # two uint8 moments, an fp32 absmax per 256 of each
-        return 2 * trainable + 2 * 4 * trainable / 256
-    if optimizer == "adafactor":
-        return 4 * shape["adafactor_state"]
-    return 0.0  # the Trainer's sgd: torch.optim.SGD without momentum keeps no state
-
-
 def _model_states(shape: dict, recipe, spread: Spread, precision: str) -> dict:
     """Weights, adapter, gradients, optimizer and master weights per process, divided where the strategy shards."""
     weights, _ = _weight_bytes(shape, recipe)
@@ -357,12 +350,14 @@ def _stack(shape: dict, batch: int, tokens: int, layers: int, e: int, checkpoint
     return layers * one
 
 
-def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict, cuda: bool) -> tuple[float, float]:
-    """(activations, logits and loss buffers) of one forward and backward over a process's micro-batch."""
+def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict, cuda: bool,
+                 checkpointing: bool | None = None) -> tuple[float, float]:
+    """(activations, logits and loss buffers) of one forward and backward over a process's micro-batch; with the
+    recipe's gradient checkpointing unless `checkpointing` says otherwise."""
     from hftoolkit.config.tasks import spec
 
     e = PRECISION_BYTES[precision]
-    checkpointing = recipe.training.gradient_checkpointing
+    checkpointing = recipe.training.gradient_checkpointing if checkpointing is None else checkpointing
     matrix = shape["eager_attention"] or (shape["dropout"] and not cuda)
     source = shape["image_tokens"] or lengths["max_length"]
     if shape["seq2seq"]:
@@ -384,7 +379,8 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
                 lengths: dict) -> MemoryPlan:
     """Peak bytes per process of a training step (or of loading, on a CPU, when that is larger)."""
     cuda = device is None or device.kind == "cuda"
-    runtime = (CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES)[spread.runtime]
+    quantized = not cuda and spread.runtime == "torch" and recipe.model.quantization != "none"
+    runtime = (CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES)["bitsandbytes" if quantized else spread.runtime]
     states = _model_states(shape, recipe, spread, precision)
     batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
     activations, logits = _activations(shape, recipe, batch, precision, lengths, cuda)
@@ -392,8 +388,16 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     # the backward pass's activations are gone: whichever of the two is larger counts.
     step = states["optimizer"] / 2 if recipe.training.optimizer == "adamw" else 0.0
     buffers = logits + max(0.0, step - activations - logits) + _strategy_buffers(shape, recipe, spread, states)
-    items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers}
+    shared = min(states["gradients"], activations + logits) if spread.runtime == "torch" else 0.0
+    items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers, "gradients freed": -shared}
     if not cuda:
+        # (with checkpointing the backward pass allocates every layer's activations again, as many as without it;
+        # sharded parameters are gathered in the forward and the backward pass and their gradients reduced from
+        # full ones: FSDP2 copies each gathered buffer out and each gradient in (6 copies), ZeRO-3 does not (3))
+        allocated = _activations(shape, recipe, batch, precision, lengths, cuda, False)[0]
+        if spread.shards_parameters and spread.processes > 1:
+            allocated += (6 if spread.runtime == "torch" else 3) * states["weights"] * spread.processes
+        items["heap"] = 0.0 if os.environ.get("MALLOC_MMAP_THRESHOLD_") else CPU_HEAP_RETAINED * allocated
         items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
     items = {k: int(round(v)) for k, v in items.items()}
     peak = sum(items.values())
@@ -405,28 +409,19 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
 
 def _strategy_buffers(shape: dict, recipe, spread: Spread, states: dict) -> float:
     """DDP's gradient buckets (a full copy of the gradients); FSDP's and ZeRO-3's gathered layer (its parameters,
-    and their gradients before the reduce-scatter)."""
+    and their gradients before the reduce-scatter). ZeRO-3 besides does not release a gathered parameter whose next
+    use lies within stage3_max_reuse_distance, up to stage3_max_live_parameters: from the second step on the model
+    (up to that many parameters) stays gathered on every process, ZERO3_KEPT_COPIES times."""
     if spread.name == "ddp" and spread.processes > 1:
         return states["gradients"]
     if spread.shards_parameters and spread.processes > 1:
         weights, _ = _weight_bytes({**shape, "base": shape["block"], "quantizable": 0, "quantizable_rows": 0}, recipe)
-        return 2 * weights
+        kept = 0.0
+        if spread.runtime == "deepspeed":
+            full = states["weights"] * spread.processes
+            kept = ZERO3_KEPT_COPIES * full * min(1.0, ZERO3_LIVE_PARAMETERS / max(1, shape["base"]))
+        return 2 * weights + kept
     return 0.0
-
-
-def _loading_bytes(shape: dict, recipe, spread: Spread) -> float:
-    """The resident set while a CPU process loads its model, above the runtime. Parameters in the checkpoint's
-    dtype stay backed by the mapped file (counted once, as weights); a conversion touches the whole file besides
-    the converted weights. Whichever process reads the checkpoint under FSDP (the main one) holds the full weights
-    while its shard is cut; ZeRO flattens the parameters into one buffer, a second copy for a moment."""
-    held, stored = _weight_bytes(shape, recipe)
-    file_bytes = shape["base"] * stored
-    total = held + (file_bytes if (recipe.model.quantization != "none" or held != file_bytes) else 0)
-    if spread.shards_parameters and spread.runtime == "torch":
-        total += held / spread.processes
-    elif spread.runtime == "deepspeed":
-        total += held
-    return total
 
 
 # --------------------------------------------------------------------------------------------------------- time
