@@ -17,9 +17,8 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
   (they are the master) and trains half-precision weights (model.dtype) in place: no copy either way. DeepSpeed
   keeps an fp32 partition of the parameters in every precision.
 - sharding divides what the strategy shards by the processes of the run.
-- activations from the config: per layer what autograd saves (see _layer_bytes), where frozen products (LoRA, QLoRA)
-  keep no input but LoRA's dropout keeps a copy (plan_memory.lora_saved); with gradient checkpointing one
-  hidden state per layer plus one layer's activations, recomputed in the backward pass.
+- activations from the config: per layer what autograd saves (see _layer_bytes; frozen layers: plan_memory.lora_saved);
+  with gradient checkpointing one hidden state per layer plus one layer's activations, recomputed in the backward.
 - buffers: the logits over the vocabulary and the loss's fp32 copies, DDP's gradient buckets (a second copy of the
   gradients), one layer's gathered parameters under FSDP and ZeRO-3, and under ZeRO-3 the whole model kept gathered
   (see _strategy_buffers).
@@ -29,7 +28,7 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - heap, on a CPU: glibc's malloc raises its mmap threshold to each large block freed (up to 32 MiB), so from the
   first step on the activations come from the heap, whose freed blocks stay resident and fragment: the peak sees a
   fraction (CPU_HEAP_RETAINED) of what a step allocates and frees again: its activations (recomputed under
-  checkpointing), under FSDP and ZeRO-3 also the gathered parameters and gradients. 0 under a fixed
+  checkpointing), under FSDP (the larger) and ZeRO-3 (besides) the gathered parameters and gradients. 0 under a fixed
   MALLOC_MMAP_THRESHOLD_.
 
 Step time: a step's FLOPs (training/throughput.py's convention) over the GPU's peak x utilisation, or this CPU's
@@ -400,10 +399,13 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     if not cuda:
         # (with checkpointing the backward pass allocates every layer's activations again, as many as without it;
         # sharded parameters are gathered in the forward and the backward pass and their gradients reduced from
-        # full ones: FSDP2 copies each gathered buffer out and each gradient in (6 copies), ZeRO-3 does not (3))
+        # full ones: FSDP2 copies each gathered buffer out and each gradient in (6 copies), ZeRO-3 does not (3).
+        # FSDP2 frees each layer's gathered parameters after use, the backward pass activations as it gathers: the
+        # same freed blocks serve both, the larger counts; ZeRO-3 keeps its gathered ones (the two add up).)
         allocated = _activations(shape, recipe, batch, precision, lengths, cuda, False)[0]
         if spread.shards_parameters and spread.processes > 1:
-            allocated += (6 if spread.runtime == "torch" else 3) * states["weights"] * spread.processes
+            gathered = (6 if spread.runtime == "torch" else 3) * states["weights"] * spread.processes
+            allocated = max(allocated, gathered) if spread.runtime == "torch" else allocated + gathered
         items["heap"] = 0.0 if os.environ.get("MALLOC_MMAP_THRESHOLD_") else CPU_HEAP_RETAINED * allocated
         items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
     items = {k: int(round(v)) for k, v in items.items()}
