@@ -190,13 +190,38 @@ def test_zero3_keeps_the_whole_model_gathered_below_its_live_parameter_limit(gpt
     assert zero3["buffers"] - fsdp["buffers"] == pytest.approx(kept, abs=4)
 
 
-def test_fsdp_heap_also_keeps_the_gathered_parameters_and_gradients(gpt2, monkeypatch):
+def test_fsdp_heap_keeps_the_larger_of_the_activations_and_the_gathered_parameters(gpt2, monkeypatch):
     cpu = Device("cpu", "cpu", 64 * 2**30, {})
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
-    ddp = plan_memory(gpt2, full(), Spread("ddp", 2, 2, False, False, False), cpu, "fp32", LENGTHS).items
-    fsdp = plan_memory(gpt2, full(), Spread("fsdp", 2, 2, True, True, True), cpu, "fp32", LENGTHS).items
-    gathered = 6 * 2 * fsdp["weights"]  # gathered twice, gradients reduced: each with FSDP2's copy
-    assert fsdp["heap"] - ddp["heap"] == pytest.approx(CPU_HEAP_RETAINED * gathered, abs=8)
+    for batch in ("training.batch_size=2", "training.batch_size=256"):
+        ddp = plan_memory(gpt2, full(batch), Spread("ddp", 2, 2, False, False, False), cpu, "fp32", LENGTHS).items
+        fsdp = plan_memory(gpt2, full(batch), Spread("fsdp", 2, 2, True, True, True), cpu, "fp32", LENGTHS).items
+        gathered = 6 * 2 * fsdp["weights"]  # gathered twice, gradients reduced: each with FSDP2's copy
+        assert fsdp["heap"] == pytest.approx(max(ddp["heap"], CPU_HEAP_RETAINED * gathered), abs=8)
+
+
+def test_frozen_products_keep_no_input_and_lora_dropout_keeps_a_copy():
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from hftoolkit.training.strategies.plan import _activations
+
+    def adapted(config, auto, targets, dropout):
+        model = meta(config, auto)
+        return model_shape(get_peft_model(model, LoraConfig(r=4, target_modules=targets, lora_dropout=dropout)))
+
+    t5 = transformers.T5Config(d_model=64, num_layers=2, num_heads=4, d_kv=16, d_ff=128, vocab_size=1000)
+    plain = model_shape(meta(t5, "AutoModelForSeq2SeqLM"))
+    lora = adapted(t5, "AutoModelForSeq2SeqLM", ["q", "v"], 0.0)
+    assert plain["lora_saved"] == [(0.0, 0.0), (0.0, 0.0)]
+    # the encoder: no input of o, wi, wo (dropped out after the ReLU), nor the two RMSNorms' normalized inputs
+    assert lora["lora_saved"][0] == (-4 * 64 - 128 + 2 * 4, 0.0)
+    gpt2 = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=128)
+    dropped = adapted(gpt2, "AutoModelForCausalLM", ["c_attn", "c_proj", "c_fc"], 0.1)["lora_saved"]
+    assert dropped == [(4 * 4, 3 * 64 + 256)], "each input copied once dropped out (in place of the base's), a mask"
+    recipe, lengths = full(), {"max_length": 32}
+    assert (_activations(lora, recipe, 8, "fp32", lengths | {"max_target_length": 32}, False)[0]
+            < _activations(plain, recipe, 8, "fp32", lengths | {"max_target_length": 32}, False)[0])
 
 
 def test_the_trainers_freed_gradients_share_memory_with_the_activations(gpt2):

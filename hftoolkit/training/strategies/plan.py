@@ -17,8 +17,8 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
   (they are the master) and trains half-precision weights (model.dtype) in place: no copy either way. DeepSpeed
   keeps an fp32 partition of the parameters in every precision.
 - sharding divides what the strategy shards by the processes of the run.
-- activations from the config: per layer what autograd saves (see _layer_bytes); with gradient checkpointing one
-  hidden state per layer plus one layer's activations, recomputed in the backward pass.
+- activations from the config: per layer what autograd saves (see _layer_bytes; frozen layers: plan_memory.lora_saved);
+  with gradient checkpointing one hidden state per layer plus one layer's activations, recomputed in the backward.
 - buffers: the logits over the vocabulary and the loss's fp32 copies, DDP's gradient buckets (a second copy of the
   gradients), one layer's gathered parameters under FSDP and ZeRO-3, and under ZeRO-3 the whole model kept gathered
   (see _strategy_buffers).
@@ -28,7 +28,7 @@ plan costs no memory and can be made for a GPU this machine does not have. What 
 - heap, on a CPU: glibc's malloc raises its mmap threshold to each large block freed (up to 32 MiB), so from the
   first step on the activations come from the heap, whose freed blocks stay resident and fragment: the peak sees a
   fraction (CPU_HEAP_RETAINED) of what a step allocates and frees again: its activations (recomputed under
-  checkpointing), under FSDP and ZeRO-3 also the gathered parameters and gradients. 0 under a fixed
+  checkpointing), under FSDP (the larger) and ZeRO-3 (besides) the gathered parameters and gradients. 0 under a fixed
   MALLOC_MMAP_THRESHOLD_.
 
 Step time: a step's FLOPs (training/throughput.py's convention) over the GPU's peak x utilisation, or this CPU's
@@ -43,6 +43,7 @@ from dataclasses import asdict, dataclass, field
 
 from hftoolkit.training.strategies.plan_memory import WEIGHT_BYTES
 from hftoolkit.training.strategies.plan_memory import loading_bytes as _loading_bytes
+from hftoolkit.training.strategies.plan_memory import lora_saved as _lora_saved
 from hftoolkit.training.strategies.plan_memory import optimizer_bytes as _optimizer_bytes
 from hftoolkit.training.strategies.plan_memory import weight_bytes as _weight_bytes
 
@@ -247,9 +248,9 @@ def model_shape(model) -> dict:
                 and not any(part in head for part in name.split("."))):
             counts["quantizable"] += module.weight.numel()
             counts["quantizable_rows"] += module.weight.shape[1 if conv1d else 0]
-    base = counts["parameters"] - counts["adapter"]
+    base, dims = counts["parameters"] - counts["adapter"], _dims(model.config)
     return {**counts, "base": base, "non_embedding": base - counts["embedding"],
-            "block": _block_parameters(model), **_dims(model.config)}
+            "block": _block_parameters(model), **dims, "lora_saved": _lora_saved(model, dims)}
 
 
 def _tied_head(model) -> set:
@@ -315,7 +316,8 @@ def _model_states(shape: dict, recipe, spread: Spread, precision: str) -> dict:
     }
 
 
-def _layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int = 0, matrix: bool = False) -> float:
+def _layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int = 0, matrix: bool = False,
+                 frozen: float = 0.0) -> float:
     """What autograd keeps for one transformer layer over `batch` rows of `tokens` tokens, at `e` bytes an element.
     Of the width: the attention's input, q, k, v, its output and that output made contiguous for the output
     projection, the norms' inputs and the feed-forward's input (about ten; a python RMSNorm also keeps its
@@ -323,12 +325,13 @@ def _layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int = 0, ma
     the next product keeps; GPT-2's tanh GELU, written in python, five; a gated SiLU four). A 1-byte mask per
     dropout. `matrix`: the attention probabilities are kept (eager attention, or dropout on a CPU, where torch's
     attention falls back to the plain products), and their dropped-out copy. `keys`: a seq2seq decoder layer's
-    cross-attention over that many encoder tokens."""
+    cross-attention over that many encoder tokens. `frozen`: bytes per token that frozen products and LoRA's
+    adapters change (see plan_memory.lora_saved)."""
     h, i, a = shape["hidden"], shape["intermediate"], shape["heads"]
     rows, rms, dropout = batch * tokens, shape["norm"] == "rms", shape["dropout"]
     kv = 2 * h * shape["kv_heads"] / max(1, a)  # k and v: narrower under grouped-query attention
     total = e * rows * ((8 + 2 * rms) * h + kv + shape["wide_tensors"] * i) + (rows * (3 * h + i * shape["ffn_dropout"])
-                                                                            if dropout else 0)
+                                                                            if dropout else 0) + rows * frozen
     if matrix:
         total += batch * a * tokens * tokens * (2 * e + 1 if dropout else e)
     if keys:
@@ -339,12 +342,12 @@ def _layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int = 0, ma
 
 
 def _stack(shape: dict, batch: int, tokens: int, layers: int, e: int, checkpointing: bool, keys: int = 0,
-           matrix: bool = False) -> float:
+           matrix: bool = False, frozen: float = 0.0) -> float:
     """A stack of layers: all of them, or with checkpointing one saved input per layer plus the layer being
     recomputed in the backward pass, whose activations and their gradients are then live together."""
     if not layers:
         return 0.0
-    one = _layer_bytes(shape, batch, tokens, e, keys, matrix)
+    one = _layer_bytes(shape, batch, tokens, e, keys, matrix, frozen)
     if checkpointing:
         return layers * e * batch * tokens * shape["hidden"] + 2 * one
     return layers * one
@@ -360,13 +363,16 @@ def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict,
     checkpointing = recipe.training.gradient_checkpointing if checkpointing is None else checkpointing
     matrix = shape["eager_attention"] or (shape["dropout"] and not cuda)
     source = shape["image_tokens"] or lengths["max_length"]
+    # (frozen products' effect per stack, per token: elements at e bytes, dropout masks at 1 byte on a GPU, where
+    # dropout keeps a boolean mask, and at e on a CPU, where it multiplies by a mask of the input's dtype)
+    frozen = [e * n + (1 if cuda else e) * masks for n, masks in shape.get("lora_saved") or [(0.0, 0.0)]]
     if shape["seq2seq"]:
         target = lengths.get("max_target_length") or source
-        acts = (_stack(shape, batch, source, shape["encoder_layers"], e, checkpointing, matrix=matrix)
-                + _stack(shape, batch, target, shape["decoder_layers"], e, checkpointing, source, matrix))
+        acts = (_stack(shape, batch, source, shape["encoder_layers"], e, checkpointing, 0, matrix, frozen[0])
+                + _stack(shape, batch, target, shape["decoder_layers"], e, checkpointing, source, matrix, frozen[-1]))
         out_tokens = target
     else:
-        acts = _stack(shape, batch, source, shape["layers"], e, checkpointing, matrix=matrix)
+        acts = _stack(shape, batch, source, shape["layers"], e, checkpointing, 0, matrix, frozen[-1])
         out_tokens = source
     acts += 2 * e * batch * source * shape["hidden"]  # the embeddings' output and the final norm's input
     vocab = shape["vocab"] if spec(recipe.task).scoring in ("loss", "generation") else 0
@@ -393,10 +399,13 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     if not cuda:
         # (with checkpointing the backward pass allocates every layer's activations again, as many as without it;
         # sharded parameters are gathered in the forward and the backward pass and their gradients reduced from
-        # full ones: FSDP2 copies each gathered buffer out and each gradient in (6 copies), ZeRO-3 does not (3))
+        # full ones: FSDP2 copies each gathered buffer out and each gradient in (6 copies), ZeRO-3 does not (3).
+        # FSDP2 frees each layer's gathered parameters after use, the backward pass activations as it gathers: the
+        # same freed blocks serve both, the larger counts; ZeRO-3 keeps its gathered ones (the two add up).)
         allocated = _activations(shape, recipe, batch, precision, lengths, cuda, False)[0]
         if spread.shards_parameters and spread.processes > 1:
-            allocated += (6 if spread.runtime == "torch" else 3) * states["weights"] * spread.processes
+            gathered = (6 if spread.runtime == "torch" else 3) * states["weights"] * spread.processes
+            allocated = max(allocated, gathered) if spread.runtime == "torch" else allocated + gathered
         items["heap"] = 0.0 if os.environ.get("MALLOC_MMAP_THRESHOLD_") else CPU_HEAP_RETAINED * allocated
         items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
     items = {k: int(round(v)) for k, v in items.items()}

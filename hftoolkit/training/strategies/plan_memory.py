@@ -47,3 +47,62 @@ def loading_bytes(shape: dict, recipe, spread) -> float:
     elif spread.runtime == "deepspeed":
         total += held
     return total
+
+
+# Output projections by name (the feed-forward's own is told by its input width instead).
+ATTENTION_OUT = {"o", "o_proj", "out_proj", "c_proj", "dense", "out_lin"}
+
+
+def lora_saved(model, dims: dict) -> list[tuple[float, float]]:
+    """Per stack of layers (an encoder's, a decoder's), per layer and per token: (elements, dropout-mask elements)
+    that autograd saves beyond what full fine-tuning saves, where some products are frozen. A frozen product saves
+    no input (the input's gradient needs only the weight), so an input no trained product and no undropped adapter
+    reads is not kept, nor (under a python RMSNorm) the normalized input its frozen weight multiplies. LoRA's
+    dropout, when set, makes each adapted product's input anew: the dropped copy and its mask are kept for the
+    adapter, besides its rank-wide output. Zero for every stack under full fine-tuning."""
+    import torch
+
+    stacks, found = [], []
+    for name, module in model.named_modules():
+        nested = any(name.startswith(f"{outer}.") for outer in found)
+        depth = len(module) if isinstance(module, torch.nn.ModuleList) else 0
+        if depth > 1 and not nested and depth in (dims["layers"], dims["encoder_layers"], dims["decoder_layers"]):
+            found.append(name)
+            stacks.append(sum(_block_saved(block, dims) for block in module) / len(module))
+    return [(s.real, s.imag) for s in stacks]
+
+
+def _block_saved(block, dims: dict) -> complex:
+    """lora_saved of one layer, as a complex number (elements + mask elements * 1j), to be averaged over a stack."""
+    import torch
+
+    groups, extra = {}, 0j
+    for name, module in block.named_modules():
+        base = getattr(module, "base_layer", module)
+        linear = isinstance(base, torch.nn.Linear) or type(base).__name__ in ("Conv1D", "Linear4bit", "Linear8bitLt")
+        if not linear or "lora_" in name or ".base_layer" in name or name.endswith("base_layer"):
+            own = list(module.parameters(recurse=False))
+            if dims["norm"] == "rms" and "norm" in type(module).__name__.lower() and own and not any(
+                    p.requires_grad for p in own):
+                extra -= dims["hidden"]
+            continue
+        fan_in = base.weight.shape[0] if type(base).__name__ == "Conv1D" else base.in_features
+        parent, _, leaf = name.rpartition(".")
+        role = ("ffn_out" if fan_in == dims["intermediate"] else "attention_out" if leaf in ATTENTION_OUT else "in")
+        keeps = any(p.requires_grad for p in base.parameters(recurse=False))
+        for adapter, dropout in _adapters(module):
+            extra += adapter + (fan_in + fan_in * 1j if dropout > 0 else 0)
+            keeps = keeps or dropout == 0
+        group = groups.setdefault((parent, role), [fan_in, False])
+        group[1] = group[1] or keeps
+    relu_keeps = dims["wide_tensors"] == 1  # a bare ReLU keeps its output, the output product's input
+    return extra - sum(fan_in for (_, role), (fan_in, kept) in groups.items()
+                       if not kept and not (role == "ffn_out" and relu_keeps))
+
+
+def _adapters(module) -> list[tuple[int, float]]:
+    """(rank, dropout probability) of each LoRA adapter on a product."""
+    ranks = getattr(module, "r", None)
+    if not isinstance(ranks, dict) or not hasattr(module, "lora_dropout"):
+        return []
+    return [(r, getattr(module.lora_dropout[k], "p", 0.0)) for k, r in ranks.items()]
