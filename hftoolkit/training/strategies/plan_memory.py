@@ -68,15 +68,16 @@ def lora_saved(model, dims: dict) -> list[tuple[float, float]]:
         depth = len(module) if isinstance(module, torch.nn.ModuleList) else 0
         if depth > 1 and not nested and depth in (dims["layers"], dims["encoder_layers"], dims["decoder_layers"]):
             found.append(name)
-            stacks.append(sum(_block_saved(block, dims) for block in module) / len(module))
-    return [(s.real, s.imag) for s in stacks]
+            saved = [_block_saved(block, dims) for block in module]
+            stacks.append((sum(e for e, _ in saved) / len(saved), sum(m for _, m in saved) / len(saved)))
+    return stacks
 
 
-def _block_saved(block, dims: dict) -> complex:
-    """lora_saved of one layer, as a complex number (elements + mask elements * 1j), to be averaged over a stack."""
+def _block_saved(block, dims: dict) -> tuple[float, float]:
+    """lora_saved of one layer: (elements, dropout-mask elements)."""
     import torch
 
-    groups, extra = {}, 0j
+    groups, extra, masks = {}, 0.0, 0.0
     for name, module in block.named_modules():
         base = getattr(module, "base_layer", module)
         linear = isinstance(base, torch.nn.Linear) or type(base).__name__ in ("Conv1D", "Linear4bit", "Linear8bitLt")
@@ -91,13 +92,15 @@ def _block_saved(block, dims: dict) -> complex:
         role = ("ffn_out" if fan_in == dims["intermediate"] else "attention_out" if leaf in ATTENTION_OUT else "in")
         keeps = any(p.requires_grad for p in base.parameters(recurse=False))
         for adapter, dropout in _adapters(module):
-            extra += adapter + (fan_in + fan_in * 1j if dropout > 0 else 0)
+            extra += adapter + (fan_in if dropout > 0 else 0)
+            masks += fan_in if dropout > 0 else 0
             keeps = keeps or dropout == 0
         group = groups.setdefault((parent, role), [fan_in, False])
         group[1] = group[1] or keeps
     relu_keeps = dims["wide_tensors"] == 1  # a bare ReLU keeps its output, the output product's input
-    return extra - sum(fan_in for (_, role), (fan_in, kept) in groups.items()
-                       if not kept and not (role == "ffn_out" and relu_keeps))
+    unkept = sum(fan_in for (_, role), (fan_in, kept) in groups.items()
+                 if not kept and not (role == "ffn_out" and relu_keeps))
+    return extra - unkept, masks
 
 
 def _adapters(module) -> list[tuple[int, float]]:
