@@ -188,7 +188,7 @@ def cheapest_change(job: Job) -> str:
     for name, cls in STRATEGIES.items():
         if name not in ("single", strategy.name):
             other = cls(replace(strategy.launch, num_processes=max(2, strategy.processes)))
-            if strategy_plan(other, job, shape, device).fits:
+            if strategy_plan(other, job, shape, device).fits:  # (fits: possible for the recipe, and within memory)
                 return f"use {other.label} on {other.processes} processes"
     changes = [("training.gradient_checkpointing=true", {"training": {"gradient_checkpointing": True}}),
                ("model.quantization=4bit with lora.enabled=true",
