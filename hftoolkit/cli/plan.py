@@ -102,4 +102,6 @@ def _gib(count: float | None) -> str:
 def _seconds(value: float | None) -> str:
     from hftoolkit.runs.summary import format_seconds
 
-    return "-" if value is None else format_seconds(value)
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if value < 1 else format_seconds(value)
