@@ -87,13 +87,18 @@ def test_bad_device_options_get_one_line(args, said):
     assert len(lines) == 1 and said in lines[0], result.output
 
 
-def test_a_config_transformers_cannot_build_gets_one_line(tmp_path):
+@pytest.mark.parametrize("config, said", [
+    ({"model_type": "no-such-architecture"}, "could not read the config"),
+    ({"model_type": "bert", "hidden_size": 30, "num_attention_heads": 4, "num_hidden_layers": 1,
+      "intermediate_size": 8, "vocab_size": 50}, "transformers can't build"),
+])
+def test_a_config_transformers_cannot_build_gets_one_line(tmp_path, config, said):
     folder = tmp_path / "odd"
     folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "no-such-architecture"}))
+    (folder / "config.json").write_text(json.dumps(config))
     result = run_cli("plan", ENCODER, "--set", f"model.checkpoint={folder}", expect=2)
     lines = [line for line in result.output.splitlines() if line.strip()]
-    assert len(lines) == 1 and "could not read the config" in lines[0], result.output
+    assert len(lines) == 1 and said in lines[0], result.output
 
 
 def test_a_strategy_the_recipe_cannot_use_is_named_not_possible():

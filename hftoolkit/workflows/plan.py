@@ -125,8 +125,13 @@ def model_shape_of(job: Job) -> dict:
     from hftoolkit.models.loading import on_meta_device
     from hftoolkit.training.strategies.plan import model_shape
 
-    with on_meta_device():
-        model, _ = formulation(job).load_model(job)
+    try:
+        with on_meta_device():
+            model, _ = formulation(job).load_model(job)
+    except (ValueError, TypeError, AttributeError, RuntimeError, KeyError) as err:  # a config that builds nothing
+        said = (str(err).strip() or type(err).__name__).splitlines()[0][:200]
+        raise UserError(f"model.checkpoint: transformers can't build {job.recipe.model.checkpoint} from its config "
+                        f"({said}): check its config.json") from None
     return model_shape(model)
 
 
