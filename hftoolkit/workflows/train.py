@@ -31,6 +31,7 @@ from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, follow_umask
 from hftoolkit.sources.data import fingerprint
 from hftoolkit.sources.streaming import is_stream
+from hftoolkit.training.checkpoints import CHECKPOINT
 from hftoolkit.training.strategies import LaunchPlan, Strategy, strategy_for
 from hftoolkit.training.strategies.launch import current_launch
 from hftoolkit.training.throughput import TokenCounter, efficiency
@@ -237,7 +238,7 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
         run.update_manifest(distributed=ran)
     _startup_done()
     setup_seconds = time.perf_counter() - started
-    first_step = trainer.state.global_step if resume_from is None else _step_of(resume_from)
+    first_step = 0 if resume_from is None else int(CHECKPOINT.match(Path(resume_from).name).group(1))
     trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
     train_seconds = time.perf_counter() - started - setup_seconds
     train_counts = counter.snapshot()  # before eval batches pass through the same collator
@@ -270,11 +271,6 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
         metrics = run.metrics()
         run.finish("complete")
     return metrics
-
-
-def _step_of(checkpoint: Path) -> int:
-    """The optimizer step a checkpoint folder (checkpoint-N) was written at."""
-    return int(Path(checkpoint).name.rsplit("-", 1)[-1])
 
 
 def _check_benchmarks(job: Job) -> None:
