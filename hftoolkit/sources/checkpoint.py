@@ -52,7 +52,6 @@ def checkpoint_errors(recipe: Recipe):
     return hub.explained("model.checkpoint", ckpt, "model", revision=recipe.model.revision)
 
 
-
 def model_type_of(checkpoint: str, gguf_file: str | None = None) -> str | None:
     """model_type from `init:<arch>`, a local config.json or a local GGUF file's header; None for a hub id
     (unknown offline)."""

@@ -47,7 +47,6 @@ def strategy_for(launch: LaunchPlan) -> Strategy:
     return DDP(launch) if launch.num_processes > 1 else Single(launch)
 
 
-
 def plan_launch(recipe: Recipe, num_processes: int | None, accelerate_config: Path | None,
                 source: str = "recipe", machines: Machines | None = None) -> LaunchPlan:
     """The plan for this `hftoolkit train` call, checked against the recipe (raises RecipeError)."""
