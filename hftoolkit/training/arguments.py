@@ -117,7 +117,7 @@ def _tracker_project(training) -> None:
 
 
 def per_process_batch(batch_size: int, num_processes: int) -> int:
-    """training.batch_size split over the processes (launch.check has refused a batch that does not divide)."""
+    """training.batch_size split over the processes (a batch that does not divide is refused by `Strategy.problems`)."""
     if batch_size % num_processes:
         raise UserError(f"training.batch_size: {batch_size} does not split evenly over {num_processes} processes: "
                         f"set it to a multiple of {num_processes}")

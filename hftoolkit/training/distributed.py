@@ -57,7 +57,7 @@ def launch_command(plan: LaunchPlan, argv: list[str], cuda: bool) -> tuple[list[
     cmd += ["-m", "hftoolkit", *strip_launch_options(argv)]
     env = {**os.environ, COMMAND_VARIABLE: json.dumps(["hftoolkit", *argv]), PARENT_VARIABLE: str(os.getpid())}
     env.setdefault("OMP_NUM_THREADS", "1")  # what torchrun sets for several processes, without its banner
-    if not cuda:  # (a DeepSpeed process drops it again for DeepSpeed's CPU accelerator: training/zero.py)
+    if not cuda:  # (a DeepSpeed process drops it again: patches/accelerate_1_15.deepspeed_cpu_state)
         env["ACCELERATE_USE_CPU"] = "true"  # without it the processes look for GPUs (and each thinks it is rank 0)
     return cmd, env
 
