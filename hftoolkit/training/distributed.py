@@ -157,8 +157,8 @@ def _keep_log(log: Path, run_dir: Path | None) -> None:
 def end_processes() -> None:
     """Wait for every process, then close the process group.
 
-    Closing it explicitly matters on gloo: left to interpreter exit, its threads sometimes
-    abort the process (SIGABRT, seen in about 2 of 5 two-process CPU runs).
+    Closing it explicitly matters on gloo: left to interpreter exit, its threads can abort the process
+    (SIGABRT) as they are torn down, so a run that trained and saved would end with a crash.
     """
     if "torch" not in sys.modules:
         return
