@@ -13,8 +13,8 @@ from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
 
-# hftoolkit task -> the Hub's pipeline tag and its display name (huggingface.js packages/tasks/src/pipelines.ts).
-# The Hub's display names of the pipeline tags the task table uses (tasks.TaskSpec.pipeline_tag).
+# The Hub's display names of the pipeline tags the task table uses (tasks.TaskSpec.pipeline_tag), as
+# huggingface.js names them (packages/tasks/src/pipelines.ts).
 PIPELINE_NAMES = {
     "text-classification": "Text Classification", "token-classification": "Token Classification",
     "fill-mask": "Fill-Mask", "text-generation": "Text Generation", "translation": "Translation",
