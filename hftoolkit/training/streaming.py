@@ -1,20 +1,9 @@
 """Training on a stream (data.streaming) and resuming it where it stopped, without reading it again.
 
-The Trainer resumes a map-style data set by skipping the batches already trained on (accelerate's
-`skip_first_batches`); on a stream that means reading, tokenizing and collating every row again from the
-start, which for a large corpus is hours of work for nothing. A datasets `IterableDataset` can instead save
-its position (`state_dict()`: the shard, the row in it, the rows a batched map has already given out of its
-current batch) and start from it (`load_state_dict`): nothing before the position is read again but the one
-map batch (tokenization) in flight, whose rows already given out are dropped. So:
-
-- `RowStream` hands the Trainer the encoded stream and notes the stream's position after every batch of
-  rows it gives out. The data loader reads ahead of training (accelerate fetches the next batch before
-  the current one trains), so the position saved is the one noted at the rows the saved step had taken:
-  optimizer steps x rows per step, not the rows read so far.
-- `StreamPosition` (a Trainer mixin) writes that position into each checkpoint (stream_position.json,
-  beside the RNG states), and on --resume loads it into the stream, with `ignore_data_skip` set so the
-  Trainer skips nothing. The RNG states are loaded as the first resumed batch is read, after the data
-  loader's iterator has drawn its seed, which is where the uninterrupted run's RNG stood at that step.
+The Trainer resumes by skipping the batches already trained on (accelerate's `skip_first_batches`), which on a
+stream means reading, tokenizing and collating every row again from the start. A datasets `IterableDataset` can
+instead save its position (`state_dict()`) and start from it (`load_state_dict`): `row_stream` notes the position
+as training reads, and `StreamPosition` saves it with each checkpoint and restores it on --resume.
 
 A stream that ends before training.max_steps starts again from its first row (the Trainer's next epoch).
 """
@@ -31,7 +20,14 @@ KEPT_POSITIONS = 64
 
 
 def row_stream(stream, rows_per_batch: int):
-    """The Trainer's train data set for an encoded `datasets.IterableDataset` (a torch IterableDataset)."""
+    """The Trainer's train data set for an encoded `datasets.IterableDataset` (a torch IterableDataset).
+
+    It notes the stream's position (the shard, the row in it, the rows a batched map has already given out of its
+    current batch) after every `rows_per_batch` rows it gives out. The data loader reads ahead of training, so the
+    position a checkpoint needs is the one noted at the rows its step had taken (optimizer steps x rows per step),
+    not the rows read so far. On resume nothing before the position is read again but the one map batch in flight,
+    whose rows already given out are dropped.
+    """
     import torch
 
     class RowStream(torch.utils.data.IterableDataset):
@@ -71,7 +67,13 @@ def row_stream(stream, rows_per_batch: int):
 
 
 class StreamPosition:
-    """Trainer mixin: the stream's position saved with each checkpoint and restored on resume (module docstring)."""
+    """Trainer mixin: the stream's position saved with each checkpoint and restored on resume.
+
+    The position goes into each checkpoint as stream_position.json, beside the RNG states; on --resume it is loaded
+    into the stream, with `ignore_data_skip` set so the Trainer skips nothing. The RNG states are loaded as the first
+    resumed batch is read, after the data loader's iterator has drawn its seed, which is where the uninterrupted
+    run's RNG stood at that step.
+    """
 
     def _rows_per_step(self) -> int:
         a = self.args
