@@ -1,20 +1,7 @@
 """The run directory: the one place a run's results live (docs/architecture.md, "The run directory").
 
-    recipe.yaml  manifest.json  metrics.json  log_history.jsonl  train.log  adapter/ or model/
-    checkpoints/  predictions.jsonl  README.md
-
-train.log holds everything the libraries and the toolkit said during the run (console.py writes it, appending).
-
-One writer at a time: the process that writes a run (train, eval) holds `run.lock` in it, an exclusive flock whose
-file names the process, host, start time and command. The kernel releases the lock when its holder ends, however
-it ends, so a folder whose lock nobody holds has no live writer: its "running" run was interrupted (runs/summary.py
-says so), and the next writer takes the lock over. On NFS, Linux turns flock into the server's byte-range locks,
-which hold across machines when the file system is mounted with locking (the default; not with `nolock`).
-
-Every file is written atomically (temporary file, fsync, rename), so a killed run never
-leaves a file half-written; manifest.json's "status" says whether the run is running,
-complete, failed, stopped (by a signal, at "stopped_at_step"), or "trained, eval failed" (its weights are saved;
-`hftoolkit eval RUN_DIR` evaluates them and completes it). Light: no torch import.
+One writer at a time holds `run.lock`, and every file is written atomically, so a killed run never leaves a file
+half-written and a folder whose lock nobody holds has no live writer. Light: no torch import.
 """
 
 from __future__ import annotations

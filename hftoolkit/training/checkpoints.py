@@ -1,24 +1,12 @@
 """Checkpoints you can resume from: written atomically, kept by number, found and checked on --resume.
 
-The Trainer mixin that calls this module while saving is `trainer.AtomicCheckpoints`.
+The Trainer saves what an exact resume needs, but writes straight into `checkpoint-N`, so a kill during a save
+leaves a folder that looks like a checkpoint and is not one; this module writes and rotates checkpoints so that a
+checkpoint folder is complete or absent (docs/architecture.md, "The run directory"). The Trainer mixin that calls
+it while saving is `trainer.AtomicCheckpoints`.
 
-The HF Trainer already saves what an exact resume needs (adapter or model, optimizer,
-scheduler, gradient scaler, RNG states, trainer state with the step) and skips the
-batches already seen (in an order that a resumed run draws the same: batching.py). What it does
-not do, added here:
-
-- Atomic saving. The Trainer writes straight into `checkpoint-N`, so a kill during a save
-  leaves a folder that looks like a checkpoint and is not one. Here each checkpoint is
-  written into `checkpoints/.tmp-checkpoint-N/`, every file and folder fsynced, then renamed
-  to `checkpoints/checkpoint-N`: a checkpoint folder is complete or absent. Retention
-  (training.keep_last) goes by step number and renames a folder away before deleting it,
-  so the newest complete checkpoint is never touched; under eval.keep_best the best one is kept
-  too, and its trainer state names its committed folder (not the staging one the Trainer saved into).
-
-Test hooks (never set outside tests): HFTOOLKIT_TEST_PAUSE_IN_SAVE=N sleeps inside the save
-of checkpoint N, after its files are written and before the rename; HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=N
-sleeps once checkpoint N is complete and older ones are rotated away. Each prints a line when it
-begins to sleep, and a test kills the process on that line.
+Test hooks (never set outside tests): HFTOOLKIT_TEST_PAUSE_IN_SAVE=N sleeps in the save of checkpoint N before the
+rename, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=N once it is complete and rotated; each prints a line that a test kills on.
 """
 
 from __future__ import annotations
