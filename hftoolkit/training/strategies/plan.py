@@ -1,38 +1,9 @@
 """The memory and time a run will take, per process, before any weight is loaded (`hftoolkit plan`, issue 29).
 
 Everything here is arithmetic on a model's shape (read from a model built on the meta device) and the recipe, so a
-plan costs no memory and can be made for a GPU this machine does not have. What each figure counts, and why:
-
-- runtime: what a process holds besides the model: on a CPU measured (CPU_RUNTIME_BYTES); on CUDA the context and
-  cuBLAS' workspace (estimated; outside torch's allocator, so torch's peak figure never shows it).
-- weights at their stored dtype, or quantized (bitsandbytes' layouts, scales included), the rest unquantized;
-  LoRA adapters in fp32 (peft keeps them fp32 under a half-precision base).
-- gradients for trainable parameters only, in the weights' dtype; DeepSpeed also keeps an fp32 partition of them
-  for its fp32 optimizer step when the weights are half precision. The Trainer sets them to None after each step
-  (zero_grad), so the forward pass's activations and the backward's gradients share memory ("gradients freed": the
-  smaller of the two, taken off; DeepSpeed keeps its partitions).
-- optimizer states: AdamW two fp32 moments; 8-bit AdamW two 8-bit moments plus a block scale; Adafactor a row and a
-  column accumulator per matrix (the Trainer's Adafactor has no first moment); the Trainer's sgd no momentum.
-- master weights: only where a copy exists. The HF Trainer's bf16/fp16 autocast leaves fp32 weights as they are
-  (they are the master) and trains half-precision weights (model.dtype) in place: no copy either way. DeepSpeed
-  keeps an fp32 partition of the parameters in every precision.
-- sharding divides what the strategy shards by the processes of the run.
-- activations from the config: per layer what autograd saves (see _layer_bytes; frozen layers: plan_memory.lora_saved);
-  with gradient checkpointing one hidden state per layer plus one layer's activations, recomputed in the backward.
-- buffers: the logits over the vocabulary and the loss's fp32 copies, DDP's gradient buckets (a second copy of the
-  gradients), one layer's gathered parameters under FSDP and ZeRO-3, and under ZeRO-3 the whole model kept gathered
-  (see _strategy_buffers).
-- on a CPU the peak is the resident high-water mark, which also sees loading: parameters in the checkpoint's dtype
-  stay backed by the mapped file (counted once); converting (another dtype, quantizing) touches the whole file
-  besides the converted weights. Whichever is larger, loading or a training step, is the peak.
-- heap, on a CPU: glibc's malloc raises its mmap threshold to each large block freed (up to 32 MiB), so from the
-  first step on the activations come from the heap, whose freed blocks stay resident and fragment: the peak sees a
-  fraction (CPU_HEAP_RETAINED) of what a step allocates and frees again: its activations (recomputed under
-  checkpointing), under FSDP (the larger) and ZeRO-3 (besides) the gathered parameters and gradients. 0 under a fixed
-  MALLOC_MMAP_THRESHOLD_.
-
-Step time: a step's FLOPs (training/throughput.py's convention) over the GPU's peak x utilisation, or this CPU's
-measured matmul rate.
+plan costs no memory and can be made for a GPU this machine does not have. `plan_memory` adds up the items a
+process holds (what each counts, and why: docs/architecture.md, "The memory and time plan"); `plan_time` divides a
+step's FLOPs (training/throughput.py's convention) by the GPU's peak x utilisation, or this CPU's measured matmul rate.
 """
 
 from __future__ import annotations
@@ -53,7 +24,7 @@ GiB, TFLOPS = 2**30, 1e12
 # VmHWM of a 3-step run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
 # A quantized model's process also imports bitsandbytes, which brings in torch's compiler stack.
 CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20, "bitsandbytes": 631 * 2**20}
-# The fraction of what a step allocates and frees that glibc's heap keeps resident (see "heap" above): measured by
+# The fraction of what a step allocates and frees that glibc's heap keeps resident (docs/architecture.md): measured by
 # benchmarks/plan.py (`heap_calibration`: runs trained with the default and with a fixed mmap threshold).
 CPU_HEAP_RETAINED = 0.55
 # ZeRO-3's defaults (DeepSpeed's, which accelerate and the Trainer keep) for stage3_max_reuse_distance and
