@@ -11,6 +11,7 @@ import pytest
 
 from hftoolkit.config import tasks
 from hftoolkit.job import architectures as arch
+from hftoolkit.models import lora
 
 # The hand-typed table hftoolkit kept before it read transformers' own: every type in it must keep its family.
 MODEL_TYPE_FAMILIES: dict[str, str] = {
@@ -74,8 +75,10 @@ def test_family_of_agrees_with_the_hand_table(model_type):
 
     config, family = config_of(model_type), MODEL_TYPE_FAMILIES[model_type]
     assert arch.family_of(config) == family
-    for task in arch.FORMULATION_HEADS[family]:  # the heads agree with the Auto classes' own lookup (preflight's)
-        auto = arch.FORMULATION_HEADS[family][task]
+    for task in tasks.names():  # the heads agree with the Auto classes' own lookup (preflight's)
+        auto = tasks.head(task, family)
+        if auto is None:
+            continue
         has = type(config) in getattr(transformers, auto)._model_mapping
         assert arch.head_class(config, task, family) == (auto if has else None), task
     assert arch.tasks_with_heads(config)
@@ -148,7 +151,6 @@ def test_formulation_heads_are_the_auto_classes_the_families_load(monkeypatch):
     monkeypatch.setattr(loading, "load_task_model", load_task_model)
     for family in FAMILIES:
         formulations = family_module(family).FORMULATIONS
-        assert set(formulations) == set(arch.FORMULATION_HEADS[family])
         assert set(formulations) == {t.name for t in tasks.TASKS if family in t.families}
         for task, formulation in formulations.items():
             job = SimpleNamespace(task=task, family=family, label_names=("a", "b"),
@@ -156,19 +158,18 @@ def test_formulation_heads_are_the_auto_classes_the_families_load(monkeypatch):
                                   model=SimpleNamespace(processor=None, config=None))
             with pytest.raises(Loaded) as loaded:
                 formulation.load_model(job)
-            assert str(loaded.value) == arch.FORMULATION_HEADS[family][task], (family, task)
+            assert str(loaded.value) == tasks.head(task, family), (family, task)
 
 
 def test_lora_targets_are_peft_s_where_peft_has_the_type():
     for model_type, expected in PEFT_HAS.items():
-        assert arch.lora_targets_auto(tiny_model(model_type)) == (expected, None), model_type
+        assert lora.auto_targets(tiny_model(model_type)) == (expected, None), model_type
 
 
 @pytest.mark.parametrize("model_type", sorted(MODEL_TYPE_FAMILIES))
 def test_every_listed_type_has_default_targets_in_peft_s_table_or_ours(model_type):
     import torch
     import transformers
-    from transformers.models.auto import modeling_auto
 
     family = MODEL_TYPE_FAMILIES[model_type]
     config = config_of(model_type)
@@ -176,12 +177,12 @@ def test_every_listed_type_has_default_targets_in_peft_s_table_or_ours(model_typ
         if isinstance(getattr(config, key, None), int):
             setattr(config, key, 1)
     auto = arch.head_class(config, arch.tasks_with_heads(config)[0], family)
-    names = getattr(modeling_auto, arch.MAPPINGS[auto])[model_type]
+    names = getattr(transformers, auto)._model_mapping._model_mapping[model_type]
     if isinstance(names, tuple):  # (DeiT's entry names two classes: from_config must be told which)
         config.architectures = [names[0]]
     with torch.device("meta"):  # full width, no memory
         model = getattr(transformers, auto).from_config(config)
-    targets, note = arch.lora_targets_auto(model)
+    targets, note = lora.auto_targets(model)
     assert targets
     if model_type == "convnext":  # no attention at all
         assert note.startswith("lora.targets auto: peft has no default for model type 'convnext', and no attention")
@@ -193,8 +194,8 @@ def test_lora_targets_of_a_type_neither_table_has_are_its_attention_s_linear_lay
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
 
     for model_type, expected in FALLBACK.items():
-        assert model_type not in PEFT_TARGETS and model_type not in arch.LORA_TARGETS_PEFT_LACKS
-        targets, note = arch.lora_targets_auto(tiny_model(model_type))
+        assert model_type not in PEFT_TARGETS and model_type not in lora.TARGETS_PEFT_LACKS
+        targets, note = lora.auto_targets(tiny_model(model_type))
         assert targets == expected, model_type
         assert note == (f"lora.targets auto: peft has no default for model type {model_type!r}; chose the "
                         f"attention's linear layers: {', '.join(expected)}")
@@ -204,14 +205,14 @@ def test_attention_layers_are_found_by_class_as_well_as_by_name(monkeypatch):
     from peft.utils.constants import TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING as PEFT_TARGETS
 
     monkeypatch.delitem(PEFT_TARGETS, "falcon")  # as if peft lacked it: FalconAttention's FalconLinear layers
-    targets, note = arch.lora_targets_auto(tiny_model("falcon"))
+    targets, note = lora.auto_targets(tiny_model("falcon"))
     assert targets == ["query_key_value", "dense"]  # not the feed-forward's dense_h_to_4h and dense_4h_to_h
     assert note.endswith("chose the attention's linear layers: query_key_value, dense")
 
 
 def test_the_note_says_when_a_table_s_names_match_no_layer(monkeypatch):
-    monkeypatch.setitem(arch.LORA_TARGETS_PEFT_LACKS, "olmo", ["query", "value"])  # as after a rename
-    targets, note = arch.lora_targets_auto(tiny_model("olmo"))
+    monkeypatch.setitem(lora.TARGETS_PEFT_LACKS, "olmo", ["query", "value"])  # as after a rename
+    targets, note = lora.auto_targets(tiny_model("olmo"))
     assert targets == FALLBACK["olmo"]
     assert note.startswith("lora.targets auto: the default targets of model type 'olmo' (query, value) match none "
                            "of its layers; chose the attention's linear layers: q_proj")
@@ -222,7 +223,7 @@ def test_a_model_without_attention_gets_every_linear_layer_but_its_head():
 
     config = config_of("convnext", num_stages=2, depths=[1, 1], hidden_sizes=[8, 16], num_labels=3)
     for auto in (transformers.AutoModelForImageClassification, transformers.AutoModel):  # with a head, and bare
-        targets, note = arch.lora_targets_auto(auto.from_config(config))
+        targets, note = lora.auto_targets(auto.from_config(config))
         assert targets == ["pwconv1", "pwconv2"], auto
         assert "no attention layer was found; chose every linear layer but the output embedding and the task " \
                "head: pwconv1, pwconv2" in note
@@ -235,7 +236,7 @@ def test_a_tiny_model_of_each_unlisted_type_trains_with_its_default_targets(mode
 
     family = UNLISTED[model_type][0]
     model = tiny_model(model_type)
-    targets, _ = arch.lora_targets_auto(model)
+    targets, _ = lora.auto_targets(model)
     peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=targets))
     ids = torch.randint(4, VOCAB, (2, 6))
     labels = torch.tensor([0, 1]) if family == "encoder" else ids

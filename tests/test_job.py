@@ -103,6 +103,17 @@ def test_a_run_directory_written_before_the_job_existed_still_evaluates_and_pred
     assert [Path(r["path"]).name for r in listed] == ["old-run"] and listed[0]["status"] == "complete"
 
 
+def test_an_adapter_loads_as_it_was_trained_whatever_its_recipe_says_now(tmp_path):
+    """peft reads the adapter's own adapter_config.json: a recipe edited after training can't change its shape."""
+    run = tmp_path / "old-run"
+    shutil.copytree(OLD_RUN, run)
+    recorded = json.loads((run / "metrics.json").read_text())
+    recipe = (run / "recipe.yaml").read_text()
+    (run / "recipe.yaml").write_text(recipe.replace("  r: 8\n", "  r: 4\n").replace("targets: auto", "targets: [key]"))
+    result = run_cli("eval", run, "--json")
+    assert json.loads(result.stdout)["eval"]["accuracy"] == pytest.approx(recorded["eval"]["accuracy"])
+
+
 @pytest.fixture(scope="session")
 def pickled_bert(tmp_path_factory):
     """init:bert saved with its weights as a pickle (pytorch_model.bin) and no safetensors."""

@@ -278,13 +278,14 @@ def test_packing_where_no_formulation_packs_is_refused_in_one_line_before_traini
 
 
 def test_preflight_refuses_packing_for_every_task_and_family_whose_formulation_does_not_pack():
-    """PACKED_TASKS (what preflight lets pack) is exactly the (decoder, task) formulations that read data.packing."""
+    """The decoder's language-model tasks (what preflight lets pack) are exactly the formulations that read
+    data.packing."""
     import inspect
     import re
 
     from hftoolkit.config import tasks
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.job.preflight import PACKED_TASKS, preflight
+    from hftoolkit.job.preflight import preflight
     from hftoolkit.models.families import family_module
 
     def packs(form) -> bool:  # families/decoder.py's helpers that read data.packing
@@ -293,8 +294,9 @@ def test_preflight_refuses_packing_for_every_task_and_family_whose_formulation_d
 
     packing = {(family, task) for family in ("encoder", "decoder", "seq2seq", "vision")
                for task, form in family_module(family).FORMULATIONS.items() if packs(form)}
-    assert packing == {("decoder", task) for task in PACKED_TASKS}
+    packed = tasks.language_model_tasks("decoder")
+    assert packing == {("decoder", task) for task in packed}
     recipe = load_recipe(ENCODER, ["data.packing=true"])
-    for task in tasks.NAMES:
+    for task in tasks.names():
         problems = preflight(recipe.model_copy(update={"task": task}), None, None, None).problems
-        assert bool(problems) == (task not in PACKED_TASKS), (task, problems)
+        assert bool(problems) == (task not in packed), (task, problems)

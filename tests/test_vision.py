@@ -102,21 +102,21 @@ def test_eval_reproduces_the_metrics_and_predict_reads_a_png(digits_run, tmp_pat
 @pytest.mark.slow
 def test_lora_targets_the_query_value_projections_and_the_head_only(digits_run):
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.models import loading
+    from hftoolkit.models import lora
     from hftoolkit.workflows.evaluate import load_trained
 
     run, _ = digits_run
     job, _, model, _ = load_trained(run)
     base = model.base_model.model
-    targets = loading.lora_targets_for(base, job)
+    targets = lora.targets(base, job)
     assert targets in (["q_proj", "v_proj"], ["query", "value"]), targets
     trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all(("lora_" in n and any(f".{t}." in n for t in targets)) or "classifier" in n
                              for n in trainable), sorted(trainable)
     config, r = model.config, load_recipe(run / "recipe.yaml").lora.r
-    lora = config.num_hidden_layers * len(targets) * 2 * r * config.hidden_size  # layers x (q, v) x (A, B)
+    adapted = config.num_hidden_layers * len(targets) * 2 * r * config.hidden_size  # layers x (q, v) x (A, B)
     head = (config.hidden_size + 1) * config.num_labels
-    assert sum(p.numel() for p in trainable.values()) == lora + head
+    assert sum(p.numel() for p in trainable.values()) == adapted + head
 
 
 def test_lora_targets_keep_only_the_names_a_vit_release_has():
@@ -125,7 +125,7 @@ def test_lora_targets_keep_only_the_names_a_vit_release_has():
 
     from hftoolkit.config.recipe import validate_recipe
     from hftoolkit.job.resolve import resolve_job
-    from hftoolkit.models import loading
+    from hftoolkit.models import lora
 
     class OlderViTAttention(torch.nn.Module):
         def __init__(self):
@@ -141,7 +141,7 @@ def test_lora_targets_keep_only_the_names_a_vit_release_has():
 
     recipe = validate_recipe({"name": "v", "task": "image-classification", "model": {"checkpoint": "init:vit"},
                               "data": {"train": "builtin:digits"}})
-    assert loading.lora_targets_for(OlderViT(), resolve_job(recipe, data=False)) == ["query", "value"]
+    assert lora.targets(OlderViT(), resolve_job(recipe, data=False)) == ["query", "value"]
 
 
 @pytest.mark.slow

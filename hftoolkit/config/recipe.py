@@ -20,7 +20,6 @@ from hftoolkit.config import tasks
 from hftoolkit.config.families import FAMILIES, model_rules, static_family
 from hftoolkit.errors import UserError
 
-Task = Literal[tasks.NAMES]
 FamilyName = Literal[FAMILIES]
 
 # Names users bring from TrainingArguments, peft and the HF example scripts -> the recipe key that says the same.
@@ -286,7 +285,7 @@ class OutputSection(Section):
 
 class Recipe(Section):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="run name, also the run folder's name")
-    task: Task
+    task: str
     description: str = ""
     model: ModelSection
     lora: LoraSection = LoraSection()
@@ -294,6 +293,15 @@ class Recipe(Section):
     training: TrainingSection = TrainingSection()
     eval: EvalSection = EvalSection()
     output: OutputSection = OutputSection()
+
+    @field_validator("task", mode="before")
+    @classmethod
+    def _known_task(cls, value):
+        """Read from the task table when a recipe is validated, so a task added there is a recipe's task."""
+        if value not in tasks.names():
+            *others, last = (repr(name) for name in tasks.names())
+            raise ValueError(f"input should be {', '.join(others)} or {last} (got {json.dumps(value)})")
+        return value
 
     @model_validator(mode="after")
     def _settings_fit_together(self):
@@ -307,7 +315,7 @@ class Recipe(Section):
         if self.model.quantization != "none" and not self.lora.enabled:
             raise ValueError(f"{self.model.quantization} weights can't be trained directly: "
                              "set lora.enabled to true, or model.quantization to none for full fine-tuning")
-        if self.data.packing == "blocks" and self.task != "clm":
+        if self.data.packing == "blocks" and self.task != tasks.CLM:
             raise ValueError(f"data.packing blocks cuts concatenated texts, which only task clm trains on, and the "
                              f"task is {self.task}: set data.packing to true (whole examples) or false")
         problems = _training_rules(self)
@@ -355,7 +363,7 @@ def _streaming_rules(recipe: Recipe) -> list[str]:
     if not d.eval and not d.eval_split and d.max_eval_samples is None:
         problems.append("data.streaming holds out the first data.max_eval_samples rows of the stream for eval: "
                         "set data.max_eval_samples, or point data.eval (or data.eval_split) at an eval split")
-    if recipe.task == "image-classification":
+    if recipe.task == tasks.IMAGE_CLASSIFICATION:
         problems.append("data.streaming reads text rows, and image classification reads its images through a "
                         "transform of a data set held whole: set data.streaming to false")
     if d.train_target or d.eval_target:

@@ -1,16 +1,36 @@
 """What each task is, in one table: the only place these facts are stated.
 
-Every other set the toolkit uses (columns a task reads, tasks scored by generated text,
-tasks reported as perplexity, the main metric of a report, the families allowed by the
-recipe validator) is derived from `TASKS` below. To add a task, add one entry and give
-the families it names a formulation for it (families/*.py, `FORMULATIONS`).
-
-Light: imports nothing beyond the standard library (the recipe validator and the report use it).
+Everything the toolkit knows per task (the columns it reads, the head each family loads for it, how it is
+scored, whether benchmarks apply, the main metric of a report) is read from `TASKS` here, at call time. To add
+a task, add one entry and give each family it names a formulation (models/families/*.py, `FORMULATIONS`);
+tests/test_tasks.py shows a new entry reaching every consumer. Light: the standard library only.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+# Task names, for code that branches on one task.
+CLASSIFICATION = "classification"
+REGRESSION = "regression"
+TAGGING = "tagging"
+MLM = "mlm"
+CLM = "clm"
+TRANSLATION = "translation"
+SUMMARIZATION = "summarization"
+INSTRUCTION = "instruction"
+DENOISE = "denoise"
+IMAGE_CLASSIFICATION = "image-classification"
+
+# The transformers Auto classes a family's formulation loads (job/architectures.py reads their tables).
+SEQ_CLS = "AutoModelForSequenceClassification"
+TOKEN_CLS = "AutoModelForTokenClassification"
+MASKED_LM = "AutoModelForMaskedLM"
+CAUSAL_LM = "AutoModelForCausalLM"
+SEQ2SEQ_LM = "AutoModelForSeq2SeqLM"
+IMAGE_CLS = "AutoModelForImageClassification"
+# Heads that score or write text: what lm-evaluation-harness can benchmark.
+LANGUAGE_MODEL_HEADS = (CAUSAL_LM, SEQ2SEQ_LM)
 
 
 @dataclass(frozen=True)
@@ -23,9 +43,12 @@ class TaskSpec:
     scoring: "logits" (metrics from the Trainer's eval pass), "generation" (metrics on generated
         text over the eval split) or "loss" (perplexity, exp of the eval loss).
     metrics: the shipped evaluate modules used when eval.metrics is auto; main_metric comes first.
-    families: every family with a transformers head or a formulation for the task.
+    heads: family -> the Auto class its formulation loads, for every family that does the task; a
+        refusal names the families in this order.
     recommended: the family the course's decision tree picks, and why.
     pipeline_tag: the Hugging Face Hub's name for the task (model cards).
+    keeps_trained_head: a checkpoint already fine-tuned with this head keeps it (its label count must fit
+        the data's); otherwise the head is built afresh.
     prompt_fraction: eval prediction records prompt with this share of each text (whole documents).
     text_pairs: data.text_pair_column may give each example a second text (MNLI's hypothesis, STS-B's
         second sentence), tokenized with the first as one pair, as transformers' run_glue.py does.
@@ -38,72 +61,114 @@ class TaskSpec:
     main_metric: str
     greater_is_better: bool
     metrics: tuple[str, ...]
-    families: tuple[str, ...]
+    heads: dict[str, str] = field(hash=False)
     recommended: str
     why: str
     pipeline_tag: str
+    keeps_trained_head: bool = False
     prompt_fraction: float = 1.0
     text_pairs: bool = False
 
+    @property
+    def families(self) -> tuple[str, ...]:
+        return tuple(self.heads)
+
+
+_LABEL_HEADS = {"encoder": SEQ_CLS, "decoder": SEQ_CLS, "seq2seq": SEQ_CLS}
+# A decoder writes a target after its prompt as one sequence; an encoder-decoder writes it with its decoder.
+_WRITTEN = {"seq2seq": SEQ2SEQ_LM, "decoder": CAUSAL_LM}
 
 TASKS = (
-    TaskSpec("classification", columns=("text", "label"), labels="class", scoring="logits",
+    TaskSpec(CLASSIFICATION, columns=("text", "label"), labels="class", scoring="logits",
              main_metric="accuracy", greater_is_better=True,
              metrics=("accuracy", "f1", "precision", "recall", "matthews_correlation"),
-             families=("encoder", "decoder", "seq2seq"), recommended="encoder",
-             why="the output is a label for the whole input", pipeline_tag="text-classification", text_pairs=True),
+             heads=_LABEL_HEADS, recommended="encoder", why="the output is a label for the whole input",
+             pipeline_tag="text-classification", keeps_trained_head=True, text_pairs=True),
     # GLUE reports STS-B as "Pearson/Spearman corr." with Pearson first (Wang et al., 2018, Table 1), and Pearson
     # is the official score of the STS shared tasks the set comes from (Cer et al., 2017): pearsonr is the main metric.
-    TaskSpec("regression", columns=("text", "label"), labels="value", scoring="logits",
+    TaskSpec(REGRESSION, columns=("text", "label"), labels="value", scoring="logits",
              main_metric="pearsonr", greater_is_better=True, metrics=("pearsonr", "spearmanr"),
-             families=("encoder", "decoder", "seq2seq"), recommended="encoder",
-             why="the output is a score for the whole input", pipeline_tag="text-classification", text_pairs=True),
-    TaskSpec("tagging", columns=("text", "label"), labels="tags", scoring="logits",
+             heads=_LABEL_HEADS, recommended="encoder", why="the output is a score for the whole input",
+             pipeline_tag="text-classification", keeps_trained_head=True, text_pairs=True),
+    TaskSpec(TAGGING, columns=("text", "label"), labels="tags", scoring="logits",
              main_metric="f1", greater_is_better=True, metrics=("seqeval",),
-             families=("encoder", "decoder"), recommended="encoder",
-             why="the output is a label for every token", pipeline_tag="token-classification"),
-    TaskSpec("mlm", columns=("text",), labels=None, scoring="loss",
+             heads={"encoder": TOKEN_CLS, "decoder": TOKEN_CLS}, recommended="encoder",
+             why="the output is a label for every token", pipeline_tag="token-classification",
+             keeps_trained_head=True),
+    TaskSpec(MLM, columns=("text",), labels=None, scoring="loss",
              main_metric="perplexity", greater_is_better=False, metrics=(),
-             families=("encoder",), recommended="encoder",
+             heads={"encoder": MASKED_LM}, recommended="encoder",
              why="masked-token prediction needs bidirectional attention", pipeline_tag="fill-mask"),
-    TaskSpec("clm", columns=("text",), labels=None, scoring="loss",
+    TaskSpec(CLM, columns=("text",), labels=None, scoring="loss",
              main_metric="perplexity", greater_is_better=False, metrics=(),
-             families=("decoder",), recommended="decoder",
+             heads={"decoder": CAUSAL_LM}, recommended="decoder",
              why="the output continues a prompt", pipeline_tag="text-generation", prompt_fraction=0.25),
-    TaskSpec("translation", columns=("text", "target"), labels=None, scoring="generation",
+    TaskSpec(TRANSLATION, columns=("text", "target"), labels=None, scoring="generation",
              main_metric="bleu", greater_is_better=True, metrics=("sacrebleu", "chrf"),
-             families=("seq2seq", "decoder"), recommended="seq2seq",
+             heads=_WRITTEN, recommended="seq2seq",
              why="the output transforms a separate input", pipeline_tag="translation"),
-    TaskSpec("summarization", columns=("text", "target"), labels=None, scoring="generation",
+    TaskSpec(SUMMARIZATION, columns=("text", "target"), labels=None, scoring="generation",
              main_metric="rougeL", greater_is_better=True, metrics=("rouge",),
-             families=("seq2seq", "decoder"), recommended="seq2seq",
+             heads=_WRITTEN, recommended="seq2seq",
              why="the output transforms a separate input", pipeline_tag="summarization"),
-    TaskSpec("instruction", columns=("text", "target"), labels=None, scoring="generation",
+    TaskSpec(INSTRUCTION, columns=("text", "target"), labels=None, scoring="generation",
              main_metric="rougeL", greater_is_better=True, metrics=("rouge",),
-             families=("decoder", "seq2seq"), recommended="decoder",
+             heads={"decoder": CAUSAL_LM, "seq2seq": SEQ2SEQ_LM}, recommended="decoder",
              why="the answer continues the conversation that the prompt starts",
              pipeline_tag="text-generation"),
-    TaskSpec("denoise", columns=("text",), labels=None, scoring="loss",
+    TaskSpec(DENOISE, columns=("text",), labels=None, scoring="loss",
              main_metric="perplexity", greater_is_better=False, metrics=(),
-             families=("seq2seq",), recommended="seq2seq",
+             heads={"seq2seq": SEQ2SEQ_LM}, recommended="seq2seq",
              why="the output reconstructs a corrupted separate input", pipeline_tag="text2text-generation"),
-    TaskSpec("image-classification", columns=("image", "label"), labels="class", scoring="logits",
+    TaskSpec(IMAGE_CLASSIFICATION, columns=("image", "label"), labels="class", scoring="logits",
              main_metric="accuracy", greater_is_better=True, metrics=("accuracy", "f1"),
-             families=("vision",), recommended="vision",
+             heads={"vision": IMAGE_CLS}, recommended="vision",
              why="the input is an image", pipeline_tag="image-classification"),
 )
 
-BY_NAME: dict[str, TaskSpec] = {task.name: task for task in TASKS}
-NAMES: tuple[str, ...] = tuple(BY_NAME)
-# Tasks a decoder does as one sequence, the prompt (text) then its target (families/decoder.py).
-PROMPTED: tuple[str, ...] = tuple(t.name for t in TASKS if "target" in t.columns and "decoder" in t.families)
 # The recipe key that names each canonical column in the user's data.
 COLUMN_KEYS = {"text": "text_column", "label": "label_column", "target": "target_column", "image": "image_column",
                "text_pair": "text_pair_column"}
 
 
+def names() -> tuple[str, ...]:
+    return tuple(t.name for t in TASKS)
+
+
+def find(task: str | None) -> TaskSpec | None:
+    return next((t for t in TASKS if t.name == task), None)
+
+
 def spec(task: str) -> TaskSpec:
-    return BY_NAME[task]
+    found = find(task)
+    if found is None:
+        raise KeyError(f"unknown task {task!r}; known: {', '.join(names())}")
+    return found
+
+
+def head(task: str, family: str | None) -> str | None:
+    """The Auto class `family`'s formulation of `task` loads; None where the family does not do the task."""
+    found = find(task)
+    return found.heads.get(family or "") if found else None
+
+
+def prompted() -> tuple[str, ...]:
+    """Tasks a decoder does as one sequence, the prompt (text) then its target (families/decoder.py)."""
+    return tuple(t.name for t in TASKS if "target" in t.columns and "decoder" in t.heads)
+
+
+def language_model_tasks(family: str) -> tuple[str, ...]:
+    """The tasks whose head on `family` scores or writes text: the runs benchmarks can score."""
+    return tuple(t.name for t in TASKS if t.heads.get(family) in LANGUAGE_MODEL_HEADS)
+
+
+def trained_head(task: str, family: str) -> str | None:
+    """The class-name ending ("ForSequenceClassification") of a fine-tuned checkpoint whose head the task
+    keeps; None where the task builds its head afresh."""
+    found = find(task)
+    if found is None or not found.keeps_trained_head or family not in found.heads:
+        return None
+    return found.heads[family].removeprefix("AutoModel")
 
 
 def advice(task: str, family: str | None) -> str | None:

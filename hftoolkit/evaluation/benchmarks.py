@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hftoolkit.config import tasks
 from hftoolkit.errors import UserError
 
 # The shipped tasks: package data, so a wheel install has them, and apart from the recipes, which they are not.
@@ -28,8 +29,6 @@ HARNESS_KEYS = frozenset({
     "group", "tag", "task_alias", "aggregate_metric_list"})
 # The families whose language-model head the harness can score, with the harness's name for each.
 BACKENDS = {"decoder": "causal", "seq2seq": "seq2seq"}
-LM_TASKS = {"decoder": ("clm", "translation", "summarization", "instruction"),
-            "seq2seq": ("translation", "summarization", "instruction", "denoise")}
 INSTALL = "pip install 'hftoolkit[benchmarks]'"
 
 
@@ -68,9 +67,9 @@ def check_benchmarkable(family: str | None, task: str, where: str) -> None:
     if family not in BACKENDS:
         raise UserError(f"{where}: benchmarks score a language model's text, and this is a {family or 'model'} "
                         "checkpoint: benchmark a decoder (GPT-2, SmolLM2) or an encoder-decoder (T5, BART)")
-    if task not in LM_TASKS[family]:
+    if task not in tasks.language_model_tasks(family):
         raise UserError(f"{where}: task {task} puts a {task} head on the {family}, which can't generate or score "
-                        f"text: benchmark a run of task {' or '.join(LM_TASKS[family])}")
+                        f"text: benchmark a run of task {' or '.join(tasks.language_model_tasks(family))}")
 
 
 def harness_task_file(path: Path) -> str | None:
@@ -78,8 +77,6 @@ def harness_task_file(path: Path) -> str | None:
     for any other file. A task file uses the harness's `!function` tag, or has a `task:` that is no toolkit task
     beside the harness's own keys. Light: for `validate` and `recipes`, which import no harness."""
     import yaml
-
-    from hftoolkit.config import tasks
 
     tags: list[str] = []
 
@@ -94,7 +91,7 @@ def harness_task_file(path: Path) -> str | None:
     if not isinstance(raw, dict):
         return None
     task = raw.get("task")
-    if "!function" not in tags and (task in tasks.NAMES or not HARNESS_KEYS & set(raw)):
+    if "!function" not in tags and (task in tasks.names() or not HARNESS_KEYS & set(raw)):
         return None
     name = raw.get("group") or task
     named = f" ({'group' if 'group' in raw else 'task'} {name})" if isinstance(name, str) else ""

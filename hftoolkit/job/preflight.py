@@ -1,20 +1,8 @@
 """Preflight: the recipe, the data and the model checked together, before any weights load or step runs.
 
-`resolve.resolve_job` loads the data, the checkpoint's config and its tokenizer or image processor (no
-weights) and runs `preflight` on them. Every problem found is raised at once as one `RecipeError`
-of `where: what is wrong: what to do` lines, so a data set and a checkpoint that do not fit cost
-seconds, not a training run. `hftoolkit validate --data` runs the same checks without training.
-
-What can be settled without asking is settled and said, never silently:
-- a length beyond the model's position table is clamped to it, as transformers' example scripts clamp
-  max_seq_length to the tokenizer's model_max_length (run_glue.py, run_translation.py);
-- rows whose input or target is empty are dropped as the data is read (data.drop_empty).
-Both come back as `Findings.notes` (one printed line each), `Findings.record`, which the run keeps in
-manifest.json under "preflight", and `Findings.lengths`, which the `Job` reads: the recipe is not written.
-
-One rule, one `check_*` function; `CHECKS` is their order. Each takes a `Subject` (the recipe, the resolved
-model, the data and its label names) and the findings, and skips what it cannot see (a data set that failed
-to load is reported beside the checkpoint's problems, so data may be None, and the model too).
+Every problem is raised at once as one `RecipeError` of `where: what is wrong: what to do` lines; what can be
+settled without asking (a length clamped to the position table, empty rows dropped) is settled and said as a note
+and kept in manifest.json. One rule, one `check_*` function; `CHECKS` is their order (docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -24,20 +12,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from hftoolkit.config import tasks
+from hftoolkit.config.families import reads_text
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.job.spec import Findings, ResolvedModel
 
-# A head that a checkpoint fine-tuned for the task already has (its size is fixed by its label count).
-TRAINED_HEADS = {"classification": "ForSequenceClassification", "regression": "ForSequenceClassification",
-                 "tagging": "ForTokenClassification"}
 # Position ids that start after the padding index (RoBERTa's create_position_ids_from_input_ids): the
 # table holds max_position_embeddings - pad_token_id - 1 usable positions.
 OFFSET_POSITIONS = {"roberta", "xlm-roberta", "camembert", "mpnet"}
 # Vision models whose position embeddings fix the input size (no interpolation by default).
 FIXED_IMAGE_SIZE = {"vit", "deit", "beit"}
-# The tasks whose decoder formulation packs (families/decoder.py: CausalLM, PromptAndTarget); every other task and
-# family trains one example a row, so data.packing true is refused for them.
-PACKED_TASKS = ("clm", *tasks.PROMPTED)
 # A tokenizer's model_max_length when it has none (transformers' VERY_LARGE_INTEGER is about 1e30).
 NO_LIMIT = 10**9
 
@@ -109,9 +92,7 @@ def check_head(s: Subject, found: Findings) -> None:
         return
     import transformers
 
-    from hftoolkit.job.architectures import FORMULATION_HEADS
-
-    name = FORMULATION_HEADS[s.family][recipe.task]
+    name = tasks.head(recipe.task, s.family)
     auto = getattr(transformers, name)
     if type(config) not in auto._model_mapping:
         from hftoolkit.sources.tiny import ARCHS
@@ -124,12 +105,12 @@ def check_head(s: Subject, found: Findings) -> None:
             f"{name.removeprefix('AutoModelFor')} head for {config.model_type} (task {recipe.task!r}): use a "
             f"checkpoint of a type that has one" + (f", such as {', '.join(others)}" if others else ""))
         return
-    suffix = TRAINED_HEADS.get(recipe.task)
+    suffix = tasks.trained_head(recipe.task, s.family)
     names = ["value"] if tasks.spec(recipe.task).labels == "value" else s.label_names  # regression: 1
     if suffix and names and any(a.endswith(suffix) for a in getattr(config, "architectures", None) or []):
         if config.num_labels != len(names):
             trained = ", ".join(str(v) for _, v in sorted((getattr(config, "id2label", None) or {}).items()))
-            wanted = "one output (regression)" if recipe.task == "regression" else \
+            wanted = "one output (regression)" if recipe.task == tasks.REGRESSION else \
                 f"{len(names)} labels ({', '.join(names)})"
             found.problems.append(
                 f"model.checkpoint: {recipe.model.checkpoint} already has a {suffix.removeprefix('For')} head for "
@@ -141,7 +122,7 @@ def check_tokenizer(s: Subject, found: Findings) -> None:
     """The tokenizer belongs to the checkpoint (its vocabulary fits the embedding table) and has the special
     tokens the task needs."""
     recipe, config, processor = s.recipe, s.config, s.processor
-    if config is None or processor is None or s.family == "vision":
+    if config is None or processor is None or not reads_text(s.family):
         return
     ckpt, text = recipe.model.checkpoint, config.get_text_config()
     vocab, size = getattr(text, "vocab_size", None), len(processor)
@@ -158,10 +139,9 @@ def check_tokenizer(s: Subject, found: Findings) -> None:
     needs = []
     if processor.pad_token is None:
         needs.append(("pad", "batches of different lengths are padded with it (or with eos, which it lacks too)"))
-    if s.family == "decoder" and recipe.task in ("clm", *tasks.PROMPTED) \
-            and processor.eos_token is None:
+    if s.family == "decoder" and recipe.task in tasks.language_model_tasks("decoder") and processor.eos_token is None:
         needs.append(("eos", f"task {recipe.task!r} on a decoder ends each text with it"))
-    if recipe.task in ("mlm", "denoise") and processor.mask_token is None:
+    if recipe.task in (tasks.MLM, tasks.DENOISE) and processor.mask_token is None:
         needs.append(("mask", f"task {recipe.task!r} replaces tokens with it"))
     for token, why in needs:
         found.problems.append(f"model.checkpoint: the tokenizer of {ckpt} has no {token} token, and {why}: use a "
@@ -172,7 +152,7 @@ def check_tokenizer(s: Subject, found: Findings) -> None:
 def check_lengths(s: Subject, found: Findings) -> None:
     """Lengths within the model's position table, clamped to it where they are not."""
     recipe, config, processor = s.recipe, s.config, s.processor
-    if config is None or s.family == "vision":
+    if config is None or not reads_text(s.family):
         return
     limit = position_limit(config, processor)
     if limit is None:  # relative positions (T5): no table to run past
@@ -180,7 +160,7 @@ def check_lengths(s: Subject, found: Findings) -> None:
     d, ckpt = recipe.data, recipe.model.checkpoint
     where = f"more than {ckpt} takes ({limit} positions)"
     talks = s.data is not None and "messages" in s.data["train"].column_names  # a conversation: max_length bounds it
-    if s.family == "decoder" and recipe.task in tasks.PROMPTED and not talks:
+    if s.family == "decoder" and recipe.task in tasks.prompted() and not talks:
         if d.max_length + d.max_target_length > limit:  # prompt and target are one sequence
             target = min(d.max_target_length, max(limit - d.max_length, limit // 2))
             source = min(d.max_length, limit - target)
@@ -192,7 +172,7 @@ def check_lengths(s: Subject, found: Findings) -> None:
                     found.lengths[attr] = used
     else:
         _clamp(found, d, "max_length", "data.max_length", limit, where)
-        if s.family == "seq2seq" and recipe.task in tasks.PROMPTED:
+        if s.family == "seq2seq" and recipe.task in tasks.prompted():
             _clamp(found, d, "max_target_length", "data.max_target_length", limit, where)
     if s.family in ("decoder", "seq2seq") and tasks.spec(recipe.task).labels is None:
         # Text generated for the eval's prediction records: a decoder's prompt and new tokens share its positions.
@@ -272,7 +252,7 @@ def check_images(s: Subject, found: Findings) -> None:
     processor makes what the model takes: its channels, and its size where position embeddings fix it.
     Decoding every image costs about one epoch of image decoding, spread over threads."""
     recipe, data, config, processor = s.recipe, s.data, s.config, s.processor
-    if data is None or recipe.task != "image-classification" or "image" not in data["train"].column_names:
+    if data is None or recipe.task != tasks.IMAGE_CLASSIFICATION or "image" not in data["train"].column_names:
         return
     import os
     from concurrent.futures import ThreadPoolExecutor
@@ -337,14 +317,16 @@ def _name(item, row: int, split: str) -> str:
 
 
 def check_packing(s: Subject, found: Findings) -> None:
-    """data.packing true packs whole examples only where a decoder's formulation packs them (PACKED_TASKS), on a
+    """data.packing true packs whole examples only where a decoder's formulation packs them (its language-model tasks:
+    families/decoder.py packs each of them), on a
     model type that keeps them apart by position ids (architectures.packs_by_positions); anywhere else it is
     refused, never ignored."""
     recipe, config = s.recipe, s.config
     if recipe.data.packing is not True:
         return
-    if recipe.task not in PACKED_TASKS:  # no family packs these: known without the model
-        packed = f"{', '.join(PACKED_TASKS[:-1])} or {PACKED_TASKS[-1]}"
+    packs = tasks.language_model_tasks("decoder")
+    if recipe.task not in packs:  # no family packs these: known without the model
+        packed = f"{', '.join(packs[:-1])} or {packs[-1]}"
         found.problems.append(f"data.packing: packing whole examples into rows is for tasks {packed} on decoder "
                               f"models, and task {recipe.task} trains one example a row whatever the family: remove "
                               "data.packing (or set it to false)")
@@ -358,7 +340,7 @@ def check_packing(s: Subject, found: Findings) -> None:
         found.problems.append(f"data.packing: packing whole examples into rows is for decoder models, and {ckpt} is "
                               f"{s.family}: set data.packing to false")
     elif not packs_by_positions(config.model_type):
-        other = " or blocks" if recipe.task == "clm" else ""
+        other = " or blocks" if recipe.task == tasks.CLM else ""
         found.problems.append(f"data.packing: {config.model_type} models build their attention from the attention "
                               "mask alone (or carry a state along the sequence), so packed examples would see each "
                               f"other: set data.packing to false{other}, or use a model type that packs (llama, "

@@ -10,7 +10,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from hftoolkit.config.families import model_rules
+from hftoolkit.config import tasks
+from hftoolkit.config.families import IMAGE_PROCESSOR, PROCESSORS, model_rules
 from hftoolkit.config.recipe import Recipe, RecipeError
 from hftoolkit.errors import UserError
 from hftoolkit.job.machine import hardware_problems, resolve_precision
@@ -107,7 +108,6 @@ def load_config(recipe: Recipe, path: str):
 def family_of(recipe: Recipe, config) -> str:
     """model.family where the recipe sets it, else the family transformers' own tables give the model type;
     refused in one line when that family has no head for the task."""
-    from hftoolkit.config import tasks
     from hftoolkit.job.architectures import family_of as family_of_config
 
     family = recipe.model.family or family_of_config(config)
@@ -123,25 +123,36 @@ def family_of(recipe: Recipe, config) -> str:
 
 
 def load_processor(recipe: Recipe, family: str, path: str, config=None):
-    """The tokenizer training uses (pad = eos where there is no pad token; a space before each word for
-    tagging with byte-level BPE), or the image processor; a folder without their files is refused, naming them."""
-    ckpt, local = recipe.model.checkpoint, _local_folder(path)
-    if family == "vision":
-        from transformers import AutoImageProcessor
+    """The processor the family reads its input with (config/families.py, PROCESSORS); a folder without its
+    files is refused, naming them."""
+    if PROCESSORS[family] == IMAGE_PROCESSOR:
+        return load_image_processor(recipe, path, config)
+    return load_task_tokenizer(recipe, path, config)
 
-        if local is not None and not (local / "preprocessor_config.json").is_file():
-            raise UserError(f"model.checkpoint: {ckpt} has no image processor file (preprocessor_config.json): "
-                            "save the processor of the model it was trained from into it (processor.save_pretrained)")
-        try:
-            # With no backend named, transformers picks torchvision when installed and PIL otherwise, silently.
-            return AutoImageProcessor.from_pretrained(path, revision=recipe.model.revision, config=config)
-        except (OSError, ValueError) as err:
-            raise UserError(f"model.checkpoint: could not load the image processor of {ckpt} "
-                            f"({str(err).splitlines()[0][:200]}): check its preprocessor_config.json") from None
+
+def load_image_processor(recipe: Recipe, path: str, config=None):
+    from transformers import AutoImageProcessor
+
+    ckpt, local = recipe.model.checkpoint, _local_folder(path)
+    if local is not None and not (local / "preprocessor_config.json").is_file():
+        raise UserError(f"model.checkpoint: {ckpt} has no image processor file (preprocessor_config.json): "
+                        "save the processor of the model it was trained from into it (processor.save_pretrained)")
+    try:
+        # With no backend named, transformers picks torchvision when installed and PIL otherwise, silently.
+        return AutoImageProcessor.from_pretrained(path, revision=recipe.model.revision, config=config)
+    except (OSError, ValueError) as err:
+        raise UserError(f"model.checkpoint: could not load the image processor of {ckpt} "
+                        f"({str(err).splitlines()[0][:200]}): check its preprocessor_config.json") from None
+
+
+def load_task_tokenizer(recipe: Recipe, path: str, config=None):
+    """The tokenizer training uses: pad = eos where there is no pad token, and a space before each word for
+    tagging with byte-level BPE."""
+    ckpt, local = recipe.model.checkpoint, _local_folder(path)
     try:
         # (given the config, transformers need not load it again to find the tokenizer's class)
         tokenizer = load_tokenizer(path, recipe.model.revision, config=config)
-        if recipe.task == "tagging" and getattr(tokenizer, "add_prefix_space", None) is False:
+        if recipe.task == tasks.TAGGING and getattr(tokenizer, "add_prefix_space", None) is False:
             tokenizer = load_tokenizer(path, recipe.model.revision, config=config, add_prefix_space=True)
     except (OSError, ValueError, TypeError) as err:
         raise UserError(f"model.checkpoint: could not load the tokenizer of {ckpt} "

@@ -1,9 +1,8 @@
-"""Checkpoint loading, quantization and LoRA: the parts every family shares.
+"""Checkpoint loading and quantization, the parts every family shares.
 
-A formulation's `load_model` picks the Auto class and the head; this module loads the job's
-checkpoint with the config the job resolved (8-bit or 4-bit through bitsandbytes, with the task
-head kept out of quantization), and wraps it in a LoRA adapter whose default targets come from
-peft's table, then ours, then the model's own attention (job/architectures.py).
+A formulation's `load_model` picks the Auto class and the head; this module loads the job's checkpoint with
+the config the job resolved (8-bit or 4-bit through bitsandbytes, the task head kept out of quantization) and
+hands it to models/lora.py for its adapter.
 """
 
 from __future__ import annotations
@@ -13,11 +12,10 @@ from contextvars import ContextVar
 
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
+from hftoolkit.models.lora import apply_lora, head_modules
 from hftoolkit.patches.peft_0_21 import bitsandbytes_hidden
 from hftoolkit.sources.checkpoint import checkpoint_errors
 
-# Modules that are Conv1D (weight stored transposed): LoRA needs fan_in_fan_out=True.
-CONV1D_MODEL_TYPES = {"gpt2"}
 DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
 
@@ -44,7 +42,8 @@ def load_task_model(auto_class, job: Job, task_type: str | None, with_head: bool
         import peft  # noqa: F401  (imported first here, where bitsandbytes can be hidden from it)
 
         model = load_pretrained(auto_class, job, keep_full_precision=head, **kwargs)
-        return apply_lora(model, job, task_type, modules_to_save=head)
+        quantized = job.recipe.model.quantization != "none" and not _ON_META.get()
+        return apply_lora(model, job, task_type, modules_to_save=head, quantized=quantized)
 
 
 def task_head_of(auto_class, job: Job, **kwargs) -> list[str]:
@@ -188,89 +187,13 @@ def quantization_config(job: Job, skip: list[str]):
                               **storage)
 
 
-def head_modules(model) -> list[str]:
-    """Top-level modules outside the base model that hold weights: the task head (kept trainable, saved)."""
-    base = getattr(model, "base_model_prefix", "")
-    return [name for name, child in model.named_children()
-            if name != base and any(True for _ in child.parameters())]
-
-
-def lora_targets_for(model, job: Job, head: list[str] = ()) -> list[str]:
-    """The recipe's LoRA targets, checked against the model's modules.
-
-    auto: the model type's query and value projections (peft's table, then ours), else its attention's
-    linear layers, said in one line (job/architectures.py).
-    all-linear: every linear layer of the base model, as QLoRA does; the task head (trained in full)
-    and the output projection are left out. Returned as full module names, so that a name such as
-    `dense` can't also match a layer inside the head.
-    """
-    if job.recipe.lora.targets == "all-linear":
-        return _all_linear(model, head)
-    names = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    if job.recipe.lora.targets != "auto":
-        missing = [t for t in job.recipe.lora.targets if t not in names]
-        if missing:
-            raise UserError(f"lora.targets: {', '.join(map(repr, missing))} match no module of "
-                            f"{job.recipe.model.checkpoint}; linear layers it has: {', '.join(_linear_names(model))}")
-        return list(job.recipe.lora.targets)
-    from hftoolkit import console
-    from hftoolkit.job.architectures import lora_targets_auto
-
-    targets, note = lora_targets_auto(model)
-    if note:
-        console.note(note)
-    return targets
-
-
-def _is_linear(module) -> bool:
-    import torch
-
-    return isinstance(module, torch.nn.Linear) or type(module).__name__ in ("Conv1D", "Linear8bitLt", "Linear4bit")
-
-
-def _linear_names(model) -> list[str]:
-    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if _is_linear(m)})
-
-
-def _all_linear(model, head: list[str]) -> list[str]:
-    output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    skipped = tuple(f"{h}." for h in head)
-    return [name for name, m in model.named_modules()
-            if _is_linear(m) and m is not output and name not in head and not name.startswith(skipped)]
-
-
-def apply_lora(model, job: Job, task_type: str | None, modules_to_save: list[str] = ()):
-    """Wrap `model` in a peft LoRA adapter (after kbit preparation when quantized); lora.variant picks
-    plain LoRA, DoRA (a trained magnitude vector per adapted layer) or rsLoRA (scaling alpha / sqrt(r))."""
-    if not job.recipe.lora.enabled:
-        return model
-    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
-
-    targets = lora_targets_for(model, job, list(modules_to_save))
-    if job.recipe.model.quantization != "none" and not _ON_META.get():
-        # (With gradient checkpointing this also makes the embeddings' output require grad: needed by the
-        # reentrant variant only; the Trainer enables the non-reentrant one, as asked here.)
-        model = prepare_model_for_kbit_training(
-            model, use_gradient_checkpointing=job.recipe.training.gradient_checkpointing,
-            gradient_checkpointing_kwargs={"use_reentrant": False})
-    lora = job.recipe.lora
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=targets, modules_to_save=list(modules_to_save) or None,
-                        use_dora=lora.variant == "dora", use_rslora=lora.variant == "rslora",
-                        fan_in_fan_out=model.config.model_type in CONV1D_MODEL_TYPES, task_type=task_type)
-    return get_peft_model(model, config)
-
-
 def count_parameters(model) -> tuple[int, int]:
-    """(trainable, total) parameters; 4-bit weights count two per stored byte (their storage dtype may be wider:
-    bnb_4bit_quant_storage)."""
-    trainable = total = 0
-    for p in model.parameters():
-        n = getattr(p, "ds_numel", p.numel())  # (ZeRO-3 leaves an empty placeholder: ds_numel is its size)
-        n *= 2 * p.element_size() if type(p).__name__ == "Params4bit" else 1
-        total += n
-        trainable += n if p.requires_grad else 0
-    return trainable, total
+    """(trainable, total) parameters as peft counts them: 4-bit weights two per stored byte, ZeRO-3's empty
+    placeholders at their full size. peft's count reads only `named_parameters`, so it counts a model without
+    an adapter the same way."""
+    from peft import PeftModel
+
+    return PeftModel.get_nb_trainable_parameters(model)
 
 
 def _device() -> str:

@@ -13,14 +13,9 @@ from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
 
-# The Hub's display names of the pipeline tags the task table uses (tasks.TaskSpec.pipeline_tag), as
-# huggingface.js names them (packages/tasks/src/pipelines.ts).
-PIPELINE_NAMES = {
-    "text-classification": "Text Classification", "token-classification": "Token Classification",
-    "fill-mask": "Fill-Mask", "text-generation": "Text Generation", "translation": "Translation",
-    "summarization": "Summarization", "text2text-generation": "Text2Text Generation",
-    "image-classification": "Image Classification",
-}
+# The Hub's display names of pipeline tags (huggingface.js packages/tasks/src/pipelines.ts) that are not the tag's
+# words capitalized.
+PIPELINE_NAMES = {"fill-mask": "Fill-Mask"}
 
 
 # Sources that are local files, never hub ids: what data.py reads as files, and single-file checkpoints.
@@ -31,7 +26,7 @@ def model_card(recipe: Recipe, metrics: dict, license: str | None = None) -> str
     """The run's README.md: Hub front matter, then what the run was and how it scored. Deterministic:
     the same recipe and metrics give the same text."""
     pipeline_tag = tasks.spec(recipe.task).pipeline_tag
-    task_name = PIPELINE_NAMES[pipeline_tag]
+    task_name = PIPELINE_NAMES.get(pipeline_tag) or pipeline_tag.replace("-", " ").title()
     scores = {k: v for k, v in metrics.get("eval", {}).items()
               if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
     dataset_type, dataset_name, split = _eval_dataset(recipe)

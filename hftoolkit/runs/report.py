@@ -171,7 +171,7 @@ def same_task_comparisons(runs: list[RunSummary]) -> list[SameTask]:
     best = best_per_task(runs)
     found = []
     for task, metric, members in same_task_groups(runs):
-        spec = tasks.BY_NAME.get(task or "")
+        spec = tasks.find(task)
         advice = (f"The course recommends the {spec.recommended} family for {task}: {spec.why}." if spec
                   else "This task is not in hftoolkit's task table, so no family is recommended.")
         winners = [runs[i] for i in members if i in best]
@@ -189,7 +189,7 @@ def same_task_comparisons(runs: list[RunSummary]) -> list[SameTask]:
 def same_task_table(runs: list[RunSummary], comparison: SameTask) -> tuple[list[str], list[list[str]]]:
     """Header and display rows: run, family, checkpoint, main metric, costs, Pareto-best."""
     arrow = "↑" if comparison.greater_is_better else "↓"
-    spec = tasks.BY_NAME.get(comparison.task or "")
+    spec = tasks.find(comparison.task)
     header = ["run", "family", "checkpoint", f"{comparison.metric or 'main metric'} {arrow}", "trainable params",
               "train time", "peak memory", "Pareto-best"]
     rows = []

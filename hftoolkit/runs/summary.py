@@ -23,8 +23,6 @@ RUN_FILES = ("manifest.json", "metrics.json", "log_history.jsonl")
 DASH = "–"
 BEST = "★"
 # Used only when metrics.json does not name the main metric (older or unfinished runs).
-DEFAULT_MAIN_METRIC = {task.name: task.main_metric for task in tasks.TASKS}
-LOWER_IS_BETTER = {task.main_metric for task in tasks.TASKS if not task.greater_is_better} | {"loss"}
 # Trainer's bookkeeping in eval records, not quality metrics.
 EVAL_BOOKKEEPING = {"runtime", "samples_per_second", "steps_per_second", "epoch", "step"}
 
@@ -240,15 +238,16 @@ def _read_eval(run: RunSummary, metrics: dict | None, history: list[dict], notes
         if last_eval is not None:
             run.eval = _eval_metrics({k: v for k, v in last_eval.items() if str(k).startswith("eval_")})
             notes.append(f"eval from log_history.jsonl (step {last_eval.get('step', '?')}); not ranked")
-    if run.main_metric is None and run.task in DEFAULT_MAIN_METRIC:
-        run.main_metric = DEFAULT_MAIN_METRIC[run.task]
+    spec = tasks.find(run.task)
+    if run.main_metric is None and spec is not None:
+        run.main_metric = spec.main_metric
         if metrics is not None:
             notes.append(f"main metric {run.main_metric} assumed from task {run.task}")
     if run.main_metric == "perplexity" and "perplexity" not in run.eval and "loss" in run.eval:
         run.eval["perplexity"] = math.exp(min(run.eval["loss"], 700.0))
         notes.append("perplexity computed as exp(eval loss)")
     gib = (metrics or {}).get("greater_is_better")
-    run.greater_is_better = gib if isinstance(gib, bool) else run.main_metric not in LOWER_IS_BETTER
+    run.greater_is_better = gib if isinstance(gib, bool) else run.main_metric not in _lower_is_better()
     if run.main_metric and run.eval and run.main_value is None:
         notes.append(f"eval has no {run.main_metric}")
 
@@ -356,3 +355,5 @@ def lora_cell(run: RunSummary) -> str:
     return "none" if run.lora_known else DASH
 
 
+def _lower_is_better() -> set[str]:
+    return {task.main_metric for task in tasks.TASKS if not task.greater_is_better} | {"loss"}

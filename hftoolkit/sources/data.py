@@ -266,7 +266,7 @@ def unlabelled_split(recipe: Recipe, split: str, key: str = "--split") -> tuple[
                         f"({' and '.join(missing)} of the run); columns found: {', '.join(ds.column_names)}")
     texts = ds[text]
     inputs = list(zip(texts, ds[d.text_pair_column])) if d.text_pair_column else list(texts)
-    if recipe.task == "tagging":
+    if recipe.task == tasks.TAGGING:
         inputs = [x if isinstance(x, list) else str(x).split() for x in inputs]
     index = list(ds["idx"]) if "idx" in ds.column_names else list(range(len(ds)))
     return inputs, index
@@ -334,7 +334,7 @@ def _aligned(source: Path, target: Path, key: str):
 def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = False):
     """Rename the recipe's columns to canonical names and drop the rest; a dotted name reads a nested field.
     An instruction set with data.messages_column is a conversation set: that column is all it reads."""
-    if recipe.task == "instruction" and recipe.data.messages_column in ds.column_names:
+    if recipe.task == tasks.INSTRUCTION and recipe.data.messages_column in ds.column_names:
         return _conversations(ds, recipe.data.messages_column, key, source)
     mapping, missing = {}, {}
     for name in _columns(recipe):
@@ -350,7 +350,7 @@ def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fal
     if missing:  # every column the split lacks, in one line
         many = len(missing) > 1
         also = (f", or data.messages_column for a conversation set (no {recipe.data.messages_column!r} column "
-                "either)") if recipe.task == "instruction" else ""
+                "either)") if recipe.task == tasks.INSTRUCTION else ""
         raise UserError(f"{', '.join(missing)}: column{'s' * many} {', '.join(map(repr, missing.values()))} not "
                         f"found in {source}; columns found: {', '.join(ds.column_names)}; set "
                         f"{' and '.join(missing)} to {'the names' if many else 'the name'} in the data{also}")

@@ -3,6 +3,7 @@ maps raw values to names (rows mapped to null dropped and counted), regression l
 
 from __future__ import annotations
 
+from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
 
@@ -27,7 +28,7 @@ def encode_labels(recipe: Recipe, train, evaluation):
     if len(kinds) > 1 or not kinds <= {"int", "str"}:
         raise UserError(f"data.label_column: labels in {d.train} are of types {', '.join(sorted(kinds))}: "
                         "make every label a name or every label an integer id")
-    if recipe.task != "tagging" and len(set(_flat(train["label"]))) < 2:
+    if recipe.task != tasks.TAGGING and len(set(_flat(train["label"]))) < 2:
         raise UserError(f"data.train: only one class ({values[0]!r}) in {d.train}: "
                         "classification needs examples of at least two labels")
     names, to_id = _class_ids(values, names)

@@ -3,15 +3,16 @@ untrained base checkpoint (the baseline); `load_trained` rebuilds a run's model 
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import tempfile
 from pathlib import Path
 
 from hftoolkit import console
+from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe, load_recipe, recipe_to_yaml, replaced
 from hftoolkit.errors import UserError
 from hftoolkit.evaluation.evaluate import evaluate
-from hftoolkit.job.preflight import PACKED_TASKS
 from hftoolkit.job.spec import Job
 from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models.families import formulation
@@ -34,23 +35,27 @@ def load_trained(run_dir: Path, full_precision: bool = False, data: bool = False
         raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
     weights = run.weights_dir()
     recipe = load_recipe(run / "recipe.yaml")
-    if recipe.data.packing is True and recipe.task not in PACKED_TASKS:  # (accepted, and ignored, before preflight
-        recipe = replaced(recipe, {"data.packing": None})                # refused it: such runs still load)
+    if recipe.data.packing is True and recipe.task not in tasks.language_model_tasks("decoder"):
+        recipe = replaced(recipe, {"data.packing": None})  # (accepted before preflight refused it: such runs load)
     if full_precision:
         recipe = replaced(recipe, {"model.quantization": "none"})
     if split:
         recipe = use_split(recipe, split)
     job = resolve_job(recipe, data=data, weights=weights)  # processor and config (full models) from the run's
     form = formulation(job)
-    model, processor = form.load_model(job)
-    if weights.name == "adapter":
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
+    adapter = weights.name == "adapter"
+    if adapter:  # the base, then the adapter as its own adapter_config.json says, whatever the recipe says now
+        from peft import PeftModel
 
-        set_peft_model_state_dict(model, load_file(weights / "adapter_model.safetensors"))
+        # (a copy, not validated again: a quantized base without an adapter is no recipe to train)
+        bare = recipe.model_copy(update={"lora": recipe.lora.model_copy(update={"enabled": False})})
+        base, processor = form.load_model(dataclasses.replace(job, recipe=bare))
+        model = PeftModel.from_pretrained(base, weights, is_trainable=True)  # (trainable: what the run trained)
         model.eval()
+    else:
+        model, processor = form.load_model(job)
     console.phase(console.model_line(str(weights), None, count_parameters(model)[1], recipe.model.quantization,
-                                     recipe.lora.r if weights.name == "adapter" else None))
+                                     model.peft_config["default"].r if adapter else None))
     return job, form, model, processor
 
 

@@ -9,6 +9,7 @@ import re
 import sys
 from pathlib import Path
 
+from hftoolkit.config import tasks
 from hftoolkit.errors import UserError
 from hftoolkit.workflows.evaluate import load_trained
 
@@ -108,7 +109,7 @@ def table_inputs(path: Path, recipe, column: str | None, pair_column: str | None
     if pair_column and not d.text_pair_column:
         raise UserError(f"--pair-column: this run reads one text per example, not sentence pairs: drop "
                         f"--pair-column {pair_column}")
-    wanted = {"--column": column or (d.image_column if recipe.task == "image-classification" else d.text_column)}
+    wanted = {"--column": column or (d.image_column if recipe.task == tasks.IMAGE_CLASSIFICATION else d.text_column)}
     if d.text_pair_column:
         wanted["--pair-column"] = pair_column or d.text_pair_column
     missing = [f"{v!r} ({k})" for k, v in wanted.items() if v not in found]
@@ -165,7 +166,7 @@ def conversation_inputs(given: str, recipe) -> list[list[dict]] | None:
     import json
 
     path = Path(given)
-    if recipe.task != "instruction" or path.suffix.lower() not in (".jsonl", ".json") or not path.is_file():
+    if recipe.task != tasks.INSTRUCTION or path.suffix.lower() not in (".jsonl", ".json") or not path.is_file():
         return None
     from hftoolkit.sources.conversations import problem
 
@@ -197,7 +198,7 @@ def input_lines(given: str, task: str) -> list[str]:
             raise UserError("--input -: standard input has no lines of text: pipe one input per line")
         return lines
     path = Path(given).expanduser()
-    if task == "image-classification":
+    if task == tasks.IMAGE_CLASSIFICATION:
         return [given]
     if path.suffix.lower() == ".txt" and path.is_file():
         try:
@@ -218,11 +219,11 @@ def parse_inputs(lines: list[str], task: str, pairs: bool = False) -> list:
     """Each input line as the family reads it: an image (image task), its words (tagging), a (first, second) pair
     (a run trained on sentence pairs: `first<TAB>second`, or the two characters \\t between them in a literal
     given on the command line), or the text itself."""
-    if task == "image-classification":
+    if task == tasks.IMAGE_CLASSIFICATION:
         return [_image(line) for line in lines]
     if pairs:
         return [_pair(line) for line in lines]
-    return [line.split() for line in lines] if task == "tagging" else list(lines)
+    return [line.split() for line in lines] if task == tasks.TAGGING else list(lines)
 
 
 def _image(given: str):

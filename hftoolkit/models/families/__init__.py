@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from hftoolkit.metrics import EvalMetrics
 
 
-
 class Family(Protocol):
     """What training and evaluation ask of a family's formulation of a task."""
 

@@ -10,6 +10,7 @@ them by one inside its loss) and reports perplexity; prompt + target trains on t
 
 from __future__ import annotations
 
+from hftoolkit.config import tasks
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
@@ -53,7 +54,7 @@ def _packing(job: Job) -> str:
     """How the job packs: "blocks" (clm's fixed blocks), "rows" (whole examples, padding-free) or "none"."""
     packing = job.recipe.data.packing
     if packing is None:
-        return "blocks" if job.task == "clm" else "none"
+        return "blocks" if job.task == tasks.CLM else "none"
     return "blocks" if packing == "blocks" else "rows" if packing else "none"
 
 
@@ -320,11 +321,6 @@ def _continue(job: Job, model, tokenizer, prompts: list[list[int]], stops: list[
 
 
 PROMPT_AND_TARGET = PromptAndTarget()
-FORMULATIONS = {"clm": CausalLM(), "translation": PROMPT_AND_TARGET, "summarization": PROMPT_AND_TARGET,
-                "instruction": ChatPromptAndTarget(), "classification": labels.CLASSIFICATION,
-                "regression": labels.REGRESSION, "tagging": labels.TAGGING}
-
-
-
-
-
+FORMULATIONS = {tasks.CLM: CausalLM(), tasks.TRANSLATION: PROMPT_AND_TARGET, tasks.SUMMARIZATION: PROMPT_AND_TARGET,
+                tasks.INSTRUCTION: ChatPromptAndTarget(), tasks.CLASSIFICATION: labels.CLASSIFICATION,
+                tasks.REGRESSION: labels.REGRESSION, tasks.TAGGING: labels.TAGGING}

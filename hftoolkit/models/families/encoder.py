@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 
+from hftoolkit.config import tasks
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
@@ -60,13 +61,8 @@ class MaskedLM:
         return _fill_masks(job, model, tokenizer, inputs)
 
 
-FORMULATIONS = {"classification": labels.CLASSIFICATION, "regression": labels.REGRESSION, "tagging": labels.TAGGING,
-                "mlm": MaskedLM()}
-
-
-
-
-
+FORMULATIONS = {tasks.CLASSIFICATION: labels.CLASSIFICATION, tasks.REGRESSION: labels.REGRESSION,
+                tasks.TAGGING: labels.TAGGING, tasks.MLM: MaskedLM()}
 
 
 # ---------------------------------------------------------------- masking

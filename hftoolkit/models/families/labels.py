@@ -1,16 +1,8 @@
 """Labels read from text, shared by every text family: one class or one score per text, or one tag per word.
 
-transformers gives encoders, decoders and encoder-decoders the same heads for these, so one
-formulation serves all three: an encoder classifies from [CLS], a decoder from the last real
-token (which it finds through the pad token id, hence `sync_pad_token`), BART and T5 from the
-final eos of their decoder. Only the Auto class and the head's position differ, and transformers
-picks both from the checkpoint's config.
-
-Sentence pairs (data.text_pair_column: MNLI's premise and hypothesis, STS-B's two sentences) are
-tokenized as one pair, `tokenizer(text, text_pair)`, as transformers' run_glue.py does for every
-model: BERT gets [CLS] a [SEP] b [SEP] with segment ids 0 then 1, BART <s> a </s></s> b </s>, T5
-a </s> b </s>, GPT-2 the two texts back to back. Regression is the same head with one output
-(num_labels=1, problem_type "regression"), which transformers trains with the MSE loss.
+transformers gives encoders, decoders and encoder-decoders the same heads for these, and picks the position the
+head reads from the checkpoint's config, so one formulation serves all three. Sentence pairs are tokenized as one
+pair, as transformers' run_glue.py does; regression is the same head with one output (MSE loss).
 """
 
 from __future__ import annotations

@@ -1,16 +1,7 @@
 """BART's noising for the denoise task: sentence permutation, then text infilling, on token ids.
 
-Lewis et al. 2020, "BART: Denoising Sequence-to-Sequence Pre-training", section 2.2, with the
-settings of its best model (and of fairseq's DenoisingDataset): sentences of the document are
-shuffled, then spans with Poisson(lambda=3) lengths are masked until 30% of the tokens are,
-each span replaced by ONE mask token, so the model must also infer how many tokens are missing.
-A zero-length span is the insertion of a mask token where nothing was removed.
-
-Differences from fairseq, on purpose: masking works on tokens, not whole words; spans never
-overlap, so exactly the budgeted share of tokens is masked and every span shows as one mask
-token; the budget is rounded at random (up with probability equal to the fraction), so short
-texts are masked at 30% on average too; masked tokens are never swapped for random ones.
-Special tokens (<s>, </s>, a literal <mask>, ...) are never masked or moved.
+Lewis et al. 2020, section 2.2, with the settings of its best model (and of fairseq's DenoisingDataset); where
+this departs from fairseq, on purpose, `noise` says so. Special tokens are never masked or moved.
 """
 
 from __future__ import annotations
@@ -27,7 +18,11 @@ def noise(ids: Sequence[int], special_ids: set[int], mask_id: int, is_sentence_e
           rng, ratio: float = MASK_RATIO, lam: float = POISSON_LAMBDA) -> list[int]:
     """The noised copy of `ids`: each run of non-special tokens permuted by sentence, then span-masked.
 
-    rng: a numpy Generator; the same generator state gives the same noise.
+    Spans with Poisson(lam) lengths are masked until `ratio` of the tokens are, each replaced by ONE mask token
+    (a zero-length span inserts one), so the model must also infer how many tokens are missing. Unlike fairseq,
+    on purpose: masking works on tokens, not whole words; spans never overlap, so exactly the budgeted share is
+    masked; the budget is rounded at random, so short texts are masked at `ratio` on average too; masked tokens
+    are never swapped for random ones. rng: a numpy Generator; the same state gives the same noise.
     """
     out: list[int] = []
     run: list[int] = []

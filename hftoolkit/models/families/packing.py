@@ -1,19 +1,8 @@
 """Padding-free packing (data.packing: true): whole examples packed into full rows, attention kept apart.
 
-Each row holds several tokenized examples one after another, with position ids that restart at 0 for every
-example. transformers 5 reads those restarts (masking_utils.find_packed_sequence_indices; flash attention's
-own varlen path) and lets each token attend only within its example, so a packed batch computes what the
-same examples would compute unpacked, without the padding. job/architectures.packs_by_positions says which
-model types do; preflight refuses the others.
-
-Rows are filled best-fit, longest example first, up to a capacity of data.max_length tokens (or the
-longest example, where a prompt and its target together are longer). A batch of rows goes through
-transformers' DataCollatorWithFlattening one row at a time (it restarts the position ids and keeps the
-label of each example's first token out of the loss, as the unpacked shift does) and the rows are stacked;
-with flash_attention_2 the whole batch is one flattened row instead, the layout its varlen kernel reads.
-
-The restarts are read only where the model runs without a key/value cache (masking_utils skips them when one is
-passed): the Trainer turns the cache off for training and eval (TrainingArguments.use_cache, False by default).
+Position ids restart at 0 for every example of a row, and transformers 5 lets each token attend only within its
+own example (job/architectures.packs_by_positions says which model types do). Rows are filled best-fit, longest
+first, up to data.max_length tokens; docs/architecture.md says how the collator and flash attention read them.
 """
 
 from __future__ import annotations

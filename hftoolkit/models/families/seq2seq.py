@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import zlib
 
+from hftoolkit.config import tasks
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
@@ -24,7 +25,7 @@ class Seq2SeqGeneration:
     text."""
 
     def load_model(self, job: Job):
-        """Tokenizer and seq2seq LM; LoRA on the attention q and v projections (loading.lora_targets_for)."""
+        """Tokenizer and seq2seq LM; LoRA on the attention q and v projections (lora.targets)."""
         import transformers as tf
 
         from hftoolkit.models import loading
@@ -84,13 +85,9 @@ class Denoise:
 
 
 SEQ2SEQ = Seq2SeqGeneration()
-FORMULATIONS = {"translation": SEQ2SEQ, "summarization": SEQ2SEQ, "instruction": SEQ2SEQ, "denoise": Denoise(),
-                "classification": labels.CLASSIFICATION, "regression": labels.REGRESSION}
-
-
-
-
-
+FORMULATIONS = {tasks.TRANSLATION: SEQ2SEQ, tasks.SUMMARIZATION: SEQ2SEQ, tasks.INSTRUCTION: SEQ2SEQ,
+                tasks.DENOISE: Denoise(), tasks.CLASSIFICATION: labels.CLASSIFICATION,
+                tasks.REGRESSION: labels.REGRESSION}
 
 
 # ---------------------------------------------------------------- shared parts

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 
+from hftoolkit.config import tasks
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
@@ -81,12 +82,7 @@ class ImageClassification:
         return out
 
 
-FORMULATIONS = {"image-classification": ImageClassification()}
-
-
-
-
-
+FORMULATIONS = {tasks.IMAGE_CLASSIFICATION: ImageClassification()}
 
 
 # ---------------------------------------------------------------- images

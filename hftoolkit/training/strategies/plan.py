@@ -12,6 +12,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
+from hftoolkit.config import tasks
 from hftoolkit.training.strategies.plan_memory import WEIGHT_BYTES
 from hftoolkit.training.strategies.plan_memory import loading_bytes as _loading_bytes
 from hftoolkit.training.strategies.plan_memory import lora_saved as _lora_saved
@@ -328,8 +329,6 @@ def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict,
                  checkpointing: bool | None = None) -> tuple[float, float]:
     """(activations, logits and loss buffers) of one forward and backward over a process's micro-batch; with the
     recipe's gradient checkpointing unless `checkpointing` says otherwise."""
-    from hftoolkit.config.tasks import spec
-
     e = PRECISION_BYTES[precision]
     checkpointing = recipe.training.gradient_checkpointing if checkpointing is None else checkpointing
     matrix = shape["eager_attention"] or (shape["dropout"] and not cuda)
@@ -346,7 +345,7 @@ def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict,
         acts = _stack(shape, batch, source, shape["layers"], e, checkpointing, 0, matrix, frozen[-1])
         out_tokens = source
     acts += 2 * e * batch * source * shape["hidden"]  # the embeddings' output and the final norm's input
-    vocab = shape["vocab"] if spec(recipe.task).scoring in ("loss", "generation") else 0
+    vocab = shape["vocab"] if tasks.spec(recipe.task).scoring in ("loss", "generation") else 0
     # The logits, the loss's fp32 copy (the same tensor in fp32), its log-softmax and the logits' gradient.
     copies = 4 * 3 + (e if e != 4 else 0)
     return acts, batch * out_tokens * vocab * copies
@@ -457,15 +456,13 @@ def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precis
 def _eval_seconds(shape: dict, recipe, spread: Spread, lengths: dict, eval_rows: int | None,
                   rate: float) -> float | None:
     """A forward pass (2N per token) over the eval rows, and for generative tasks 2N per generated token."""
-    from hftoolkit.config.tasks import spec
-
     if eval_rows is None:
         return None
     source = shape["image_tokens"] or lengths["max_length"]
     tokens = source + (lengths.get("max_target_length") or source if shape["seq2seq"] else 0)
     forward = 2 * shape["non_embedding"] + 4 * shape["layers"] * tokens * shape["hidden"]
     flops = eval_rows * tokens * forward
-    if spec(recipe.task).scoring == "generation" or (recipe.task == "clm" and recipe.eval.max_predictions):
-        predicted = eval_rows if recipe.task != "clm" else min(eval_rows, recipe.eval.max_predictions)
+    if tasks.spec(recipe.task).scoring == "generation" or (recipe.task == tasks.CLM and recipe.eval.max_predictions):
+        predicted = eval_rows if recipe.task != tasks.CLM else min(eval_rows, recipe.eval.max_predictions)
         flops += predicted * lengths.get("max_new_tokens", 0) * 2 * shape["non_embedding"]
     return flops / spread.processes / rate
