@@ -55,9 +55,11 @@ def eval_(
         stdout.show_result(metrics, target, as_json, verbosity, shown)
         return
     from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.models.load_report import explain_in_captures
     from hftoolkit.training.distributed import command_line
 
     parsed = load_recipe(target, set_ or [])
+    explain_in_captures()
     with console.capture(verbosity=verbosity):  # (evaluate_recipe attaches --output's train.log)
         if options is not None:
             from hftoolkit.workflows.benchmark import benchmark_recipe

@@ -46,7 +46,9 @@ def validate(
             notes, family = [], static_family(parsed.model.checkpoint, parsed.model.family)
             if data:
                 from hftoolkit.job.resolve import resolve_job
+                from hftoolkit.models.load_report import explain_in_captures
 
+                explain_in_captures()
                 try:
                     with console.capture(verbosity=console.verbosity_from_flags(verbose, False)):
                         job = resolve_job(parsed)
