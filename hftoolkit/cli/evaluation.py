@@ -165,3 +165,5 @@ def predict(
     write_atomic(output, text.encode("utf-8"))
     if verbosity == console.Verbosity.QUIET:
         typer.echo(str(output))
+    else:
+        console.phase(f"{len(records):,} predictions written to {output}")
