@@ -52,8 +52,10 @@ def worker(path: str, rows: int, steps: int, streaming: bool, out: str) -> None:
     from hftoolkit.config.recipe import validate_recipe
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation
+    from hftoolkit.models.load_report import explain_in_captures
     from hftoolkit.workflows.train import train
 
+    explain_in_captures()  # as train's own captures do
     job_recipe = validate_recipe(recipe(Path(path), steps, streaming), "benchmark")
     result = {"rows": rows, "streaming": streaming}
     if streaming:  # a full pass over the stream: read, tokenized and packed, as training reads it

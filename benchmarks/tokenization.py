@@ -38,8 +38,10 @@ def worker(data_dir: str, processes: int) -> None:
     from hftoolkit.config.recipe import validate_recipe
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation
+    from hftoolkit.models.load_report import explain_in_captures
     from hftoolkit.models.tokenized import tokenizing
 
+    explain_in_captures()  # as train's own captures do
     recipe = validate_recipe({
         "name": "sst2-tokenize", "task": "classification", "model": {"checkpoint": checkpoint()},
         "data": {"train": f"{data_dir}/train.tsv", "eval": f"{data_dir}/dev.tsv", "text_column": "sentence",

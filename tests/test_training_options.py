@@ -208,7 +208,7 @@ def test_adamw_8bit_trains_on_this_cpu_with_8_bit_moments(tmp_path):
 
 
 def test_warmup_steps_and_the_other_schedules(tmp_path):
-    from hftoolkit.config.recipe import TrainingSection
+    from hftoolkit.config.sections import TrainingSection
 
     _, trainer = build(tmp_path, "training.warmup_ratio=0", "training.warmup_steps=4",
                        "training.scheduler=constant_with_warmup",

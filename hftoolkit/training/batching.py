@@ -11,7 +11,7 @@
   Trainer would otherwise shuffle a group_by_length eval set too, and predictions would no longer
   line up with the data); callers map results back with the order it returns.
 
-The Trainer mixin that installs the sampler is `trainer.LengthBatching`.
+The Trainer mixin that installs the sampler is `LengthBatching`, at its end.
 """
 
 from __future__ import annotations
@@ -51,3 +51,19 @@ class LengthBucketSampler:
         return iter(torch.cat(batches[:1] + middle + last).tolist())
 
 
+class LengthBatching:
+    """Trainer mixin: the bucketed train order for group_by_length, and eval sets read in their own order."""
+
+    def _get_train_sampler(self, train_dataset=None):
+        sampler = super()._get_train_sampler(train_dataset)
+        if type(sampler).__name__ == "LengthGroupedSampler":
+            seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
+            return LengthBucketSampler(sampler.lengths, sampler.batch_size, seed)
+        return sampler
+
+    def _get_eval_sampler(self, eval_dataset):
+        from torch.utils.data import SequentialSampler
+
+        if eval_dataset is None or self.args.world_size > 1:
+            return None  # (several processes: accelerate shards the set in order)
+        return SequentialSampler(eval_dataset)

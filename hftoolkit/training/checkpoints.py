@@ -3,7 +3,7 @@
 The Trainer saves what an exact resume needs, but writes straight into `checkpoint-N`, so a kill during a save
 leaves a folder that looks like a checkpoint and is not one; this module writes and rotates checkpoints so that a
 checkpoint folder is complete or absent (docs/architecture.md, "The run directory"). The Trainer mixin that calls
-it while saving is `trainer.AtomicCheckpoints`.
+it while saving is `AtomicCheckpoints`, at its end.
 
 Test hooks (never set outside tests): HFTOOLKIT_TEST_PAUSE_IN_SAVE=N sleeps in the save of checkpoint N before the
 rename, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=N once it is complete and rotated; each prints a line that a test kills on.
@@ -236,3 +236,57 @@ def test_pause(variable: str, step: int) -> None:
         # The line tells a test the pause has begun: waiting for a folder instead would race what follows it.
         console.note(f"{PAUSED} {variable}={step}")
         time.sleep(600)
+
+
+class AtomicCheckpoints:
+    """Trainer mixin: `_save_checkpoint` stages into a hidden folder, fsyncs, renames, then rotates.
+
+    Set `keep_last` (None: keep all) and `keep_best` after construction. With keep_best the checkpoint of
+    the best eval so far (state.best_global_step) is never rotated away, and the trainer state records
+    its committed folder, not the staging folder the save wrote into: a resumed run finds it there.
+    """
+
+    _staging_root: str | None = None
+    keep_last: int | None = None
+    keep_best = False
+
+    def _get_output_dir(self, trial):
+        return self._staging_root or super()._get_output_dir(trial)
+
+    def _save_checkpoint(self, model, trial):
+        from transformers.trainer import TRAINER_STATE_NAME
+
+        final_dir = Path(super()._get_output_dir(trial)) / f"checkpoint-{self.state.global_step}"
+        staging_root = final_dir.parent / f"{STAGING_PREFIX}{final_dir.name}"
+        if self.args.should_save and staging_root.exists():
+            shutil.rmtree(staging_root)  # left by a run killed while saving this step
+        self.accelerator.wait_for_everyone()
+        self._staging_root = str(staging_root)
+        try:
+            super()._save_checkpoint(model, trial)  # writes staging_root/checkpoint-N (every rank its RNG file)
+        finally:
+            self._staging_root = None
+        best = self._best_checkpoint(final_dir)
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:
+            staged = staging_root / final_dir.name
+            if self.state.best_model_checkpoint != (None if best is None else str(best)):
+                self.state.best_model_checkpoint = None if best is None else str(best)
+                self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
+            (staged / PICKLED_ARGS).unlink(missing_ok=True)
+            test_pause("HFTOOLKIT_TEST_PAUSE_IN_SAVE", self.state.global_step)
+            commit(staged, final_dir)
+            staging_root.rmdir()
+            if self.keep_last:
+                rotate(final_dir.parent, keep_last=self.keep_last, keep=best if self.keep_best else None)
+            test_pause("HFTOOLKIT_TEST_PAUSE_AFTER_SAVE", self.state.global_step)
+        self.state.best_model_checkpoint = None if best is None else str(best)
+        self.accelerator.wait_for_everyone()
+
+    def _best_checkpoint(self, saving: Path) -> Path | None:
+        """The committed folder of the best checkpoint so far (`saving` is the one being saved), or None."""
+        step = self.state.best_global_step
+        if not step:
+            return None
+        path = saving.parent / f"checkpoint-{step}"
+        return path if path == saving or path.is_dir() else None

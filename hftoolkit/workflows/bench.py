@@ -33,7 +33,7 @@ BENCH = (
 def bench_variants(families: list[str] | None, recipes_dir: Path, overrides: list[str] = ()) -> list:
     """The bench's runs as sweep variants, only those of `families` when given (encoder, decoder, seq2seq, vision)."""
     from hftoolkit.config.families import FAMILIES, INIT_FAMILIES
-    from hftoolkit.workflows.sweep import Variant
+    from hftoolkit.workflows.variants import Variant
 
     known = sorted(FAMILIES)
     unknown = [f for f in families or () if f not in known]
@@ -54,7 +54,7 @@ def bench(families: list[str] | None, out: Path, recipes_dir: Path, overrides: l
           echo: Callable[[str], None] = print, verbosity=None):
     """Train the bench's runs into OUT/runs/ and write OUT/report.md; returns the sweep's result."""
     from hftoolkit.runs.report import write_report
-    from hftoolkit.workflows.sweep import SweepResult, prepare, run_variants
+    from hftoolkit.workflows.variants import SweepResult, prepare, run_variants
 
     variants = bench_variants(families, recipes_dir, list(overrides))
     folder = prepare(variants, Path(out) / "runs", overwrite=True)

@@ -24,6 +24,7 @@ from hftoolkit.job.spec import Job
 from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models import loading
 from hftoolkit.models.families import formulation
+from hftoolkit.models.load_report import explain_in_captures
 from hftoolkit.models.tokenized import tokenizing
 from hftoolkit.processes import Stopped
 from hftoolkit.runs.card import model_card
@@ -54,6 +55,7 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
     manifest.json, or "trained, eval failed" once its weights are saved.
     """
     gc.disable()  # until the model is loaded: see _startup_done
+    explain_in_captures()
     try:
         with console.capture(verbosity=verbosity) as log:
             strategy = strategy_for(launch or current_launch())

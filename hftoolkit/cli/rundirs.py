@@ -1,0 +1,87 @@
+"""The commands that read or hand on finished run directories: `runs` (list them), `compare` (one report),
+`merge` (fold the LoRA adapter in) and `push` (publish to the Hub)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hftoolkit.cli import stdout
+from hftoolkit.cli.options import QuietOption, VerboseOption
+from hftoolkit.errors import UserError
+
+
+def list_run_dirs(
+    root: Annotated[Path, typer.Argument(metavar="DIR", help="Folder to search, sweeps included.")] = Path("runs"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the list as one JSON array.")] = False,
+):
+    """List run directories newest first: status, task, checkpoint, main metric, train time, date."""
+    from hftoolkit.runs.listing import list_runs, print_runs
+
+    found = list_runs(root)
+    if as_json:
+        import json
+
+        typer.echo(json.dumps(found, indent=2, ensure_ascii=False))
+    else:
+        print_runs(found, root)
+
+
+def compare(
+    run_dirs: Annotated[list[Path], typer.Argument(metavar="RUN_DIR", help="Run directories written by train.")],
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for report.md, report.html and the plots."))] = Path("report"),
+):
+    """Compare runs across architectures: report.md, a self-contained report.html and PNG plots."""
+    from hftoolkit.runs.report import ReportError, load_run, summary_rows, write_report
+
+    try:
+        path = write_report(run_dirs, output)
+        rows = summary_rows([load_run(p) for p in run_dirs])
+    except ReportError as err:
+        raise UserError(str(err)) from None
+    stdout.print_rows(rows)
+    typer.echo(f"report: {path} and {path.with_suffix('.html')}")
+
+
+def merge(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A LoRA run directory written by train.")],
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for the merged checkpoint."))],
+    dtype: Annotated[str, typer.Option(metavar="DTYPE", help="Saved dtype: float32, bfloat16 or float16.")
+                     ] = "float32",
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Fold the LoRA adapter into the base weights; the result loads with the Auto classes, no peft."""
+    from hftoolkit import console
+    from hftoolkit.workflows.merge import merge_run
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its adapter
+        merged = merge_run(run_dir, output, dtype)
+    typer.echo(str(merged) if verbosity == console.Verbosity.QUIET else f"merged checkpoint: {merged}")
+
+
+def push(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory written by train.")],
+    repo_id: Annotated[str, typer.Option("--repo-id", metavar="NAMESPACE/NAME", help="The model repository.")],
+    private: Annotated[bool, typer.Option("--private", help="Create the repository private (refused if it exists "
+                                                            "public).")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the files and print the card; upload nothing.")
+                       ] = False,
+    license_: Annotated[str | None, typer.Option("--license", metavar="ID", help="The card's license, a Hub license id "
+                                                                    "(apache-2.0, mit, ...).")] = None,
+):
+    """Publish a finished run to the Hugging Face Hub: weights, tokenizer, recipe, metrics and a model card.
+    The token comes from HF_TOKEN or `hf auth login`."""
+    from hftoolkit.runs.publish import push as publish
+
+    files, card = publish(run_dir, repo_id, private=private, dry_run=dry_run, license=license_)
+    typer.echo(f"{'would upload' if dry_run else 'uploaded'} to {repo_id}:")
+    for name in files:
+        typer.echo(f"  {name}")
+    if dry_run:
+        typer.echo(f"\n{card}", nl=False)

@@ -1,0 +1,159 @@
+"""The commands that train: `train` (one recipe), `sweep` (a grid of its values) and `bench` (the course's
+comparison). Each imports its workflow inside its body, so `--help` stays light."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from hftoolkit.cli import stdout
+from hftoolkit.cli.options import (
+    AccelerateConfigOption,
+    JsonOption,
+    NumMachinesOption,
+    NumProcessesOption,
+    QuietOption,
+    SetOption,
+    VerboseOption,
+)
+from hftoolkit.errors import UserError
+
+
+def train(
+    recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file (or, with --resume, a run "
+                                                                  "directory).")],
+    set_: SetOption = None,
+    output: Annotated[Path | None, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Run directory (default output.dir/name)."))] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Replace a non-empty run directory.")] = False,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the run from its newest complete checkpoint.")
+                      ] = False,
+    num_processes: NumProcessesOption = None,
+    accelerate_config: AccelerateConfigOption = None,
+    num_machines: NumMachinesOption = None,
+    skip_memory_check: Annotated[bool, typer.Option("--skip-memory-check", help=(
+        "Train even when the plan (hftoolkit plan) says the run needs more memory than this machine has."))] = False,
+    machine_rank: Annotated[int | None, typer.Option(
+        "--machine-rank", min=0, metavar="R", help="This machine's index among --num-machines (0: the main "
+                                                   "machine, which --main-process-ip names).")] = None,
+    main_process_ip: Annotated[str | None, typer.Option(
+        "--main-process-ip", metavar="IP", help="Machine 0's address as every machine reaches it.")] = None,
+    main_process_port: Annotated[int | None, typer.Option(
+        "--main-process-port", min=1, metavar="PORT", help="A free port on machine 0, the same on every "
+                                                                      "machine (default 29500).")] = None,
+    as_json: JsonOption = False,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Fine-tune a model as the recipe says and write a run directory."""
+    from hftoolkit import console
+    from hftoolkit.config.recipe import load_recipe
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    recipe, output = _recipe_and_output(recipe, output, resume, overwrite)
+    parsed = load_recipe(recipe, set_ or [])
+    run_dir = output or parsed.run_dir
+    from hftoolkit.training import distributed
+    from hftoolkit.training.strategies import Machines, plan_launch, strategy_for
+
+    machines = Machines(num_machines, machine_rank, main_process_ip, main_process_port)
+    plan = plan_launch(parsed, num_processes, accelerate_config, source=str(recipe), machines=machines)
+    from hftoolkit.workflows.train import check_run_folder
+    from hftoolkit.workflows.train import train as run_training
+
+    if plan.relaunch:  # N processes, each running this command without the launch options
+        if plan.machine_rank == 0 or parsed.training.save_on_each_node:  # (a machine that writes the run folder)
+            # refused in one line, before any launch
+            check_run_folder(run_dir, overwrite, resume, strategy_for(plan).sharding)
+        raise typer.Exit(distributed.relaunch(plan, sys.argv[1:], run_dir))
+    from hftoolkit.processes import is_main_process
+
+    metrics = run_training(parsed, run_dir, command=distributed.command_line(), overwrite=overwrite, resume=resume,
+                           verbosity=verbosity, launch=plan, memory_check=not skip_memory_check)
+    if is_main_process():
+        stdout.show_result(metrics, run_dir, as_json, verbosity)
+    distributed.end_processes()
+
+
+def _recipe_and_output(recipe: Path, output: Path | None, resume: bool, overwrite: bool) -> tuple[Path, Path | None]:
+    """The recipe file and --output of `train`: with `--resume RUN_DIR`, the run's own resolved recipe."""
+    if resume and overwrite:
+        raise UserError("--resume and --overwrite contradict each other: pass one of them")
+    if resume and recipe.is_dir():
+        if not (recipe / "recipe.yaml").is_file():
+            raise UserError(f"--resume: {recipe} has no recipe.yaml, so it is not a run directory: "
+                            "pass a folder written by hftoolkit train, or the recipe file with --output")
+        return recipe / "recipe.yaml", output or recipe
+    return recipe, output
+
+
+def sweep(
+    recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file.")],
+    grid: Annotated[list[str] | None, typer.Option(
+        "--grid", metavar="KEY=V1,V2", help="A recipe key and its values (repeatable: the cross product is "
+                                            "trained). Values are parsed as YAML, like --set; a comma inside "
+                                            "[...] does not split.")] = None,
+    set_: SetOption = None,
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for the sweeps: the runs go to DIR/NAME/VARIANT/, the report to DIR/NAME/."))] = Path("sweeps"),
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="Train every variant again, even complete ones.")
+                         ] = False,
+    num_processes: Annotated[int | None, typer.Option(
+        "--num-processes", min=1, metavar="N", help="Train each variant on N processes, as train --num-processes "
+                                                    "does.")] = None,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Train every combination of the grid values and compare them in one report. Re-running the same command
+    skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
+    from hftoolkit import console
+    from hftoolkit.processes import is_main_process
+    from hftoolkit.training import distributed
+    from hftoolkit.workflows.sweep import sweep as run_sweep
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
+                       command=distributed.command_line(), echo=console.phase, verbosity=verbosity)
+    if is_main_process():
+        _say_report(result.report, verbosity)
+    distributed.end_processes()
+    if result.failed:
+        console.error(f"{len(result.failed)} of {len(result.outcomes)} variants failed: run the same command again "
+                      "to retry them")
+        raise typer.Exit(1)
+
+
+def bench(
+    families: Annotated[list[str] | None, typer.Option(
+        "--families", metavar="FAMILY", help="Only the runs of this family (repeatable): encoder, decoder, "
+                                             "seq2seq, vision (default all).")] = None,
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "Folder for the runs and the report."))] = Path("bench"),
+    set_: SetOption = None,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """The course's comparison, offline: sentiment classification with an encoder, a decoder and an
+    encoder-decoder, translation with T5, BART and a decoder, and image classification with ViT; one report."""
+    from hftoolkit import console
+    from hftoolkit.cli.recipes import RECIPES_DIR
+    from hftoolkit.runs.report import load_run, summary_rows
+    from hftoolkit.workflows.bench import bench as run_bench
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    result = run_bench(families, output, RECIPES_DIR, set_ or [], echo=console.phase, verbosity=verbosity)
+    if verbosity > console.Verbosity.QUIET:
+        stdout.print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
+    _say_report(result.report, verbosity)
+    if result.failed:
+        console.error(f"{len(result.failed)} of {len(result.outcomes)} runs failed")
+        raise typer.Exit(1)
+
+
+def _say_report(report: Path, verbosity) -> None:
+    from hftoolkit.console import Verbosity
+
+    typer.echo(str(report) if verbosity == Verbosity.QUIET else f"report: {report} and {report.with_suffix('.html')}")
