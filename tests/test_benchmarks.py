@@ -23,7 +23,7 @@ SHORT = ("training.max_steps=2", "data.max_train_samples=40", "data.max_eval_sam
 
 
 def shipped_rows(name: str) -> list[dict]:
-    from hftoolkit.evaluation.benchmarks import SHIPPED_TASKS
+    from hftoolkit.evaluation.harness import SHIPPED_TASKS
 
     return [json.loads(line) for line in (SHIPPED_TASKS / f"{name}.jsonl").read_text().splitlines()]
 
@@ -48,7 +48,7 @@ def test_the_shipped_tasks_are_package_data_found_from_any_folder(tmp_path, monk
 
     from setuptools.config.pyprojecttoml import read_configuration  # (tomllib is 3.11 on)
 
-    from hftoolkit.evaluation.benchmarks import SHIPPED_TASKS, _index, task_manager
+    from hftoolkit.evaluation.harness import SHIPPED_TASKS, _index, task_manager
 
     package = SHIPPED_TASKS.parents[1]
     patterns = read_configuration(package.parent / "pyproject.toml", expand=False)["tool"]["setuptools"][
@@ -69,7 +69,7 @@ def test_the_keys_that_tell_a_harness_task_file_are_the_harness_own_and_no_recip
     from lm_eval.api.task import TaskConfig
 
     from hftoolkit.config.recipe import Recipe
-    from hftoolkit.evaluation.benchmarks import HARNESS_KEYS
+    from hftoolkit.evaluation.harness import HARNESS_KEYS
 
     fields = {f.name for config in (TaskConfig, GroupConfig) for f in dataclasses.fields(config)}
     assert HARNESS_KEYS - {"include"} <= fields  # (include: a file the harness's loader reads in first)

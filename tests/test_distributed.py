@@ -259,7 +259,7 @@ def test_missing_accelerate_config_is_named():
 
 
 def test_relaunch_command_keeps_the_users_arguments_and_drops_the_launch_options(tmp_path):
-    from hftoolkit.training.distributed import launch_command
+    from hftoolkit.training.relaunch import launch_command
     from hftoolkit.training.strategies.launch import plan_from_config
 
     argv = ["train", "r.yaml", "--num-processes", "2", "--set", "a.b=1", "--accelerate-config=x.yaml", "--overwrite"]

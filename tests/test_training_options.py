@@ -94,7 +94,7 @@ def test_flash_attention_without_its_package_is_refused_on_a_gpu(monkeypatch):
 
     import torch
 
-    from hftoolkit.job.machine import hardware_problems
+    from hftoolkit.job.hardware import hardware_problems
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     real = importlib.util.find_spec
@@ -115,12 +115,12 @@ def test_precision_auto_follows_the_machine(monkeypatch, cuda, bf16, checkpoint,
     """`bf16` is the GPU's bf16 support, or on a CPU its bf16 matrix features (AMX or AVX-512 BF16)."""
     import torch
 
-    from hftoolkit.job import machine
+    from hftoolkit.job import hardware
     from hftoolkit.job.resolve import resolve_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
-    monkeypatch.setattr(machine, "cpu_bf16_features", lambda: ["avx512_bf16"] if bf16 and not cuda else [])
+    monkeypatch.setattr(hardware, "cpu_bf16_features", lambda: ["avx512_bf16"] if bf16 and not cuda else [])
     assert recipe_with(f"model.checkpoint={checkpoint}").training.precision == "auto"  # the default
     assert resolve_precision("auto", checkpoint.removeprefix("init:")) == expected
     assert resolve_precision("fp32", checkpoint.removeprefix("init:")) == "fp32"
@@ -133,21 +133,21 @@ def test_precision_auto_follows_the_machine(monkeypatch, cuda, bf16, checkpoint,
 def test_cpu_bf16_features_are_amx_or_avx512_bf16_as_torch_reports_them(monkeypatch, capabilities, features):
     import torch
 
-    from hftoolkit.job import machine
+    from hftoolkit.job import hardware
 
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"cpu_name": "Some CPU", **capabilities})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert machine.cpu_bf16_features() == features
-    assert machine.cpu_record() == {"name": "Some CPU", "bf16_matrix_features": features}
-    assert machine.resolve_precision("auto", "bert") == ("bf16" if features else "fp32")
+    assert hardware.cpu_bf16_features() == features
+    assert hardware.cpu_record() == {"name": "Some CPU", "bf16_matrix_features": features}
+    assert hardware.resolve_precision("auto", "bert") == ("bf16" if features else "fp32")
 
 
 @pytest.mark.parametrize("features, precision", [(["avx512_bf16"], "bf16"), ([], "fp32")])
 def test_a_run_records_the_precision_auto_picked_and_the_cpu_features_behind_it(monkeypatch, tmp_path, features,
                                                                                precision):
-    from hftoolkit.job import machine
+    from hftoolkit.job import hardware
 
-    monkeypatch.setattr(machine, "cpu_bf16_features", lambda: features)
+    monkeypatch.setattr(hardware, "cpu_bf16_features", lambda: features)
     run = tmp_path / "run"
     train_recipe(ENCODER, run, "training.max_steps=2")
     metrics, manifest = (json.loads((run / f).read_text()) for f in ("metrics.json", "manifest.json"))
@@ -156,10 +156,10 @@ def test_a_run_records_the_precision_auto_picked_and_the_cpu_features_behind_it(
 
 
 def test_launcher_mixed_precision_is_compared_with_what_auto_resolves_to(monkeypatch):
-    from hftoolkit.job import machine
+    from hftoolkit.job import hardware
     from hftoolkit.training.strategies import LaunchPlan, strategy_for
 
-    monkeypatch.setattr(machine, "cpu_bf16_features", lambda: [])  # a CPU without bf16 matrix units
+    monkeypatch.setattr(hardware, "cpu_bf16_features", lambda: [])  # a CPU without bf16 matrix units
 
     def check(recipe, launch):
         return strategy_for(launch).problems(recipe)

@@ -1,5 +1,5 @@
 """`doctor`: what this machine offers, read without importing torch in this process (it takes seconds); the CPU
-row asks torch in a child process, through the rule training follows (job/machine.py)."""
+row asks torch in a child process, through the rule training follows (job/hardware.py)."""
 
 from __future__ import annotations
 
@@ -52,8 +52,8 @@ def _cuda() -> str:
     return f"{out.replace(chr(10), '; ') or 'nvidia-smi found no GPU'}; {build}"
 
 
-# Run in a child process: it asks torch (job/machine.py, the rule training follows), and doctor imports no torch.
-_CPU_QUERY = ("import json; from hftoolkit.job.machine import cpu_record, resolve_precision; "
+# Run in a child process: it asks torch (job/hardware.py, the rule training follows), and doctor imports no torch.
+_CPU_QUERY = ("import json; from hftoolkit.job.hardware import cpu_record, resolve_precision; "
               "print(json.dumps({**cpu_record(), 'auto': resolve_precision('auto', None)}))")
 
 

@@ -56,7 +56,7 @@ def eval_(
         return
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.models.load_report import explain_in_captures
-    from hftoolkit.training.distributed import command_line
+    from hftoolkit.training.relaunch import command_line
 
     parsed = load_recipe(target, set_ or [])
     explain_in_captures()
@@ -102,7 +102,7 @@ def _benchmark_options(benchmark: str | None, num_fewshot, limit, batch_size: in
             raise UserError("--num-fewshot, --limit and --benchmark-path apply to --benchmark: name the tasks with "
                             "--benchmark TASKS")
         return None
-    from hftoolkit.evaluation.benchmarks import BenchmarkOptions, parse_tasks
+    from hftoolkit.evaluation.harness import BenchmarkOptions, parse_tasks
 
     if split is not None:
         raise UserError("--split and --benchmark: a benchmark scores its own data, not a split of the run's: "

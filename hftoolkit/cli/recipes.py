@@ -29,7 +29,7 @@ def validate(
     from hftoolkit.config import tasks
     from hftoolkit.config.families import static_family
     from hftoolkit.config.recipe import RecipeError, load_recipe
-    from hftoolkit.evaluation.benchmarks import harness_task_file
+    from hftoolkit.evaluation.harness import harness_task_file
     from hftoolkit.training.strategies import plan_launch
     from hftoolkit.training.strategies.launch import launch_config_file
 
@@ -69,7 +69,7 @@ def list_recipes():
     """List the shipped recipes with a one-line description each."""
     import yaml
 
-    from hftoolkit.evaluation.benchmarks import harness_task_file
+    from hftoolkit.evaluation.harness import harness_task_file
 
     for path in sorted(RECIPES_DIR.glob("*.yaml")):
         if harness_task_file(path):  # (not a recipe, and its `!function` tag is no YAML safe_load reads)

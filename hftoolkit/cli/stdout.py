@@ -54,7 +54,7 @@ def print_rows(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hftoolkit.fitting import fit_rows
+    from hftoolkit.text_width import fit_rows
 
     console, table = Console(), Table()
     shown = fit_rows([{c: row[c] for c in TERMINAL_COLUMNS if c in row} for row in rows], console.width,
@@ -94,7 +94,7 @@ def print_metrics(metrics: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hftoolkit.fitting import short_path
+    from hftoolkit.text_width import short_path
 
     console = Console()  # a long checkpoint path shortened to its last folders: the title stays on a line or two
     room = console.width - len(f"{metrics['name']} ({metrics['task']}, )") - 4

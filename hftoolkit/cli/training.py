@@ -56,7 +56,7 @@ def train(
     recipe, output = _recipe_and_output(recipe, output, resume, overwrite)
     parsed = load_recipe(recipe, set_ or [])
     run_dir = output or parsed.run_dir
-    from hftoolkit.training import distributed
+    from hftoolkit.training import relaunch
     from hftoolkit.training.strategies import Machines, plan_launch, strategy_for
 
     machines = Machines(num_machines, machine_rank, main_process_ip, main_process_port)
@@ -68,14 +68,14 @@ def train(
         if plan.machine_rank == 0 or parsed.training.save_on_each_node:  # (a machine that writes the run folder)
             # refused in one line, before any launch
             check_run_folder(run_dir, overwrite, resume, strategy_for(plan).sharding)
-        raise typer.Exit(distributed.relaunch(plan, sys.argv[1:], run_dir))
+        raise typer.Exit(relaunch.relaunch(plan, sys.argv[1:], run_dir))
     from hftoolkit.processes import is_main_process
 
-    metrics = run_training(parsed, run_dir, command=distributed.command_line(), overwrite=overwrite, resume=resume,
+    metrics = run_training(parsed, run_dir, command=relaunch.command_line(), overwrite=overwrite, resume=resume,
                            verbosity=verbosity, launch=plan, memory_check=not skip_memory_check)
     if is_main_process():
         stdout.show_result(metrics, run_dir, as_json, verbosity)
-    distributed.end_processes()
+    relaunch.end_processes()
 
 
 def _recipe_and_output(recipe: Path, output: Path | None, resume: bool, overwrite: bool) -> tuple[Path, Path | None]:
@@ -111,15 +111,15 @@ def sweep(
     skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
     from hftoolkit import console
     from hftoolkit.processes import is_main_process
-    from hftoolkit.training import distributed
+    from hftoolkit.training import relaunch
     from hftoolkit.workflows.sweep import sweep as run_sweep
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
-                       command=distributed.command_line(), echo=console.phase, verbosity=verbosity)
+                       command=relaunch.command_line(), echo=console.phase, verbosity=verbosity)
     if is_main_process():
         _say_report(result.report, verbosity)
-    distributed.end_processes()
+    relaunch.end_processes()
     if result.failed:
         console.error(f"{len(result.failed)} of {len(result.outcomes)} variants failed: run the same command again "
                       "to retry them")
@@ -141,7 +141,7 @@ def bench(
     from hftoolkit import console
     from hftoolkit.cli.recipes import RECIPES_DIR
     from hftoolkit.runs.report import load_run, summary_rows
-    from hftoolkit.workflows.bench import bench as run_bench
+    from hftoolkit.workflows.across_families import bench as run_bench
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     result = run_bench(families, output, RECIPES_DIR, set_ or [], echo=console.phase, verbosity=verbosity)

@@ -14,7 +14,7 @@ from hftoolkit.config import tasks
 from hftoolkit.config.families import IMAGE_PROCESSOR, PROCESSORS, model_rules
 from hftoolkit.config.recipe import Recipe, RecipeError
 from hftoolkit.errors import UserError
-from hftoolkit.job.machine import hardware_problems, resolve_precision
+from hftoolkit.job.hardware import hardware_problems, resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
 
 

@@ -80,7 +80,7 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
         from_kwargs["dtype"] = getattr(torch, DTYPES[job.recipe.model.dtype])
     if job.recipe.model.attention != "auto":  # auto: transformers' choice (sdpa where the model has it)
         if job.recipe.model.attention == "flash_attention_2":
-            from hftoolkit.job.machine import hardware_problems
+            from hftoolkit.job.hardware import hardware_problems
 
             problems = [p for p in hardware_problems(job.recipe) if p.startswith("model.attention")]
             if problems:

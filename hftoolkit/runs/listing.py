@@ -106,7 +106,7 @@ def print_runs(runs: list[dict], root: Path) -> None:
     if not runs:
         console.print(Text(f"no runs were found under {root}"), soft_wrap=True)
         return
-    from hftoolkit.fitting import fit_rows
+    from hftoolkit.text_width import fit_rows
 
     rows = fit_rows(table_rows(runs, root), console.width, drop=FIT_DROP, shorten=("run", "checkpoint"))
     table = Table(title=Text(f"{len(rows)} run(s) under {root}, newest first"))

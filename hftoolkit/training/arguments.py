@@ -98,7 +98,7 @@ def _eval_and_save_arguments(recipe: Recipe, scorer) -> dict:
 def run_record(job: Job, trainer) -> dict:
     """What metrics.json says about how the run trained: the precision used, the CPU features behind it and,
     with eval.keep_best, the step (and metric) of the checkpoint whose weights the run kept."""
-    from hftoolkit.job.machine import cpu_record
+    from hftoolkit.job.hardware import cpu_record
 
     record = {"precision": job.precision, "cpu": cpu_record()}
     if job.recipe.eval.keep_best:

@@ -135,7 +135,7 @@ def resume_refusal(run, sharding: str | None) -> str | None:
     manifest = run.manifest()
     ran = (manifest.get("distributed") or {}).get("type") if isinstance(manifest.get("distributed"), dict) else None
     if ran in ("FSDP", "DEEPSPEED") and sharding != ran and manifest.get("status") != "complete":
-        from hftoolkit.training.distributed import launch_options
+        from hftoolkit.training.relaunch import launch_options
 
         options = shlex.join(launch_options(shlex.split(manifest.get("command") or ""))) or "its launch options"
         return (f"--resume: run {run.path} trained under {ran}, whose checkpoints only {ran} reads: resume it with "

@@ -9,7 +9,7 @@ traceback. Here:
 - a stop (SIGINT, SIGTERM) is handed to the training processes by torchrun's own handlers, and this process exits
   with 128 + the signal, silently: the main training process says where the run stopped;
 - a training process that fails wrote its reason (processes.record_reason); one killed by a signal cannot, so it
-  is written here; `distributed.relaunch` prints the one that explains the rest;
+  is written here; `relaunch.relaunch` prints the one that explains the rest;
 - what the libraries log here goes to a file beside those reasons, which `relaunch` appends to the run's train.log.
 
 Run as `python -m hftoolkit.training.launcher ACCELERATE-LAUNCH-ARGUMENTS`.

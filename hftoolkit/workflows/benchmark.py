@@ -13,7 +13,7 @@ from hftoolkit import console
 from hftoolkit.config.families import static_family
 from hftoolkit.config.recipe import Recipe, load_recipe, replaced
 from hftoolkit.errors import UserError
-from hftoolkit.evaluation.benchmarks import (
+from hftoolkit.evaluation.harness import (
     BenchmarkOptions,
     check_benchmarkable,
     check_tasks,

@@ -153,10 +153,10 @@ def _config_job(recipe: Recipe, device: Device) -> Job:
 
 
 def precision_on(device: Device, precision: str, model_type: str) -> str:
-    """training.precision with auto decided for `device` as `job.machine.resolve_precision` decides it for this
+    """training.precision with auto decided for `device` as `job.hardware.resolve_precision` decides it for this
     machine's own: on a GPU bf16 where it has bf16, else fp16 (fp32 for a model that overflows in fp16)."""
     from hftoolkit.config.families import NO_FP16
-    from hftoolkit.job.machine import resolve_precision
+    from hftoolkit.job.hardware import resolve_precision
 
     if precision != "auto" or device.kind != "cuda":
         return resolve_precision(precision, model_type)

@@ -78,7 +78,7 @@ def _startup_done() -> None:
 
 def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool, log,
            strategy: Strategy, memory_check: bool) -> dict:
-    from hftoolkit.training.machines import check_run_directory, lost_peer
+    from hftoolkit.training.multi_machine import check_run_directory, lost_peer
 
     state = strategy.process_state()
     writer = writes_run(recipe, state)
@@ -166,7 +166,7 @@ def _stopped(stop: Stopped, run: RunDirectory, writer: bool, existed: bool, prog
 
 def resume_command(run_dir: Path, command: list[str]) -> str:
     """`hftoolkit train --resume RUN_DIR` with the launch options of `command` (how it was spread)."""
-    from hftoolkit.training.distributed import launch_options
+    from hftoolkit.training.relaunch import launch_options
 
     return shlex.join(["hftoolkit", "train", "--resume", str(run_dir), *launch_options(command)])
 
@@ -317,7 +317,7 @@ def _fail(err: BaseException, run: RunDirectory, writer: bool, existed: bool, pr
 def resolved_record(job: Job) -> dict:
     """What the run resolved, for manifest.json: the checkpoint's type and family, the precision and the CPU
     features `auto` read."""
-    from hftoolkit.job.machine import cpu_record
+    from hftoolkit.job.hardware import cpu_record
 
     return {"model_type": job.model.model_type, "family": job.family, "precision": job.precision,
             "cpu": cpu_record(), "label_names": list(job.label_names) if job.label_names is not None else None}

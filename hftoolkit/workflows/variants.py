@@ -220,7 +220,7 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
     """In this process, or (with --num-processes or a recipe's accelerate config) as `hftoolkit train` relaunched
     under accelerate, as `hftoolkit train --num-processes N` would start it."""
     from hftoolkit.console import Verbosity
-    from hftoolkit.training import distributed
+    from hftoolkit.training.relaunch import relaunch
     from hftoolkit.training.strategies import plan_launch
 
     resume, overwrite = variant.action == "resume", variant.action in ("train", "restart")
@@ -231,7 +231,7 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
             argv += ["--set", item]
         argv.append("--resume" if resume else "--overwrite")
         argv += {Verbosity.QUIET: ["--quiet"], Verbosity.VERBOSE: ["--verbose"]}.get(verbosity, [])
-        status = distributed.relaunch(plan, argv, variant.run_dir)
+        status = relaunch(plan, argv, variant.run_dir)
         if status != 0:
             error = (_manifest_of(variant.run_dir).get("error") or "").strip()
             raise UserError(error or f"hftoolkit train exited with status {status}")

@@ -89,7 +89,7 @@ class SequenceRegression(SequenceClassification):
         from hftoolkit.metrics import load_metric
 
         names = metric_names(job)
-        allowed = tasks.spec("regression").metrics
+        allowed = tasks.spec(tasks.REGRESSION).metrics
         if not names or any(n not in allowed for n in names):
             raise UserError(f"eval.metrics: regression is scored by correlations: set eval.metrics to auto, or "
                             f"to some of {', '.join(allowed)}")

@@ -154,7 +154,7 @@ class Strategy:
 def recipe_precision(recipe: Recipe) -> str:
     """training.precision with auto decided for this machine, before anything is loaded (a local checkpoint's type
     is read from its files, a hub id's not)."""
-    from hftoolkit.job.machine import resolve_precision
+    from hftoolkit.job.hardware import resolve_precision
     from hftoolkit.sources.checkpoint import model_type_of
 
     return resolve_precision(recipe.training.precision,

@@ -6,7 +6,7 @@
   as its connection closes; they stop with one line instead of a gloo traceback, and --resume continues the run.
 
 Planning the machines (--num-machines, --machine-rank, --main-process-ip) is `strategies/launch.py`'s, starting
-them `distributed.py`'s; full fine-tuning's weights written on each machine is `patches/transformers_5.py`'s.
+them `relaunch.py`'s; full fine-tuning's weights written on each machine is `patches/transformers_5.py`'s.
 Imports no torch at module level.
 """
 
