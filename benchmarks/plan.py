@@ -139,7 +139,8 @@ def meta_model(recipe):
 
 def planned(recipe_path: Path, sets: list[str], launch: str) -> dict:
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.strategies.plan import model_shape, plan_memory, plan_time, this_machine
+    from hftoolkit.training.strategies.devices import this_machine
+    from hftoolkit.training.strategies.plan import model_shape, plan_memory, plan_time
 
     recipe = load_recipe(recipe_path, sets)
     shape = model_shape(meta_model(recipe))
@@ -346,7 +347,8 @@ def llama_7b() -> list[dict]:
     bf16 autocast, AdamW), LoRA r=16 and QLoRA on bf16 weights, and full fine-tuning sharded over 8 A100-80GB."""
     import transformers
 
-    from hftoolkit.training.strategies.plan import Spread, device_named, model_shape, plan_memory, plan_time
+    from hftoolkit.training.strategies.devices import device_named
+    from hftoolkit.training.strategies.plan import Spread, model_shape, plan_memory, plan_time
 
     with tempfile.TemporaryDirectory() as folder:
         transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,

@@ -145,10 +145,10 @@ def test_a_run_planned_over_the_memory_stops_before_loading_and_leaves_the_users
 
 
 def test_the_override_trains_where_the_plan_says_no(tmp_path, monkeypatch):
-    from hftoolkit.training.strategies import plan
+    from hftoolkit.training.strategies import devices
 
-    small = plan.Device("a machine of 100 MiB", "cpu", 100 * 2**20)
-    monkeypatch.setattr(plan, "this_machine", lambda: small)
+    small = devices.Device("a machine of 100 MiB", "cpu", 100 * 2**20)
+    monkeypatch.setattr(devices, "this_machine", lambda: small)
     run = tmp_path / "run"
     refused = train_recipe(ENCODER, run, "training.max_steps=2", expect=2)
     assert "more than the 0.1 GiB each process has" in plain(refused.output)

@@ -6,14 +6,11 @@ from __future__ import annotations
 import pytest
 
 from hftoolkit.errors import UserError
+from hftoolkit.training.strategies.devices import GPUS, Device, device_named, device_with_memory
 from hftoolkit.training.strategies.plan import (
     CPU_HEAP_RETAINED,
-    GPUS,
     ZERO3_KEPT_COPIES,
-    Device,
     Spread,
-    device_named,
-    device_with_memory,
     model_shape,
     plan_memory,
     plan_time,

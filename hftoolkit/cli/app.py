@@ -77,8 +77,8 @@ def main() -> None:
     """The console script. A stop signal (Ctrl-C, SIGTERM, a closed terminal) ends a command in one line with exit
     status 128 + the signal; a process started by a launcher ends with it (processes.die_with_parent). Once every
     exit handler has run, the process ends without the interpreter's teardown: freeing the modules torch,
-    transformers and datasets import takes over a second, after the results are written (README, Performance);
-    the handlers that flush logs and remove temporary files still run."""
+    transformers and datasets import is slow and comes after the results are written (README, Performance has
+    the time); the handlers that flush logs and remove temporary files still run."""
     from hftoolkit.processes import Stopped, die_with_parent, is_main_process, record_reason, stop_on_signals
 
     status = [0]

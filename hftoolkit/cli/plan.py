@@ -30,8 +30,8 @@ def plan(
     from hftoolkit import console
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.errors import UserError
+    from hftoolkit.training.strategies.devices import device_named, device_with_memory, this_machine
     from hftoolkit.training.strategies.launch import Machines, check_machines, plan_from_config
-    from hftoolkit.training.strategies.plan import device_named, device_with_memory, this_machine
     from hftoolkit.workflows.plan import plan_recipe
 
     if gpu is not None and gpu_memory is not None:

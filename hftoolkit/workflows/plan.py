@@ -14,7 +14,8 @@ from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job, ResolvedModel
 from hftoolkit.training.strategies import STRATEGIES, LaunchPlan, Strategy, strategy_for
-from hftoolkit.training.strategies.plan import Device, MemoryPlan, TimePlan, plan_memory, plan_time
+from hftoolkit.training.strategies.devices import Device
+from hftoolkit.training.strategies.plan import MemoryPlan, TimePlan, plan_memory, plan_time
 
 # What the override of the memory check is called, wherever a refusal names it.
 OVERRIDE = "--skip-memory-check"
@@ -186,7 +187,7 @@ def refusal(job: Job, memory: MemoryPlan) -> str | None:
 def cheapest_change(job: Job) -> str:
     """The first change, in order of what it costs the run, that the plan says fits: another strategy at the same
     process count, gradient checkpointing, 4-bit weights with LoRA, then a smaller batch."""
-    from hftoolkit.training.strategies.plan import this_machine
+    from hftoolkit.training.strategies.devices import this_machine
 
     device, strategy, recipe = this_machine(), job.strategy, job.recipe
     shape = model_shape_of(job)
@@ -221,7 +222,7 @@ def _changed(recipe: Recipe, change: dict) -> Recipe:
 
 def planned_job(job: Job, check: bool = True) -> Job:
     """The job with its strategy's plan on this machine, refused in one line (`check`) when it does not fit."""
-    from hftoolkit.training.strategies.plan import this_machine
+    from hftoolkit.training.strategies.devices import this_machine
 
     data = job.data or {}
     rows = {split: len(ds) if hasattr(ds, "__len__") else None for split, ds in data.items()}

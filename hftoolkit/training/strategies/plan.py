@@ -1,4 +1,4 @@
-"""The memory and time a run will take, per process, before any weight is loaded (`hftoolkit plan`, issue 29).
+"""The memory and time a run will take, per process, before any weight is loaded (`hftoolkit plan`).
 
 Everything here is arithmetic on a model's shape (read from a model built on the meta device) and the recipe, so a
 plan costs no memory and can be made for a GPU this machine does not have. `plan_memory` adds up the items a
@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 from hftoolkit.config import tasks
+from hftoolkit.training.strategies.devices import Device
 from hftoolkit.training.strategies.plan_memory import WEIGHT_BYTES
 from hftoolkit.training.strategies.plan_memory import loading_bytes as _loading_bytes
 from hftoolkit.training.strategies.plan_memory import lora_saved as _lora_saved
 from hftoolkit.training.strategies.plan_memory import optimizer_bytes as _optimizer_bytes
 from hftoolkit.training.strategies.plan_memory import weight_bytes as _weight_bytes
-
-GiB, TFLOPS = 2**30, 1e12
 
 # What a CPU process of a run holds besides its model: measured by benchmarks/plan.py (`calibration_run`: the
 # VmHWM of a 3-step run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
@@ -37,79 +36,6 @@ ZERO3_LIVE_PARAMETERS, ZERO3_KEPT_COPIES = 1e9, 1.82
 CUDA_RUNTIME_BYTES = {"torch": 512 * 2**20 + 32 * 2**20, "deepspeed": 640 * 2**20 + 32 * 2**20}
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-
-
-@dataclass(frozen=True)
-class Device:
-    """Where a process trains: its memory per process and its dense peak FLOP/s per precision."""
-    name: str
-    kind: str
-    memory: int
-    peak_flops: dict = field(default_factory=dict)
-    utilisation: float = 0.4
-
-
-def _gpu(name: str, gib: float, fp32: float, half: float, bf16: bool = True) -> Device:
-    peaks = {"fp32": fp32 * TFLOPS, "fp16": half * TFLOPS, **({"bf16": half * TFLOPS} if bf16 else {})}
-    return Device(name, "cuda", int(gib * GiB), peaks)
-
-
-# Datasheet dense (not 2:4 sparse) tensor-core peaks for bf16/fp16, and for fp32 the plain (non-tensor-core) FP32
-# peak: the Trainer trains fp32 without TF32 unless training.tf32 is set. GeForce cards: fp16/bf16 with fp32
-# accumulation, which is what autocast uses. Memory: what torch reports as the card's total. Pre-Ampere cards
-# have no bf16, so no bf16 rate (time then comes out None).
-GPUS: dict[str, Device] = {
-    "t4": _gpu("NVIDIA T4", 15, 8.1, 65, bf16=False),
-    "v100-16gb": _gpu("NVIDIA V100 16GB (SXM2)", 16, 15.7, 125, bf16=False),
-    "v100-32gb": _gpu("NVIDIA V100 32GB (SXM2)", 32, 15.7, 125, bf16=False),
-    "a10g": _gpu("NVIDIA A10G", 22.5, 31.2, 70),  # AWS's A10 variant: no NVIDIA datasheet; the commonly quoted rates
-    "l4": _gpu("NVIDIA L4", 22.5, 30.3, 121),
-    "l40s": _gpu("NVIDIA L40S", 45, 91.6, 362),
-    "rtx3090": _gpu("NVIDIA GeForce RTX 3090", 24, 35.6, 71),
-    "rtx4090": _gpu("NVIDIA GeForce RTX 4090", 24, 82.6, 165),
-    "a100-40gb": _gpu("NVIDIA A100 40GB", 40, 19.5, 312),
-    "a100-80gb": _gpu("NVIDIA A100 80GB", 80, 19.5, 312),
-    "h100-80gb": _gpu("NVIDIA H100 80GB (SXM)", 79.6, 67, 989.5),
-    "h200": _gpu("NVIDIA H200", 140.4, 67, 989.5),
-}
-
-
-def device_named(name: str) -> Device:
-    """A GPU of the table by its short name, in any case."""
-    from hftoolkit.errors import UserError
-
-    device = GPUS.get(name.strip().lower())
-    if device is None:
-        raise UserError(f"--gpu {name}: unknown GPU; known: {', '.join(GPUS)}: or give --gpu-memory GiB")
-    return device
-
-
-def device_with_memory(gib: float) -> Device:
-    """A GPU known only by its memory. Its speed is not guessed: peak_flops is empty, so the time comes out None
-    rather than a figure borrowed from some other card."""
-    from hftoolkit.errors import UserError
-
-    if not isinstance(gib, (int, float)) or not math.isfinite(gib) or gib <= 0:
-        raise UserError(f"--gpu-memory {gib}: give the GPU's memory in GiB, a positive number such as 24")
-    return Device(f"a GPU with {gib:g} GiB", "cuda", int(gib * GiB), {})
-
-
-def this_machine() -> Device:
-    """This machine's GPU (the first one) when torch sees one, else its CPU with all of its RAM."""
-    import torch
-
-    if torch.cuda.is_available():
-        props = torch.cuda.get_device_properties(0)
-        known = next((d for d in GPUS.values() if d.name.lower() in props.name.lower()
-                      or props.name.lower() in d.name.lower()), None)
-        return Device(props.name, "cuda", int(props.total_memory), dict(known.peak_flops) if known else {})
-    total = _meminfo_total()
-    return Device(f"this machine's CPU ({total / GiB:.1f} GiB RAM)", "cpu", total, {})
-
-
-def _meminfo_total() -> int:
-    with open("/proc/meminfo") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
 
 
 @dataclass(frozen=True)
