@@ -1,11 +1,8 @@
 """Standard benchmarks through lm-evaluation-harness, on a model as hftoolkit loaded it.
 
-The harness's own Hugging Face model class (`HFLM`) is handed the loaded model (its LoRA adapter attached, its
-quantization applied) and tokenizer, so the harness builds the prompts, scores the log-likelihoods or the
-generations, and computes the metrics and their stderr unchanged: the numbers are the harness's. What this
-module adds: which models can be scored (a language-model head), the one-line refusals, the shipped task
-folder (harness_tasks/, package data), telling a task file from a recipe, and the per-task record metrics.json
-keeps.
+The harness builds the prompts and computes the scores, so the numbers are the harness's. This module adds
+which models can be scored (a language-model head), the one-line refusals, the shipped task folder
+(harness_tasks/, package data), telling a task file from a recipe, and the record metrics.json keeps per task.
 """
 
 from __future__ import annotations
@@ -130,7 +127,11 @@ def check_tasks(manager, tasks: tuple[str, ...]) -> None:
 
 def run_benchmarks(model, tokenizer, family: str, options: BenchmarkOptions, manager) -> tuple[dict, list[dict]]:
     """({task: record}, samples) of the harness run on `model`; each record holds the task's metrics
-    with their stderr, the n-shot, the limit, the rows scored and the harness's version."""
+    with their stderr, the n-shot, the limit, the rows scored and the harness's version.
+
+    The harness's own Hugging Face model class (`HFLM`) is handed the model as loaded (its LoRA adapter
+    attached, its quantization applied) and its tokenizer, so prompts, log-likelihoods or generations, metrics
+    and stderr are computed by the harness unchanged."""
     from lm_eval import simple_evaluate
     from lm_eval.models.huggingface import HFLM
 

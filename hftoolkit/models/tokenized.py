@@ -1,17 +1,8 @@
 """Tokenization done once, in parallel: every formulation's `preprocess` maps its split through `encode`.
 
-- A split held in memory is mapped with `data.num_proc` processes into an Arrow file of the toolkit's cache
-  (`cache_root()/tokenized`), named by a key computed from what decides the result: the split's own
-  fingerprint (the datasets library's, derived from the files read and every step applied to them), the
-  tokenizer's vocabulary, rules and special tokens, the job's lengths and data settings, and the code of
-  the module that encodes. datasets' own cache does the work (`map(cache_file_name=..., new_fingerprint=...)`):
-  a run with the same key maps nothing and reads the file; a new tokenizer or max_length is a new key.
-  (The library's implicit fingerprints hash the encode function with everything it closes over, the whole
-  job included, so a changed learning rate would tokenize again; and its cache files lie beside each source.)
-- A stream (`data.streaming`) is mapped lazily, batch by batch as training reads it, and never cached.
-
-`tokenizing(job)` wraps the preprocessing of a run: it says in one console line what was tokenized, or
-that the cache was reused, and how long it took (metrics.json's data_seconds).
+A split held in memory is mapped with data.num_proc processes into the toolkit's tokenized cache, named by what
+decides the result (`cache_key`); a stream (data.streaming) is mapped lazily and never cached. `tokenizing` says
+in one console line what a run tokenized or reused, and how long it took.
 """
 
 from __future__ import annotations
@@ -48,7 +39,12 @@ _tally: Tally | None = None
 
 
 def encode(job: Job, tokenizer, dataset, fn, *, batch_size: int | None = 1000, key_extra=(), **kwargs):
-    """`dataset.map(fn, batched=True, remove_columns=every column)`, cached and in parallel (module docstring).
+    """`dataset.map(fn, batched=True, remove_columns=every column)`, cached and in parallel.
+
+    A split held in memory is mapped with data.num_proc processes into an Arrow file in `cache_root()/tokenized`
+    named by `cache_key`. datasets' own cache does the work (`map(cache_file_name=..., new_fingerprint=...)`): a
+    run with the same key maps nothing and reads the file. A stream is mapped lazily, batch by batch as training
+    reads it, and never cached.
 
     batch_size None maps a split as one batch (clm packing); a stream then packs STREAM_BATCH rows at a time.
     key_extra: anything else the result depends on (a seed the function reads).
@@ -91,7 +87,13 @@ def _counted(fn, advance):
 
 
 def cache_key(job: Job, tokenizer, dataset, fn, extra=()) -> str:
-    """The tokenized split's name in the cache: a hash of everything its content depends on."""
+    """The tokenized split's name in the cache: a hash of everything its content depends on.
+
+    That is the split's own fingerprint (the datasets library's, derived from the files read and every step
+    applied to them), the tokenizer's vocabulary, rules and special tokens, the job's lengths and data settings,
+    and the code of the modules that encode: a new tokenizer or max_length is a new key. The library's implicit
+    fingerprints are not used: they hash the encode function with everything it closes over, the whole job
+    included, so a changed learning rate would tokenize again; and its cache files lie beside each source."""
     from hftoolkit import __version__
 
     d = job.recipe.data
@@ -139,7 +141,8 @@ def _encoding_code() -> str:
 
 @contextlib.contextmanager
 def tokenizing(job: Job):
-    """Tally the preprocessing inside; then say in one line what it did. Yields the Tally (its seconds)."""
+    """Tally the preprocessing inside; then say in one line what it did. Yields the Tally (its seconds count in
+    metrics.json's data_seconds)."""
     global _tally
     outer, _tally = _tally, Tally()
     tally, started = _tally, time.perf_counter()

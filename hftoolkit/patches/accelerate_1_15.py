@@ -1,14 +1,7 @@
 """accelerate 1.15 decides by the device type, in two places, what hftoolkit runs on CPU processes too.
 
-- FSDP: `AcceleratorState.__init__` turns a launch with ACCELERATE_USE_FSDP=true into DistributedType.FSDP only for
-  accelerator processes (state.py: the MULTI_GPU, MULTI_XPU... list); CPU processes (MULTI_CPU, gloo) keep MULTI_CPU
-  and the plugin is dropped, so they would train as plain DDP, every process holding the whole model. torch's FSDP2
-  (`fully_shard`) shards over gloo on CPU as it does over NCCL: `fsdp_on_cpu` completes the decision accelerate
-  skipped.
-- DeepSpeed: `AcceleratorState` engages DeepSpeed only for processes it does not treat as CPU ones ("ACCELERATE_USE_
-  DEEPSPEED ... and not cpu"), and a CPU machine's processes are CPU ones because ACCELERATE_USE_CPU says so.
-  `deepspeed_cpu_state` drops it and sets the process group up as accelerate does for GPUs, over gloo; the Trainer
-  is then told to use that state as it is (`use_configured_state`, strategies/zero.py).
+FSDP and DeepSpeed are engaged only for accelerator processes; `fsdp_on_cpu` and `deepspeed_cpu_state` complete
+the decision on CPU processes over gloo (strategies/fsdp.py, strategies/zero.py).
 """
 
 from __future__ import annotations
@@ -24,8 +17,12 @@ VERSIONS = ">=1.15,<1.16"
 def fsdp_on_cpu():
     """Inside the block, an AcceleratorState that resolves MULTI_CPU under an FSDP launch becomes FSDP.
 
-    Does what AcceleratorState.__init__ does for MULTI_GPU in the same case: the type, the plugin, the
-    plugin's mixed precision, and PartialState's copy of the type. Nothing else in it depends on the device.
+    `AcceleratorState.__init__` turns a launch with ACCELERATE_USE_FSDP=true into DistributedType.FSDP only for
+    accelerator processes (state.py: the MULTI_GPU, MULTI_XPU... list); CPU processes (MULTI_CPU, gloo) keep
+    MULTI_CPU and the plugin is dropped, so they would train as plain DDP, every process holding the whole model.
+    torch's FSDP2 (`fully_shard`) shards over gloo on CPU as it does over NCCL, so this block does what
+    AcceleratorState.__init__ does for MULTI_GPU in the same case: the type, the plugin, the plugin's mixed
+    precision, and PartialState's copy of the type. Nothing else in it depends on the device.
     """
     from accelerate.state import AcceleratorState, PartialState
     from accelerate.utils import DistributedType
@@ -51,9 +48,13 @@ def fsdp_on_cpu():
 def deepspeed_cpu_state():
     """accelerate's PartialState for a DeepSpeed process on a machine without CUDA.
 
-    accelerate's DeepSpeed branch (deepspeed.comm.init_distributed, then distributed_type DEEPSPEED) is taken for
-    non-CPU processes only; "gloo" stands in for the GPU backend it would pick, so the state knows its world size.
-    Without ACCELERATE_USE_CPU, the Accelerator the Trainer makes keeps DeepSpeed engaged.
+    `AcceleratorState` engages DeepSpeed only for processes it does not treat as CPU ones ("ACCELERATE_USE_
+    DEEPSPEED ... and not cpu"), and a CPU machine's processes are CPU ones because ACCELERATE_USE_CPU says so:
+    it is dropped here, and the process group is set up as accelerate's DeepSpeed branch does for GPUs
+    (deepspeed.comm.init_distributed, then distributed_type DEEPSPEED), "gloo" standing in for the GPU backend it
+    would pick, so the state knows its world size. Without ACCELERATE_USE_CPU, the Accelerator the Trainer makes
+    keeps DeepSpeed engaged; the Trainer is told to use this state as it is (`use_configured_state`,
+    strategies/zero.py).
     """
     from accelerate import PartialState
 

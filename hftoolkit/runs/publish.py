@@ -1,19 +1,8 @@
 """`push`: publish a finished run to the Hugging Face Hub, with a model card the Hub can read.
 
-The card's front matter is `huggingface_hub.ModelCardData` (base model, library, data sets,
-metrics with their values as a model-index, tags, pipeline tag), so the Hub links the base
-model, lists the data sets and shows the eval results. It is rebuilt from recipe.yaml and
-metrics.json at push time, so runs trained before front matter existed get it too.
-
-The repository mirrors what `from_pretrained` expects at its root: the adapter (LoRA runs:
-adapter_config.json, adapter_model.safetensors) or the model (config.json, *.safetensors),
-the tokenizer or processor files, plus recipe.yaml, metrics.json and the card. Nothing else
-of the run goes up: checkpoints/ (optimizer state), predictions.jsonl (eval inputs, which
-belong to the data set's owner), log_history.jsonl, and manifest.json (the local command
-line, paths and hardware; recipe.yaml is what reproduces the run).
-
-The token is read from the environment (HF_TOKEN) or huggingface_hub's stored login and
-handed to `HfApi` only; it is never printed or written.
+The repository holds what `from_pretrained` expects at its root, recipe.yaml, metrics.json and the card. The
+token is read from the environment (HF_TOKEN) or huggingface_hub's stored login and handed to `HfApi` only; it
+is never printed or written.
 """
 
 from __future__ import annotations
@@ -42,7 +31,12 @@ def push(run_dir: Path, repo_id: str, private: bool = False, dry_run: bool = Fal
     """Upload a complete run to the model repository `repo_id` in one commit; returns the paths it holds
     (or would hold, with dry_run) and the card. The repository is created when missing; `private` refuses
     an existing public one rather than publish into it. Files already in the repository that this run does
-    not have stay there (a repository may hold more than one push)."""
+    not have stay there (a repository may hold more than one push).
+
+    The card is rebuilt from recipe.yaml and metrics.json at push time, so runs trained before front matter
+    existed get it too. Its front matter (`huggingface_hub.ModelCardData`: base model, library, data sets,
+    metrics with their values as a model-index, tags, pipeline tag) lets the Hub link the base model, list the
+    data sets and show the eval results."""
     try:
         validate_repo_id(repo_id)
     except HFValidationError as err:
@@ -90,7 +84,13 @@ def _read_complete_run(run: RunDirectory) -> tuple[Recipe, dict]:
 
 
 def upload_plan(run: RunDirectory, recipe: Recipe) -> dict[str, Path]:
-    """{path in the repository: local file}: the weights folder's files at the root, and RUN_FILES."""
+    """{path in the repository: local file}: the weights folder's files at the root, and RUN_FILES.
+
+    The root is what `from_pretrained` expects: the adapter (LoRA runs: adapter_config.json,
+    adapter_model.safetensors) or the model (config.json, *.safetensors), and the tokenizer or processor files.
+    Nothing else of the run goes up: checkpoints/ (optimizer state), predictions.jsonl (eval inputs, which belong
+    to the data set's owner), log_history.jsonl, and manifest.json (the local command line, paths and hardware;
+    recipe.yaml is what reproduces the run)."""
     folder = run / ("adapter" if recipe.lora.enabled else "model")
     if not folder.is_dir():
         method = "trains LoRA" if recipe.lora.enabled else "fine-tunes the whole model"

@@ -1,13 +1,8 @@
 """Run directories -> comparison report (report.md, a self-contained report.html, PNG plots).
 
-Runs are read by `hftoolkit.runs.summary` (tolerant of incomplete and older run directories);
-matplotlib is imported only inside the plotting functions of `hftoolkit.runs.report_plots`.
-The best run of each task (by its main metric, respecting `greater_is_better`) is marked with a
-star; runs without a finished metrics.json are not ranked.
-
-Every task with two runs or more gets a same-task comparison: its main metric against trainable
-parameters, train time and peak memory (one figure, three panels), the Pareto-best runs of each
-panel marked, and a table that also states the family the course recommends for the task (tasks.py).
+Runs are read by `runs.summary`; matplotlib is imported only inside the plotting functions of `runs.report_plots`.
+The best run of each task (by its main metric, respecting `greater_is_better`) is marked with a star; runs
+without a finished metrics.json are not ranked.
 """
 
 from __future__ import annotations
@@ -167,7 +162,9 @@ PARETO_NOTE = ("Pareto-best: no other run of the task reaches an equal or better
 
 
 def same_task_comparisons(runs: list[RunSummary]) -> list[SameTask]:
-    """A SameTask for every (task, main metric) that two runs or more share."""
+    """A SameTask for every (task, main metric) that two runs or more share: its main metric against trainable
+    parameters, train time and peak memory (one figure, three panels), the Pareto-best runs of each panel marked,
+    and the family the course recommends for the task (tasks.py)."""
     best = best_per_task(runs)
     found = []
     for task, metric, members in same_task_groups(runs):

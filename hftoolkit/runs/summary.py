@@ -1,10 +1,8 @@
 """What a run directory says about its run, read tolerantly, and how its values are shown.
 
-Reads only what a run directory holds (manifest.json, metrics.json, log_history.jsonl and, as a
-last resort for name/task/checkpoint, recipe.yaml); imports no torch or transformers. A run that
-is incomplete, written by an older version, missing fields or holding malformed JSON lines is
-read with what is known and a note; only a path that is not a run directory at all raises
-`ReportError`. Used by the comparison report, its plots and `hftoolkit runs`.
+Imports no torch or transformers. A run that is incomplete, written by an older version, missing fields or
+holding malformed JSON lines is read with what is known and a note; only a path that is not a run directory at
+all raises `ReportError`. Used by the comparison report, its plots and `hftoolkit runs`.
 """
 
 from __future__ import annotations
@@ -156,6 +154,9 @@ def _current_version() -> str | None:
 
 def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
     """Read one run directory into a RunSummary; raises ReportError if it is not one.
+
+    Reads only what a run directory holds: manifest.json, metrics.json, log_history.jsonl and, as a last resort
+    for name, task and checkpoint, recipe.yaml.
 
     read_history=False skips log_history.jsonl (the loss curve, the bulk of a long run's files) unless the
     eval must come from it: listing many runs needs only their results.

@@ -1,15 +1,8 @@
 """Conversations: lists of `{role, content}` turns, checked, rendered and tokenized with the loss on the answers.
 
-A conversation data set has a `data.messages_column` (default `messages`) whose rows are lists of turns, as
-most hub instruction sets ship them (system, user and assistant turns). It is rendered with the tokenizer's
-chat template, as `tokenizer.apply_chat_template(messages)` renders it; a tokenizer without a template gets
-the plain format below. Light: imports nothing heavy (the tokenizer is handed in).
-
-Where the loss falls is read from the rendering itself: the template is rendered once for the whole
-conversation, and once up to each assistant turn with the generation prompt; the characters between the two
-are that turn's answer (up to and including the token that ends the turn), and a token is trained on when
-it starts inside an answer. So the labels follow any template that renders a conversation's beginning the
-same way whether it ends there or goes on; one that does not is refused in one line.
+A conversation data set has a `data.messages_column` (default `messages`) whose rows are lists of turns, as most
+hub instruction sets ship them. It is rendered with the tokenizer's chat template, or the plain format below
+where there is none. Light: imports nothing heavy (the tokenizer is handed in).
 """
 
 from __future__ import annotations
@@ -86,7 +79,12 @@ def render(tokenizer, turns: list[dict], add_generation_prompt: bool = False) ->
 
 def answer_spans(tokenizer, turns: list[dict], full: str) -> list[tuple[int, int]]:
     """(start, end) characters of each assistant turn in `full`: from after the generation prompt to the end of
-    the token that closes the turn (eos where the template writes one; what follows it is not trained)."""
+    the token that closes the turn (eos where the template writes one; what follows it is not trained).
+
+    Where the loss falls is read from the rendering itself: the template is rendered once for the whole
+    conversation, and once up to each assistant turn with the generation prompt; the characters between the two
+    are that turn's answer. So the labels follow any template that renders a conversation's beginning the same
+    way whether it ends there or goes on; one that does not is refused in one line."""
     spans = []
     for i, turn in enumerate(turns):
         if turn["role"] != ANSWER:
@@ -105,9 +103,9 @@ def answer_spans(tokenizer, turns: list[dict], full: str) -> list[tuple[int, int
 
 
 def encode(tokenizer, turns: list[dict], max_length: int) -> Encoded:
-    """The conversation's token ids (as the rendering tokenizes whole) and labels: the ids inside the answers,
-    -100 elsewhere. Longer than max_length: cut after the last assistant turn that fits, or at max_length where
-    even the first answer does not."""
+    """The conversation's token ids (as the rendering tokenizes whole) and labels: the ids of the tokens that
+    start inside an answer (`answer_spans`), -100 elsewhere. Longer than max_length: cut after the last assistant
+    turn that fits, or at max_length where even the first answer does not."""
     full = render(tokenizer, turns)
     spans = answer_spans(tokenizer, turns, full)
     try:

@@ -1,20 +1,7 @@
 """Data sources and column mapping: local files, hub data sets and `builtin:` sets.
 
-`load_data(recipe)` returns a DatasetDict with "train" and "eval" splits whose
-columns carry canonical names, so families never see the user's column names:
-  text       the input text (a list of words for tagging; the source for seq2seq)
-  text_pair  the second text of a sentence pair (classification, regression; when data.text_pair_column is set)
-  label      a class id (classification, image-classification), a list of tag ids (tagging) or a float (regression)
-  target     the output text (translation, summarization)
-  messages   a conversation, a list of {role, content} turns (instruction, where data.messages_column is in the data)
-  image      a PIL image (image-classification)
-Label names found in the data are returned beside it (labels.py encodes them; the job keeps them).
-Rows whose input or target is empty are dropped (and counted) as they are read: a model
-trained on an empty text learns nothing from it, and an empty target teaches it to stop.
-
-Hub data sets load as `datasets.load_dataset(id, data.config, split=..., revision=data.revision)` does: online,
-from the cache with HF_HUB_OFFLINE=1, or through an HF_ENDPOINT mirror, as the library decides; hub.py turns its
-refusals into one line. A column name with a dot (translation.de) reads a nested field: the set is flattened first.
+`load_data(recipe)` returns the "train" and "eval" splits with canonical column names, so families never see the
+user's column names, and the label names found in the data (labels.py encodes them; the job keeps them).
 """
 
 from __future__ import annotations
@@ -35,6 +22,16 @@ FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json"
 
 def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     """(train and eval splits with canonical columns, checked, labels encoded; the label names, or None).
+
+    The canonical columns:
+      text       the input text (a list of words for tagging; the source for seq2seq)
+      text_pair  the second text of a sentence pair (classification, regression; with data.text_pair_column)
+      label      a class id (classification, image-classification), a list of tag ids (tagging) or a float
+                 (regression)
+      target     the output text (translation, summarization)
+      messages   a conversation, a list of {role, content} turns (instruction, where data.messages_column is in
+                 the data)
+      image      a PIL image (image-classification)
 
     `dropped`, when given, receives the number of rows dropped for an empty input or target, per
     source ("train": data.train, before an eval split is held out of it; "eval": data.eval or data.eval_split),
@@ -107,7 +104,9 @@ def _read_splits(recipe: Recipe, counts: dict[str, int]):
 def drop_empty(ds, key: str, source: str):
     """(the rows whose texts and target are filled in, how many were dropped); refuses when none is left.
 
-    Empty means missing (an empty CSV cell), blank text, or an empty word list (tagging).
+    Empty means missing (an empty CSV cell), blank text, or an empty word list (tagging). Such rows are dropped
+    as they are read: a model trained on an empty text learns nothing from it, and an empty target teaches it to
+    stop.
     """
     columns = [c for c in ("text", "text_pair", "target", "messages") if c in ds.column_names]
     if not columns or len(ds) == 0:
@@ -199,7 +198,9 @@ def is_hub_source(source: str) -> bool:
 
 
 def _read_hub(source: str, key: str, recipe: Recipe, split: str):
-    """One split of a hub data set, at data.config and data.revision (both apply to every hub set of the recipe)."""
+    """One split of a hub data set, at data.config and data.revision (both apply to every hub set of the recipe).
+    It loads as `datasets.load_dataset` does: online, from the cache with HF_HUB_OFFLINE=1, or through an
+    HF_ENDPOINT mirror, as the library decides; hub.py turns its refusals into one line."""
     import datasets
 
     from hftoolkit.sources import hub

@@ -1,12 +1,8 @@
 """GGUF sources: a recipe may name a .gguf file; it is converted once into a plain checkpoint folder.
 
-llama.cpp's GGUF files hold quantized blocks (Q4_1, Q8_0, ...). transformers can read one with
-`from_pretrained(folder, gguf_file=name)`, dequantizing every weight, but the result carries a GGUF
-quantization config that 8-bit/4-bit loading, task heads and saving all refuse. So `plain_checkpoint`
-dequantizes once, rebuilds the model from its config without that quantization config, and saves a
-plain folder (config, safetensors, tokenizer with its chat template, generation config) in the cache;
-everything downstream treats it as any local checkpoint folder. Fine-tuning runs on the dequantized
-weights.
+transformers reads a GGUF file (llama.cpp's quantized blocks: Q4_1, Q8_0, ...) by dequantizing every weight, but
+the result carries a GGUF quantization config that 8-bit/4-bit loading, task heads and saving all refuse; so
+`plain_checkpoint` makes a plain folder that everything downstream treats as any local checkpoint.
 """
 
 from __future__ import annotations
@@ -227,7 +223,11 @@ def _sha256(path: str, size: int, mtime_ns: int) -> str:
 
 
 def _convert(gguf: Path, out: Path, dtype: str) -> None:
-    """Dequantize `gguf` with transformers and save it to `out` as a plain checkpoint."""
+    """Dequantize `gguf` with transformers and save it to `out` as a plain checkpoint.
+
+    `from_pretrained(folder, gguf_file=name)` dequantizes every weight; the model is rebuilt from its config
+    without the GGUF quantization config and saved with config, safetensors, tokenizer (with its chat template)
+    and generation config. Fine-tuning runs on the dequantized weights."""
     import importlib.util
 
     if importlib.util.find_spec("gguf") is None:

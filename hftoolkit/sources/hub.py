@@ -1,10 +1,8 @@
 """Hub ids as transformers and datasets treat them: the libraries decide, this module only explains.
 
-Whether a hub id loads online, from the cache with HF_HUB_OFFLINE=1, through an HF_ENDPOINT mirror or at a
-`revision` is up to huggingface_hub, transformers and datasets; hftoolkit opens no connection of its own.
-`explain` turns the errors they raise into one line (where: what: what to do), `offline` and `cache_report`
-read the same settings the libraries read. Errors are recognised by class name along the cause chain, so this
-module imports neither transformers nor datasets (nor httpx), and importing it stays cheap.
+Whether a hub id loads online, from the cache, through a mirror or at a `revision` is up to the libraries;
+hftoolkit opens no connection of its own. `explain` turns the errors they raise into one line (where: what: what
+to do), `offline` and `cache_report` read the same settings the libraries read.
 """
 
 from __future__ import annotations
@@ -153,7 +151,8 @@ def _dataset_listing(text: str, key: str, what: str) -> UserError | None:
 
 
 def _chain(err: BaseException) -> list[BaseException]:
-    """err and its causes and contexts, each once (a cycle ends the walk)."""
+    """err and its causes and contexts, each once (a cycle ends the walk). Errors are recognised by class name
+    along this chain, so this module imports neither transformers nor datasets (nor httpx), and stays cheap."""
     out: list[BaseException] = []
     todo = [err]
     while todo:

@@ -1,19 +1,8 @@
 """`data.streaming: true`: data.train read as a stream, row by row, as training takes the rows.
 
-A corpus larger than memory can then train: nothing is read before the first step but the eval rows, and
-memory holds one batch of rows at a time. Hub ids stream as `datasets.load_dataset(..., streaming=True)`
-does (online, or through a mirror); local jsonl, json, csv, tsv, parquet and txt files stream through the
-same builders; `builtin:` sets (made in memory) are turned into a stream, so tests exercise the same path.
-
-The stream is read in its own order, never shuffled: a shuffle buffer is not part of the stream's saved
-state, and an exact resume (training/streaming.py) needs the rows to come back in the same order.
-
-The eval split is a list of rows held in memory (eval needs its size and predictions line up with it):
-the first data.max_eval_samples rows of the stream, which training then skips; or data.eval (or
-data.eval_split of a hub set) read as a stream too, capped at data.max_eval_samples when set.
-
-A stream's labels can't be counted before training reads them, so class names come from the data set's
-own features (a hub set's ClassLabel) or from data.label_names.
+A corpus larger than memory can then train: nothing is read before the first step but the eval rows, and memory
+holds one batch of rows at a time. Hub ids, local files and `builtin:` sets all stream (a builtin set is turned
+into a stream), so tests exercise the same path.
 """
 
 from __future__ import annotations
@@ -32,7 +21,13 @@ STREAMED_FILES = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json
 
 
 def load_stream(recipe: Recipe):
-    """({"train": a datasets.IterableDataset, "eval": a datasets.Dataset}, the label names or None)."""
+    """({"train": a datasets.IterableDataset, "eval": a datasets.Dataset}, the label names or None).
+
+    The stream is read in its own order, never shuffled: a shuffle buffer is not part of the stream's saved state,
+    and an exact resume (training/streaming.py) needs the rows to come back in the same order. The eval split is
+    held in memory (eval needs its size, and predictions line up with it): the first data.max_eval_samples rows
+    of the stream, which training then skips; or data.eval (or data.eval_split of a hub set) read as a stream
+    too, capped at data.max_eval_samples when set."""
     import datasets
 
     datasets.disable_progress_bars()
@@ -77,7 +72,9 @@ def source_fingerprint(recipe: Recipe) -> str:
 
 
 def _open(recipe: Recipe, source: str, key: str, split: str):
-    """One source as a stream, its columns renamed to the canonical ones, rows with an empty input dropped."""
+    """One source as a stream, its columns renamed to the canonical ones, rows with an empty input dropped.
+    A hub id streams as `datasets.load_dataset(..., streaming=True)` does (online, or through a mirror); local
+    files stream through the same builders (STREAMED_FILES)."""
     import datasets
 
     from hftoolkit.sources import data as sources
@@ -116,7 +113,9 @@ def _filled(ds):
 
 
 def _labels(recipe: Recipe, train, held):
-    """Labels as ids (classes, tags) or floats (regression), encoded as the rows are read."""
+    """Labels as ids (classes, tags) or floats (regression), encoded as the rows are read. A stream's labels
+    can't be counted before training reads them, so class names come from the data set's own features (a hub
+    set's ClassLabel) or from data.label_names."""
     import datasets
 
     spec = tasks.spec(recipe.task)

@@ -1,10 +1,7 @@
 """init-model: tiny random checkpoints with tokenizers trained locally, for offline smoke runs.
 
-`init:<arch>` in a recipe calls `ensure_tiny(arch)`, which builds the checkpoint once
-into a cache folder (atomically: a temporary folder renamed into place) and reuses it.
-Weights are random but seeded. The tokenizer trainer may order tied merges differently
-from one build to the next, so a run directory keeps the tokenizer it trained with and
-`eval`/`predict` use that one, not the cache's.
+`init:<arch>` in a recipe calls `ensure_tiny(arch)`, which builds the checkpoint once into a cache folder and
+reuses it. Weights are random but seeded.
 """
 
 from __future__ import annotations
@@ -55,7 +52,8 @@ def ensure_tiny(arch: str) -> Path:
 
 
 def init_model(arch: str, out: Path) -> Path:
-    """Write a tiny random `arch` checkpoint and its processor to `out` (safetensors)."""
+    """Write a tiny random `arch` checkpoint and its processor to `out` (safetensors), atomically: built in a
+    temporary folder and renamed into place."""
     from hftoolkit.errors import UserError
 
     if arch not in ARCHS:
@@ -122,7 +120,10 @@ def _build(arch: str):
 
 
 def train_tokenizer(arch: str):
-    """A BPE tokenizer trained on the package's own text (builtin.corpus), wrapped for transformers."""
+    """A BPE tokenizer trained on the package's own text (builtin.corpus), wrapped for transformers.
+
+    The trainer may order tied merges differently from one build to the next, so a run directory keeps the
+    tokenizer it trained with and `eval`/`predict` use that one, not the cache's."""
     from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
     from transformers import PreTrainedTokenizerFast
 

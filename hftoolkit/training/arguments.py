@@ -1,9 +1,6 @@
 """A recipe's training settings as the Trainer takes them, decided for the machine at hand.
 
-- `training_arguments`: TrainingArguments from the recipe (batch split over processes, precision,
-  optimizer, schedule, checkpointing, eval and save strategies, data loader, trackers).
-- `run_record`: what metrics.json says about how the run trained (precision, best step).
-
+`training_arguments` makes the TrainingArguments; `run_record` says in metrics.json how the run trained.
 Imports no torch at module level.
 """
 
@@ -22,7 +19,8 @@ PROJECT_VARIABLES = {"wandb": "WANDB_PROJECT", "mlflow": "MLFLOW_EXPERIMENT_NAME
 
 
 def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
-    """TrainingArguments for the job, in the precision it resolved."""
+    """TrainingArguments for the job, in the precision it resolved: the batch split over processes, optimizer,
+    schedule, checkpointing, eval and save strategies, data loader and trackers."""
     import torch
     from accelerate import PartialState
     from transformers import TrainingArguments
@@ -117,7 +115,10 @@ def _tracker_project(training) -> None:
 
 
 def per_process_batch(batch_size: int, num_processes: int) -> int:
-    """training.batch_size split over the processes (a batch that does not divide is refused by `Strategy.problems`)."""
+    """training.batch_size split over the processes (a batch that does not divide is refused by `Strategy.problems`).
+    training.batch_size is the batch of one optimizer step over all processes (before gradient accumulation), so a
+    recipe trains the same way on 1 or N processes; eval.batch_size is per process (a memory knob: it does not
+    change which examples are scored)."""
     if batch_size % num_processes:
         raise UserError(f"training.batch_size: {batch_size} does not split evenly over {num_processes} processes: "
                         f"set it to a multiple of {num_processes}")

@@ -1,17 +1,7 @@
 """The order examples are batched in: similar lengths together, so that batches pad little.
 
-- Training with training.sampling=group_by_length (the default for text): `LengthBucketSampler`.
-  Examples are shuffled, sorted by length (ties keep their shuffled order), cut into batches, and
-  the batches shuffled, so each batch holds examples of nearly one length. transformers' own
-  sampler only sorts within "megabatches" of 50 batches, so it pads more; benchmarks/classification.py
-  measures both.
-  The order is drawn from seed + epoch, not from the global torch RNG, whose state at the start of
-  epoch 2 differs between an uninterrupted run and a resumed one: a resumed run sees the same batches.
-- Eval: `shortest_first` sorts the eval set by length before the Trainer reads it, in order (the
-  Trainer would otherwise shuffle a group_by_length eval set too, and predictions would no longer
-  line up with the data); callers map results back with the order it returns.
-
-The Trainer mixin that installs the sampler is `LengthBatching`, at its end.
+Training with training.sampling=group_by_length (the default for text) draws its batches from
+`LengthBucketSampler`; the Trainer mixin that installs it is `LengthBatching`, at its end.
 """
 
 from __future__ import annotations
@@ -19,6 +9,12 @@ from __future__ import annotations
 
 class LengthBucketSampler:
     """Indices in batches of nearly equal length, in an order drawn from seed + epoch.
+
+    Examples are shuffled, sorted by length (ties keep their shuffled order), cut into batches, and the batches
+    shuffled, so each batch holds examples of nearly one length. transformers' own sampler only sorts within
+    "megabatches" of 50 batches, so it pads more; benchmarks/classification.py measures both. The order is drawn
+    from seed + epoch, not from the global torch RNG, whose state at the start of epoch 2 differs between an
+    uninterrupted run and a resumed one: a resumed run sees the same batches.
 
     The batch holding the longest example comes first, as in transformers' sampler, so a batch
     too large for memory fails at step 1 rather than hours in. A last, smaller batch stays last:
@@ -52,7 +48,11 @@ class LengthBucketSampler:
 
 
 class LengthBatching:
-    """Trainer mixin: the bucketed train order for group_by_length, and eval sets read in their own order."""
+    """Trainer mixin: the bucketed train order for group_by_length, and eval sets read in their own order.
+
+    The Trainer would otherwise shuffle a group_by_length eval set too, and predictions would no longer line up
+    with the data. `evaluation.evaluate.shortest_first` sorts an eval set by length before the Trainer reads it;
+    callers map results back with the order it returns."""
 
     def _get_train_sampler(self, train_dataset=None):
         sampler = super()._get_train_sampler(train_dataset)

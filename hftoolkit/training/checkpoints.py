@@ -1,12 +1,8 @@
 """Checkpoints you can resume from: written atomically, kept by number, found and checked on --resume.
 
-The Trainer saves what an exact resume needs, but writes straight into `checkpoint-N`, so a kill during a save
-leaves a folder that looks like a checkpoint and is not one; this module writes and rotates checkpoints so that a
-checkpoint folder is complete or absent (docs/architecture.md, "The run directory"). The Trainer mixin that calls
-it while saving is `AtomicCheckpoints`, at its end.
-
-Test hooks (never set outside tests): HFTOOLKIT_TEST_PAUSE_IN_SAVE=N sleeps in the save of checkpoint N before the
-rename, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=N once it is complete and rotated; each prints a line that a test kills on.
+The Trainer writes straight into `checkpoint-N`, so a kill during a save leaves a folder that looks like a
+checkpoint and is not one; here a checkpoint folder is complete or absent (docs/architecture.md, "The run
+directory"). The Trainer mixin that calls this while saving is `AtomicCheckpoints`, at its end.
 """
 
 from __future__ import annotations
@@ -232,6 +228,9 @@ def _fsync(path: Path) -> None:
 
 
 def test_pause(variable: str, step: int) -> None:
+    """A test hook, never set outside tests: HFTOOLKIT_TEST_PAUSE_IN_SAVE=N sleeps in the save of checkpoint N
+    before the rename, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=N once it is complete and rotated; each prints a line
+    that a test kills on."""
     if os.environ.get(variable) == str(step):
         # The line tells a test the pause has begun: waiting for a folder instead would race what follows it.
         console.note(f"{PAUSED} {variable}={step}")

@@ -1,16 +1,5 @@
 """The process between `hftoolkit train` and its training processes: accelerate's launcher, run in this process so
-that it ends with the process that started it and says nothing of its own.
-
-`accelerate launch` (torchrun underneath) starts each training process in a session of its own, so a signal to the
-terminal's process group never reaches them, and when the launcher itself fails or is stopped it prints a
-traceback. Here:
-- this process ends when `hftoolkit train` ends, however it ends (processes.die_with_parent), and each training
-  process ends with this one (the same, armed in cli/app.main);
-- a stop (SIGINT, SIGTERM) is handed to the training processes by torchrun's own handlers, and this process exits
-  with 128 + the signal, silently: the main training process says where the run stopped;
-- a training process that fails wrote its reason (processes.record_reason); one killed by a signal cannot, so it
-  is written here; `relaunch.relaunch` prints the one that explains the rest;
-- what the libraries log here goes to a file beside those reasons, which `relaunch` appends to the run's train.log.
+that it ends with the process that started it and says nothing of its own (`main`).
 
 Run as `python -m hftoolkit.training.launcher ACCELERATE-LAUNCH-ARGUMENTS`.
 """
@@ -36,6 +25,20 @@ LOG_NAME = "launcher.log"
 
 
 def main(argv: list[str]) -> int:
+    """Run `accelerate launch` with `argv`; returns the exit status to end with.
+
+    `accelerate launch` (torchrun underneath) starts each training process in a session of its own, so a signal to
+    the terminal's process group never reaches them, and when the launcher itself fails or is stopped it prints a
+    traceback. Here:
+    - this process ends when `hftoolkit train` ends, however it ends (processes.die_with_parent), and each training
+      process ends with this one (the same, armed in cli/app.main);
+    - a stop (SIGINT, SIGTERM) is handed to the training processes by torchrun's own handlers, and this process
+      exits with 128 + the signal, silently: the main training process says where the run stopped;
+    - a training process that fails wrote its reason (processes.record_reason); one killed by a signal cannot, so
+      it is written here (`_failed`); `relaunch.relaunch` prints the one that explains the rest;
+    - what the libraries log here goes to a file beside those reasons (`_log_to_file`), which `relaunch` appends
+      to the run's train.log.
+    """
     stop_on_signals()  # (torchrun's agent installs its own while it waits on the training processes)
     die_with_parent()
     os.environ[PARENT_VARIABLE] = str(os.getpid())  # each training process ends with this one

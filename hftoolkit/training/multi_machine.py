@@ -1,13 +1,8 @@
-"""Training on several machines: the run directory they write, and a machine that stops.
+"""Training on several machines: the run directory they write (`check_run_directory`), and a machine that stops
+(`lost_peer`: the others stop with one line instead of a gloo traceback, and --resume continues the run).
 
-- `check_run_directory`: a shared run directory is written by machine 0 alone; with training.save_on_each_node each
-  machine writes its own copy (for machines without a shared file system). Whichever is wrong is refused at start.
-- `lost_peer`: when a process of the run ends (killed, its machine lost), the others' next collective call fails
-  as its connection closes; they stop with one line instead of a gloo traceback, and --resume continues the run.
-
-Planning the machines (--num-machines, --machine-rank, --main-process-ip) is `strategies/launch.py`'s, starting
-them `relaunch.py`'s; full fine-tuning's weights written on each machine is `patches/transformers_5.py`'s.
-Imports no torch at module level.
+Planning the machines is `strategies/launch.py`'s, starting them `relaunch.py`'s; full fine-tuning's weights
+written on each machine is `patches/transformers_5.py`'s. Imports no torch at module level.
 """
 
 from __future__ import annotations
@@ -23,7 +18,8 @@ from hftoolkit.training.strategies.launch import LaunchPlan, this_process
 def check_run_directory(run_dir: Path, each_node: bool, launch: LaunchPlan) -> None:
     """On several machines, refuse a run directory that they would write wrongly: one that a machine cannot see
     (machine 0 writes the run and commits its checkpoints alone, so --resume elsewhere would find nothing), or,
-    with training.save_on_each_node, one that machines share (each would write the same files into it).
+    with training.save_on_each_node, one that machines share (each would write the same files into it). Each
+    machine writing its own copy is for machines without a shared file system.
 
     Machine 0 makes a file of a random name in its run directory; every process says whether it sees it there.
     A collective call: every process raises alike, so none is left waiting for one that stopped.

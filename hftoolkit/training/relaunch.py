@@ -1,11 +1,8 @@
-"""Starting a run's processes: `hftoolkit train RECIPE --num-processes N` (or `--accelerate-config FILE`, or a recipe's
-training.accelerate_config) starts itself again under `accelerate launch`; a process that a launcher already started
-(accelerate, torchrun, mpirun) never relaunches. On several machines each machine runs the same command with its
-own rank. The launch itself is planned, and checked against the recipe, in `strategies/launch.py`.
-
-training.batch_size is the batch of one optimizer step over all processes (before gradient accumulation), so a
-recipe trains the same way on 1 or N processes; eval.batch_size is per process (a memory knob: it does not change
-which examples are scored). Imports no torch at module level: the launching process stays light.
+"""Starting a run's processes: `hftoolkit train RECIPE --num-processes N` (or `--accelerate-config FILE`, or a
+recipe's training.accelerate_config) starts itself again under `accelerate launch`; a process that a launcher
+already started (accelerate, torchrun, mpirun) never relaunches. On several machines each machine runs the same
+command with its own rank. The launch is planned, and checked against the recipe, in `strategies/launch.py`.
+Imports no torch at module level: the launching process stays light.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """Training on a stream (data.streaming) and resuming it where it stopped, without reading it again.
 
 The Trainer resumes by skipping the batches already trained on (accelerate's `skip_first_batches`), which on a
-stream means reading, tokenizing and collating every row again from the start. A datasets `IterableDataset` can
-instead save its position (`state_dict()`) and start from it (`load_state_dict`): `row_stream` notes the position
-as training reads, and `StreamPosition` saves it with each checkpoint and restores it on --resume.
-
-A stream that ends before training.max_steps starts again from its first row (the Trainer's next epoch).
+stream means reading, tokenizing and collating every row again; a datasets `IterableDataset` instead saves its
+position (`state_dict()`): `row_stream` notes it, `StreamPosition` saves it with each checkpoint and restores it.
 """
 
 from __future__ import annotations
@@ -26,7 +23,8 @@ def row_stream(stream, rows_per_batch: int):
     current batch) after every `rows_per_batch` rows it gives out. The data loader reads ahead of training, so the
     position a checkpoint needs is the one noted at the rows its step had taken (optimizer steps x rows per step),
     not the rows read so far. On resume nothing before the position is read again but the one map batch in flight,
-    whose rows already given out are dropped.
+    whose rows already given out are dropped. A stream that ends before training.max_steps starts again from its
+    first row (the Trainer's next epoch).
     """
     import torch
 

@@ -1,14 +1,8 @@
 """How fast a run went: tokens, padding, and achieved FLOP/s against this machine's matmul rate.
 
-FLOPs convention (per real, non-padding token, N = parameters outside the embeddings):
-  forward 2N; backward 2N for activation gradients plus 2N for weight gradients.
-  Full fine-tuning: 6N. LoRA (frozen base, weight gradients only for the small adapters):
-  about 4N. Attention adds 4 * layers * T * d per token forward (QK^T and AV, T the batch's
-  padded length, d the model width), times 3 for full training and 2 for LoRA.
-`matmul_fraction` compares that rate with what this machine's matrix products reach at the run's precision
-and the run's sizes: a batch's tokens times the model's width, through its attention projections (width x
-width) and its feed-forward (width x intermediate), measured once per host and cached (`matmul_flops_per_second`).
-A fraction near 1 says the run goes as fast as the products it is made of can; the rest is everything else.
+`training_flops` counts the FLOPs spent on real tokens; `efficiency` compares that rate with what this machine's
+matrix products reach at the run's precision and sizes (`matmul_flops_per_second`, measured once per host and
+cached).
 """
 
 from __future__ import annotations
@@ -69,7 +63,12 @@ def model_shape(model) -> dict:
 
 
 def training_flops(shape: dict, counts: dict, lora: bool) -> float:
-    """FLOPs spent on real tokens under the module docstring's convention."""
+    """FLOPs spent on real tokens (not padding), N being the parameters outside the embeddings.
+
+    Forward 2N per token; backward 2N for activation gradients plus 2N for weight gradients. Full fine-tuning:
+    6N. LoRA (frozen base, weight gradients only for the small adapters): about 4N. Attention adds
+    4 * layers * T * d per token forward (QK^T and AV, T the batch's padded length, d the model width), times 3
+    for full training and 2 for LoRA."""
     per_token = (4 if lora else 6) * shape["non_embedding"]
     attention = 4 * shape["layers"] * shape["width"] * counts["token_length_product"] * (2 if lora else 3)
     return per_token * counts["real"] + attention
@@ -161,7 +160,8 @@ def efficiency(model, counts: dict, seconds: float, lora: bool, processes: int =
     run's precision and sizes: its width, and its batches' mean padded token count on one process).
 
     `counts` are one process's; every process takes an equal share of each step, so the run's totals
-    are `processes` times as large, and its matmul capacity is `processes` devices' worth.
+    are `processes` times as large, and its matmul capacity is `processes` devices' worth. A fraction near 1 says
+    the run goes as fast as the products it is made of can; the rest is everything else.
     """
     tokens_per_batch = counts["total"] // max(counts.get("batches", 1), 1)
     counts = {k: v * processes for k, v in counts.items()}

@@ -1,15 +1,8 @@
 """`bench`: the course's comparison in one offline command: the same task done by different architectures.
 
-Sentiment classification with an encoder (BERT), a decoder (GPT-2) and an encoder-decoder (BART);
-translation with T5, BART and a decoder (GPT-2, prompt + target); image classification with ViT.
-Each run starts from a shipped smoke recipe (init: checkpoints, builtin: data) with only the checkpoint
-changed; the runs of one task share every other setting, epochs included. BENCH's last column holds what
-the bench changes for all runs of a task: fewer epochs than the recipe (to stay short), and translation
-without T5's task prefix, a convention that a randomly initialized model cannot know and that the tiny
-tokenizers split into more tokens than a whole source sentence has. The runs go
-through the sweep machinery (`sweep.prepare`, `sweep.run_variants`): every recipe is validated before
-anything trains, one progress line per run, a failing run is recorded and the others go on. A bench
-measures, so every run trains again from scratch. Runs go to OUT/runs/<task>-<arch>/, the report to OUT.
+Sentiment classification with an encoder (BERT), a decoder (GPT-2) and an encoder-decoder (BART); translation
+with T5, BART and a decoder (GPT-2, prompt + target); image classification with ViT. Runs go to
+OUT/runs/<task>-<arch>/, the report to OUT.
 """
 
 from __future__ import annotations
@@ -31,7 +24,13 @@ BENCH = (
 
 
 def bench_variants(families: list[str] | None, recipes_dir: Path, overrides: list[str] = ()) -> list:
-    """The bench's runs as sweep variants, only those of `families` when given (encoder, decoder, seq2seq, vision)."""
+    """The bench's runs as sweep variants, only those of `families` when given (encoder, decoder, seq2seq, vision).
+
+    Each run starts from a shipped smoke recipe (init: checkpoints, builtin: data) with only the checkpoint
+    changed; the runs of one task share every other setting, epochs included. BENCH's last column holds what the
+    bench changes for all runs of a task: fewer epochs than the recipe (to stay short), and translation without
+    T5's task prefix, a convention that a randomly initialized model cannot know and that the tiny tokenizers
+    split into more tokens than a whole source sentence has."""
     from hftoolkit.config.families import FAMILIES, INIT_FAMILIES
     from hftoolkit.workflows.variants import Variant
 
@@ -52,7 +51,11 @@ def bench_variants(families: list[str] | None, recipes_dir: Path, overrides: lis
 
 def bench(families: list[str] | None, out: Path, recipes_dir: Path, overrides: list[str] = (),
           echo: Callable[[str], None] = print, verbosity=None):
-    """Train the bench's runs into OUT/runs/ and write OUT/report.md; returns the sweep's result."""
+    """Train the bench's runs into OUT/runs/ and write OUT/report.md; returns the sweep's result.
+
+    The runs go through the sweep machinery (`variants.prepare`, `variants.run_variants`): every recipe is
+    validated before anything trains, one progress line per run, a failing run is recorded and the others go on.
+    A bench measures, so every run trains again from scratch."""
     from hftoolkit.runs.report import write_report
     from hftoolkit.workflows.variants import SweepResult, prepare, run_variants
 

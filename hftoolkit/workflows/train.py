@@ -1,11 +1,7 @@
-"""Train, evaluate and write the run directory: the one path every recipe takes.
-
-recipe -> resolve_job (checkpoint, config, processor, data and preflight, once; no weights) -> the formulation's
-load_model / preprocess / collator -> HF Trainer -> weights saved -> evaluate (loss, metrics, predictions) -> run
-directory.
-Only the main process writes (with training.save_on_each_node, each machine's first process writes its own copy:
-`writes_run`). The weights are written as soon as training ends, before anything else can
-fail: a run whose eval pass fails keeps them, says "trained, eval failed", and `hftoolkit eval` completes it.
+"""Train, evaluate and write the run directory: the one path every recipe takes (docs/architecture.md, "One job,
+resolved once"). Only the main process writes (`writes_run`). The weights are written as soon as training ends,
+before anything else can fail: a run whose eval pass fails keeps them, says "trained, eval failed", and
+`hftoolkit eval` completes it.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
 """The runs of a sweep or bench (variants): each validated and its folder judged before anything trains
-(`prepare`), then trained one by one, a failure recorded and the next one going on (`run_variants`).
-
-Re-running picks up where the last run stopped, from what the variant folders say: a complete run is skipped; a
-running (killed) or failed one resumes from its newest complete checkpoint (training.save_steps; without one it
-starts again from step 0); a missing one trains. Light at import: torch and transformers are imported by the
+(`prepare`), then trained one by one, a failure recorded and the next one going on (`run_variants`). Re-running
+picks up where the last run stopped (`_decide`). Light at import: torch and transformers are imported by the
 training itself.
 """
 
@@ -99,7 +96,10 @@ def prepare(variants: list[Variant], out: Path, overwrite: bool = False, num_pro
 
 
 def _decide(variant: Variant, overwrite: bool) -> str | None:
-    """Set variant.action from what its folder holds; return a problem, or None."""
+    """Set variant.action from what its folder holds; return a problem, or None.
+
+    A complete run is skipped; a running (killed) or failed one resumes from its newest complete checkpoint
+    (training.save_steps; without one it starts again from step 0); a missing one trains."""
     from hftoolkit.runs.rundir import RunDirectory
     from hftoolkit.training.checkpoints import latest_checkpoint
 

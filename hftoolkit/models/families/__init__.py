@@ -1,10 +1,8 @@
-"""The four model families, one module each, all implementing the `Family` protocol below.
+"""The four model families, one module each, and the `Family` protocol their formulations follow.
 
-A family module answers for every task it can do (tasks.py names them) through its `FORMULATIONS`:
-task -> an object with the same five functions. Formulations that several families share (a text
-classifier on an encoder, a decoder or an encoder-decoder) live in `labels.py`. Datasets reaching a
-family carry data.py's canonical columns (text, label, target, image).
-Modules load lazily: importing this package imports no torch.
+A family module maps every task it can do (tasks.py names them) to a formulation through its `FORMULATIONS`;
+formulations several families share live in `labels.py`. Modules load lazily: importing this package imports
+no torch.
 """
 
 from __future__ import annotations
@@ -21,7 +19,8 @@ if TYPE_CHECKING:
 
 
 class Family(Protocol):
-    """What training and evaluation ask of a family's formulation of a task."""
+    """What training and evaluation ask of a family's formulation of a task. The datasets it is handed carry
+    data.py's canonical columns (text, label, target, image), never the user's column names."""
 
     def load_model(self, job: Job) -> tuple[Any, Any]:
         """(model, processor): the checkpoint with the task head, quantized as asked, wrapped in LoRA."""

@@ -1,11 +1,7 @@
-"""Decoder-only models (GPT-2, Llama and kin): causal language modelling, and the other text tasks
-written as one sequence: translation and summarization as prompt + target, instruction tuning as
-prompt + target in the tokenizer's chat template, classification and tagging with transformers'
-decoder heads (labels.py).
-
-The output continues a prompt, so each token attends only to the tokens before it (the course's
-decision tree). Causal LM trains on the text itself (`labels` are the input ids; the model shifts
-them by one inside its loss) and reports perplexity; prompt + target trains on the target only.
+"""Decoder-only models (GPT-2, Llama and kin): causal language modelling, and the other text tasks written as
+one sequence: translation and summarization as prompt + target, instruction tuning as prompt + target in the
+tokenizer's chat template, classification and tagging with transformers' decoder heads (labels.py). The output
+continues a prompt, so each token attends only to the tokens before it (the course's decision tree).
 """
 
 from __future__ import annotations
@@ -91,7 +87,8 @@ def _collator(job: Job, tokenizer):
 
 
 class CausalLM:
-    """Next-token prediction on the text itself; perplexity; predictions continue a prompt."""
+    """Next-token prediction on the text itself; perplexity; predictions continue a prompt. The labels are the
+    input ids: the model shifts them by one inside its loss."""
 
     def load_model(self, job: Job):
         return _load_causal_lm(job)

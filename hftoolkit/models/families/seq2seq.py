@@ -1,11 +1,7 @@
-"""Encoder-decoder models (T5, BART and kin): translation, summarization, instructions (as FLAN-T5 was
-tuned: the instruction is the input, the answer the target), BART's denoising objective, and classification
-with BART's or T5's classification head (labels.py).
-
-The output transforms a separate input, so an encoder reads the input with bidirectional
-attention and a decoder writes the output, attending to it (the course's decision tree).
-Labels are the target's token ids; the model makes its decoder inputs by shifting them right
-(T5 `_shift_right`, BART `shift_tokens_right`), so the collator only pads.
+"""Encoder-decoder models (T5, BART and kin): translation, summarization, instructions (as FLAN-T5 was tuned:
+the instruction is the input, the answer the target), BART's denoising objective, and classification with BART's
+or T5's classification head (labels.py). The output transforms a separate input, so an encoder reads the input
+with bidirectional attention and a decoder writes the output, attending to it (the course's decision tree).
 """
 
 from __future__ import annotations
@@ -124,8 +120,10 @@ def _preprocess_denoise(job: Job, tokenizer, dataset):
 def _padding_collator(job: Job, tokenizer):
     """Pads inputs with the pad token and labels with -100 (ignored by the loss).
 
-    With label smoothing the Trainer takes the labels away from the model to compute the loss
-    itself, so the model can't shift them into decoder inputs: the collator does it then.
+    Labels are the target's token ids; the model makes its decoder inputs by shifting them right (T5's
+    `_shift_right`, BART's `shift_tokens_right`), so the collator only pads. With label smoothing the Trainer
+    takes the labels away from the model to compute the loss itself, so the model can't shift them into decoder
+    inputs: the collator does it then.
     """
     from transformers import DataCollatorForSeq2Seq
 

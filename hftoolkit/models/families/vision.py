@@ -1,10 +1,7 @@
 """Vision transformers (ViT and kin): image classification.
 
-The input is an image: the processor resizes it to the checkpoint's size and
-normalizes it, the model reads it as a sequence of patches, and the classifier
-reads the [CLS] position. Images are decoded and transformed per batch as they are
-drawn (`with_transform`), so a large image folder is never expanded into a cache of
-float tensors (a 224x224 RGB image is 600 KB as pixel_values).
+The input is an image: the processor resizes it to the checkpoint's size and normalizes it, the model reads it
+as a sequence of patches, and the classifier reads the [CLS] position.
 """
 
 from __future__ import annotations
@@ -34,7 +31,10 @@ class ImageClassification:
         return model, processor
 
     def preprocess(self, job: Job, processor, dataset):
-        """Check every image can be opened, then turn "image" into pixel_values and "label" into labels per batch."""
+        """Check every image can be opened, then turn "image" into pixel_values and "label" into labels per batch.
+
+        Images are decoded and transformed per batch as they are drawn (`with_transform`), so a large image folder
+        is never expanded into a cache of float tensors (a 224x224 RGB image is 600 KB as pixel_values)."""
         import datasets
 
         feature = dataset.features["image"]

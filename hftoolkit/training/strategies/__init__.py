@@ -1,12 +1,8 @@
 """The ways a run is spread over its processes, one module each, behind one protocol (`base.Strategy`).
 
-The launch (`launch.LaunchPlan`: how many processes, which accelerate config) is planned once by the command, or
-read back once in a process a launcher started; `strategy_for` turns it into the strategy, which `resolve_job` puts
-on the `Job`. Nothing after it reads the launch from the environment, or asks the Trainer whether FSDP or
-DeepSpeed is engaged: it asks `job.strategy`.
-
-A new strategy is one new module holding a `Strategy` subclass, and one line in `STRATEGIES` (and, if accelerate
-names it by a new distributed type, one line in `strategy_for`).
+`strategy_for` turns the launch (`launch.LaunchPlan`) into the strategy the `Job` carries; nothing after it reads
+the launch from the environment, or asks the Trainer whether FSDP or DeepSpeed is engaged (docs/architecture.md,
+"The strategy protocol", says how to add one).
 """
 
 from __future__ import annotations

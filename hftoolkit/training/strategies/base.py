@@ -1,18 +1,8 @@
 """The protocol every strategy follows, with what a single process does as the default of each part.
 
 A strategy is one way of spreading a run over its processes (`single`, `ddp`, `fsdp`, `zero`). It is made once
-from the launch (`strategy_for`), put on the `Job`, and asked at each stage where the way of spreading matters:
-
-    problems(recipe, cuda)  what the recipe asks that this strategy can't do, one line each (before any launch)
-    process_state()         accelerate's state for this process (the process group)
-    loading(state)          the context the model is loaded in, and `load_arguments` / `receives_weights`
-    trainer_arguments(cuda) TrainingArguments' device settings; `building_trainer()` the context it is built in
-    prepare(trainer, run)   what the strategy adds once the Trainer exists
-    record(trainer)         what manifest.json's "distributed" records (a collective call)
-    save(trainer, target)   writing the weights (every process: sharded weights are gathered first)
-    shards_parameters       a forward pass needs every process
-    spread()                the figures its memory and time plan divides (plan.py)
-Imports no torch at module level.
+from the launch (`strategy_for`), put on the `Job`, and asked at each stage where the way of spreading matters
+(its parts: docs/architecture.md, "The strategy protocol"). Imports no torch at module level.
 """
 
 from __future__ import annotations
@@ -29,7 +19,8 @@ if TYPE_CHECKING:
 class Strategy:
     name: ClassVar[str] = "single"  # the key in strategies.STRATEGIES, and what `plan --json` names
     label: ClassVar[str] = "one process"  # how a person reads it
-    shards_parameters: ClassVar[bool] = False  # FSDP, ZeRO-3: each process holds a slice of every weight
+    # FSDP, ZeRO-3: each process holds a slice of every weight, so a forward pass needs every process.
+    shards_parameters: ClassVar[bool] = False
     shards_gradients: ClassVar[bool] = False
     shards_optimizer: ClassVar[bool] = False
     sharding: ClassVar[str | None] = None  # "FSDP" or "DEEPSPEED": how its checkpoints are written

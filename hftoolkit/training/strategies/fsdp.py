@@ -1,11 +1,7 @@
 """FSDP (torch's FSDP2, `fully_shard`): each process holds 1/N of every weight, its gradients and its optimizer
-states, and gathers a block's weights for the moment it computes with them. On CPU processes over gloo as on GPUs
-over NCCL: accelerate engages it only for accelerator processes, so `patches.accelerate_1_15.fsdp_on_cpu` completes
-the decision accelerate skips on a CPU, while the Trainer builds its Accelerator. From there the run takes the GPU
-path (Trainer -> Accelerator.prepare -> fsdp2_prepare_model, save_fsdp_model, load_fsdp_model).
-
-RAM-efficient loading (fsdp_cpu_ram_efficient_loading): only the first process reads the checkpoint, and
-fsdp2_prepare_model broadcasts its weights to the others as it shards the model.
+states, and gathers a block's weights for the moment it computes with them. CPU processes over gloo take the GPU
+path (Trainer -> Accelerator.prepare -> fsdp2_prepare_model, save_fsdp_model, load_fsdp_model) once
+`building_trainer` completes the decision accelerate skips on a CPU (`patches.accelerate_1_15.fsdp_on_cpu`).
 """
 
 from __future__ import annotations
@@ -48,6 +44,8 @@ class FSDP(Strategy):
         return {"bnb_4bit_quant_storage": compute_dtype}
 
     def receives_weights(self) -> bool:
+        """RAM-efficient loading (fsdp_cpu_ram_efficient_loading): only the first process reads the checkpoint, and
+        fsdp2_prepare_model broadcasts its weights to the others as it shards the model."""
         from hftoolkit.training.strategies.launch import this_process
 
         return self.launch.ram_efficient_loading and this_process().rank > 0

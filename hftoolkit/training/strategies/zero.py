@@ -1,14 +1,7 @@
 """DeepSpeed ZeRO: stage 2 partitions the gradients and the optimizer states over the processes (each holds the
-whole weights), stage 3 the weights too, gathering a block's for the moment it computes with them.
-
-A DeepSpeed run goes the same way on GPUs and on CPUs: Trainer -> accelerate -> deepspeed.initialize, with
-DeepSpeed's own accelerator (CUDA, or its CPU accelerator, whose collectives go over gloo). accelerate engages
-DeepSpeed only for processes it does not treat as CPU ones, so on a CPU-only machine the process state is set up as
-`patches.accelerate_1_15.deepspeed_cpu_state` says, and the Trainer is told to use it as it is.
-
-ZeRO-3 partitions the model as it is built (deepspeed.zero.Init inside from_pretrained) only if transformers
-sees a live DeepSpeed config at that moment: `ZeRO3.loading` makes it live before the weights load, and keeps it
-until the Trainer exists (transformers holds only a weak reference to it).
+whole weights), stage 3 the weights too, gathering a block's for the moment it computes with them. A run goes
+Trainer -> accelerate -> deepspeed.initialize on GPUs and CPUs alike, with DeepSpeed's own accelerator (CUDA, or
+its CPU accelerator, whose collectives go over gloo).
 """
 
 from __future__ import annotations
@@ -53,6 +46,9 @@ class ZeRO2(Strategy):
         return not has_cuda()
 
     def process_state(self):
+        """accelerate engages DeepSpeed only for processes it does not treat as CPU ones, so on a CPU-only machine
+        the state is set up as `patches.accelerate_1_15.deepspeed_cpu_state` says, and the Trainer is told to use
+        it as it is (`trainer_arguments`)."""
         if not self._on_cpu():
             return super().process_state()
         from hftoolkit.patches.accelerate_1_15 import deepspeed_cpu_state
@@ -113,7 +109,11 @@ class ZeRO3(ZeRO2):
 def config_at_load():
     """The DeepSpeed config made live for from_pretrained, when this ZeRO-3 run builds its model partitioned
     (zero3_init_flag); None otherwise. Its batch sizes are placeholders ("auto", filled in by the Trainer later),
-    which deepspeed.zero.Init does not read."""
+    which deepspeed.zero.Init does not read.
+
+    ZeRO-3 partitions the model as it is built (deepspeed.zero.Init inside from_pretrained) only if transformers
+    sees a live DeepSpeed config at that moment: `ZeRO3.loading` makes it live before the weights load, and it is
+    kept until the Trainer exists (`prepare`), since transformers holds only a weak reference to it."""
     from accelerate.utils import DeepSpeedPlugin
 
     plugin = DeepSpeedPlugin()  # from the variables accelerate launch set from the config file
