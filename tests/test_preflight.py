@@ -294,7 +294,7 @@ def test_preflight_refuses_packing_for_every_task_and_family_whose_formulation_d
 
     packing = {(family, task) for family in ("encoder", "decoder", "seq2seq", "vision")
                for task, form in family_module(family).FORMULATIONS.items() if packs(form)}
-    packed = tasks.language_model_tasks("decoder")
+    packed = tasks.packed()
     assert packing == {("decoder", task) for task in packed}
     recipe = load_recipe(ENCODER, ["data.packing=true"])
     for task in tasks.names():

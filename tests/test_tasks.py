@@ -11,7 +11,8 @@ from hftoolkit.config.tasks import CAUSAL_LM, TaskSpec
 QUESTION_ANSWERING = TaskSpec(
     "question-answering", columns=("text", "target"), labels=None, scoring="generation", main_metric="f1",
     greater_is_better=True, metrics=("f1",), heads={"encoder": "AutoModelForQuestionAnswering", "decoder": CAUSAL_LM},
-    recommended="encoder", why="the answer is a span of the input", pipeline_tag="question-answering")
+    recommended="encoder", why="the answer is a span of the input", pipeline_tag="question-answering",
+    packs=True)
 
 
 def missing_formulations() -> list[tuple[str, str]]:

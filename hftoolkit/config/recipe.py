@@ -24,6 +24,7 @@ from hftoolkit.config.sections import (
     LoraSection,
     ModelSection,
     OutputSection,
+    PreferenceSection,
     Section,
     TrainingSection,
 )
@@ -68,7 +69,16 @@ class Recipe(Section):
     data: DataSection
     training: TrainingSection = TrainingSection()
     eval: EvalSection = EvalSection()
+    preference: PreferenceSection | None = Field(None, description="task preference: the method and its beta")
     output: OutputSection = OutputSection()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preference_defaults(cls, data):
+        """A preference recipe without a preference section gets its defaults (DPO, beta 0.1)."""
+        if isinstance(data, dict) and data.get("task") == tasks.PREFERENCE and data.get("preference") is None:
+            return {**data, "preference": {}}
+        return data
 
     @field_validator("task", mode="before")
     @classmethod
@@ -91,6 +101,9 @@ class Recipe(Section):
         if self.model.quantization != "none" and not self.lora.enabled:
             raise ValueError(f"{self.model.quantization} weights can't be trained directly: "
                              "set lora.enabled to true, or model.quantization to none for full fine-tuning")
+        if self.preference is not None and self.task != tasks.PREFERENCE:
+            raise ValueError(f"the preference section says how preference pairs are learned, and the task is "
+                             f"{self.task}: remove it, or set task to preference")
         if self.data.packing == "blocks" and self.task != tasks.CLM:
             raise ValueError(f"data.packing blocks cuts concatenated texts, which only task clm trains on, and the "
                              f"task is {self.task}: set data.packing to true (whole examples) or false")

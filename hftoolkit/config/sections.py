@@ -78,6 +78,9 @@ class DataSection(Section):
     messages_column: str = Field("messages", min_length=1, description="instruction: a column of conversations, "
                                  "lists of {role, content} turns; a data set that has it is read as conversations")
     image_column: str = "image"
+    chosen_column: str = Field("chosen", description="preference: the preferred answer (a text, or a conversation "
+                                                     "whose first turns are the prompt)")
+    rejected_column: str = Field("rejected", description="preference: the rejected answer, in chosen's layout")
     train_target: str | None = Field(None, description="aligned targets, one a line, matching data.train's lines")
     eval_target: str | None = Field(None, description="aligned targets for data.eval")
     label_names: list[str] | None = Field(None, description="the classes in id order, written as the data holds "
@@ -237,6 +240,15 @@ class EvalSection(Section):
                     raise ValueError(f"{key} judges the evals made during training, and every is none: "
                                      "set eval.every to epoch or a number of steps")
         return self
+
+
+class PreferenceSection(Section):
+    """task preference: how the pairs are learned, through TRL's trainers."""
+
+    method: Literal["dpo", "ipo"] = Field(
+        "dpo", description="dpo (Rafailov et al. 2023, TRL's sigmoid loss) or ipo (Azar et al. 2023)")
+    beta: float = Field(0.1, gt=0, description="how far the tuned model may move from the reference: higher keeps "
+                                               "it closer (ipo: the regularization tau)")
 
 
 class OutputSection(Section):

@@ -21,6 +21,7 @@ SUMMARIZATION = "summarization"
 INSTRUCTION = "instruction"
 DENOISE = "denoise"
 IMAGE_CLASSIFICATION = "image-classification"
+PREFERENCE = "preference"
 
 # The transformers Auto classes a family's formulation loads (job/architectures.py reads their tables).
 SEQ_CLS = "AutoModelForSequenceClassification"
@@ -41,7 +42,8 @@ class TaskSpec:
         the first is the input that prediction records show.
     labels: "class" (one class per example), "tags" (one class per word), "value" (one float) or None.
     scoring: "logits" (metrics from the Trainer's eval pass), "generation" (metrics on generated
-        text over the eval split) or "loss" (perplexity, exp of the eval loss).
+        text over the eval split), "loss" (perplexity, exp of the eval loss) or "preference" (the implicit
+        rewards of held-out pairs: reward accuracy and margin).
     metrics: the shipped evaluate modules used when eval.metrics is auto; main_metric comes first.
     heads: family -> the Auto class its formulation loads, for every family that does the task; a
         refusal names the families in this order.
@@ -49,6 +51,7 @@ class TaskSpec:
     pipeline_tag: the Hugging Face Hub's name for the task (model cards).
     keeps_trained_head: a checkpoint already fine-tuned with this head keeps it (its label count must fit
         the data's); otherwise the head is built afresh.
+    packs: the decoder's formulation can pack several examples into one row (data.packing true).
     prompt_fraction: eval prediction records prompt with this share of each text (whole documents).
     text_pairs: data.text_pair_column may give each example a second text (MNLI's hypothesis, STS-B's
         second sentence), tokenized with the first as one pair, as transformers' run_glue.py does.
@@ -66,6 +69,7 @@ class TaskSpec:
     why: str
     pipeline_tag: str
     keeps_trained_head: bool = False
+    packs: bool = False
     prompt_fraction: float = 1.0
     text_pairs: bool = False
 
@@ -102,20 +106,20 @@ TASKS = (
     TaskSpec(CLM, columns=("text",), labels=None, scoring="loss",
              main_metric="perplexity", greater_is_better=False, metrics=(),
              heads={"decoder": CAUSAL_LM}, recommended="decoder",
-             why="the output continues a prompt", pipeline_tag="text-generation", prompt_fraction=0.25),
+             why="the output continues a prompt", pipeline_tag="text-generation", packs=True, prompt_fraction=0.25),
     TaskSpec(TRANSLATION, columns=("text", "target"), labels=None, scoring="generation",
              main_metric="bleu", greater_is_better=True, metrics=("sacrebleu", "chrf"),
              heads=_WRITTEN, recommended="seq2seq",
-             why="the output transforms a separate input", pipeline_tag="translation"),
+             why="the output transforms a separate input", pipeline_tag="translation", packs=True),
     TaskSpec(SUMMARIZATION, columns=("text", "target"), labels=None, scoring="generation",
              main_metric="rougeL", greater_is_better=True, metrics=("rouge",),
              heads=_WRITTEN, recommended="seq2seq",
-             why="the output transforms a separate input", pipeline_tag="summarization"),
+             why="the output transforms a separate input", pipeline_tag="summarization", packs=True),
     TaskSpec(INSTRUCTION, columns=("text", "target"), labels=None, scoring="generation",
              main_metric="rougeL", greater_is_better=True, metrics=("rouge",),
              heads={"decoder": CAUSAL_LM, "seq2seq": SEQ2SEQ_LM}, recommended="decoder",
              why="the answer continues the conversation that the prompt starts",
-             pipeline_tag="text-generation"),
+             pipeline_tag="text-generation", packs=True),
     TaskSpec(DENOISE, columns=("text",), labels=None, scoring="loss",
              main_metric="perplexity", greater_is_better=False, metrics=(),
              heads={"seq2seq": SEQ2SEQ_LM}, recommended="seq2seq",
@@ -124,11 +128,17 @@ TASKS = (
              main_metric="accuracy", greater_is_better=True, metrics=("accuracy", "f1"),
              heads={"vision": IMAGE_CLS}, recommended="vision",
              why="the input is an image", pipeline_tag="image-classification"),
+    # Preference pairs: one prompt (text), a preferred answer and a rejected one. TRL's preference trainers read
+    # causal LMs only, so the decoder is the one family.
+    TaskSpec(PREFERENCE, columns=("text", "chosen", "rejected"), labels=None, scoring="preference",
+             main_metric="reward_accuracy", greater_is_better=True, metrics=(),
+             heads={"decoder": CAUSAL_LM}, recommended="decoder",
+             why="the answer is ranked against another answer to the same prompt", pipeline_tag="text-generation"),
 )
 
 # The recipe key that names each canonical column in the user's data.
 COLUMN_KEYS = {"text": "text_column", "label": "label_column", "target": "target_column", "image": "image_column",
-               "text_pair": "text_pair_column"}
+               "text_pair": "text_pair_column", "chosen": "chosen_column", "rejected": "rejected_column"}
 
 
 def names() -> tuple[str, ...]:
@@ -155,6 +165,11 @@ def head(task: str, family: str | None) -> str | None:
 def prompted() -> tuple[str, ...]:
     """Tasks a decoder does as one sequence, the prompt (text) then its target (families/decoder.py)."""
     return tuple(t.name for t in TASKS if "target" in t.columns and "decoder" in t.heads)
+
+
+def packed() -> tuple[str, ...]:
+    """The tasks whose decoder formulation packs examples into rows; data.packing true is refused for the others."""
+    return tuple(t.name for t in TASKS if t.packs)
 
 
 def language_model_tasks(family: str) -> tuple[str, ...]:

@@ -70,10 +70,11 @@ def references(job: Job, raw, count: int) -> list:
     """What the first `count` predictions are compared with: targets, a conversation's final answer, or labels."""
     if "target" in raw.column_names:
         return raw["target"][:count]
-    if "messages" in raw.column_names:  # a conversation: its final assistant turn
-        from hftoolkit.sources.conversations import reference
+    if "messages" in raw.column_names or "chosen" in raw.column_names:  # a conversation's final answer, or the
+        from hftoolkit.sources.conversations import reference              # preferred answer of a pair
 
-        return [reference(turns) for turns in raw["messages"][:count]]
+        answers = raw["messages" if "messages" in raw.column_names else "chosen"][:count]
+        return [a if isinstance(a, str) else reference(a) for a in answers]
     if tasks.spec(job.recipe.task).labels == "value":
         return [round(float(v), 4) for v in raw["label"][:count]]
     if "label" in raw.column_names and job.label_names:

@@ -61,11 +61,14 @@ def preflight(recipe: Recipe, model: ResolvedModel | None, data, label_names: li
 def _dropped(recipe: Recipe, dropped: dict, found: Findings, data) -> None:
     """The rows set aside as the data was read, one note per split and reason: an empty input or target, and a
     label that data.label_map maps to null."""
-    unlabelled = dropped.get("label_map")
-    found.record["dropped_empty"] = {k: v for k, v in dropped.items() if k != "label_map"}
+    unlabelled, identical = dropped.get("label_map"), dropped.get("identical_pairs")
+    found.record["dropped_empty"] = {k: v for k, v in dropped.items() if k not in ("label_map", "identical_pairs")}
     if unlabelled is not None:
         found.record["dropped_by_label_map"] = dict(unlabelled)
-    what = "text or target" if "target" in tasks.spec(recipe.task).columns else "text"
+    if identical is not None:
+        found.record["dropped_identical_pairs"] = dict(identical)
+    columns = tasks.spec(recipe.task).columns
+    what = "text or target" if "target" in columns else ("prompt or answer" if "chosen" in columns else "text")
     if data is not None and "messages" in data["train"].column_names:
         what = "conversation (no assistant turn with text)"
     for split, count in found.record["dropped_empty"].items():
@@ -76,6 +79,10 @@ def _dropped(recipe: Recipe, dropped: dict, found: Findings, data) -> None:
         if count:
             found.notes.append(f"{_split_key(recipe, split)}: dropped {count} row{'s' * (count != 1)} whose label "
                                "data.label_map maps to null")
+    for split, count in (identical or {}).items():
+        if count:
+            found.notes.append(f"{_split_key(recipe, split)}: dropped {count} pair{'s' * (count != 1)} whose chosen "
+                               "and rejected answers are the same (no preference to learn)")
 
 
 def _split_key(recipe: Recipe, split: str) -> str:
@@ -317,14 +324,13 @@ def _name(item, row: int, split: str) -> str:
 
 
 def check_packing(s: Subject, found: Findings) -> None:
-    """data.packing true packs whole examples only where a decoder's formulation packs them (its language-model tasks:
-    families/decoder.py packs each of them), on a
+    """data.packing true packs whole examples only where a decoder's formulation packs them (tasks.packed), on a
     model type that keeps them apart by position ids (architectures.packs_by_positions); anywhere else it is
     refused, never ignored."""
     recipe, config = s.recipe, s.config
     if recipe.data.packing is not True:
         return
-    packs = tasks.language_model_tasks("decoder")
+    packs = tasks.packed()
     if recipe.task not in packs:  # no family packs these: known without the model
         packed = f"{', '.join(packs[:-1])} or {packs[-1]}"
         found.problems.append(f"data.packing: packing whole examples into rows is for tasks {packed} on decoder "

@@ -3,7 +3,7 @@
 All text sets are SYNTHETIC: generated from small templates with a fixed seed, so a
 model can learn them in seconds and nothing is downloaded. `digits` is real:
 scikit-learn's 8x8 handwritten digits (1,797 images), upscaled for the model.
-Every set uses the canonical column names data.py produces: text, label, target, image.
+Every set uses the canonical column names data.py produces: text, label, target, image, chosen, rejected.
 """
 
 from __future__ import annotations
@@ -133,6 +133,23 @@ def instructions(n: int = 1000, seed: int = 0) -> list[dict]:
     return rows
 
 
+def preferences(n: int = 1000, seed: int = 0) -> list[dict]:
+    """Synthetic preference pairs over the instruction set: the chosen answer is the right one, the rejected one
+    fails as a weak model does (it refuses, answers another question, or jumbles the right words)."""
+    rng = random.Random(seed)
+    rows = instructions(n, seed=rng.randrange(1 << 30))
+    others = [row["target"] for row in instructions(n, seed=rng.randrange(1 << 30))]
+    refusals = ["I can't help with that.", "I don't know.", "Ask someone else.", "No idea, sorry."]
+    pairs = []
+    for row, other in zip(rows, others):
+        words = row["target"].split()
+        rng.shuffle(words)
+        jumbled = " ".join(words)
+        wrong = rng.choice([rng.choice(refusals), other, jumbled if jumbled != row["target"] else other])
+        pairs.append({"text": row["text"], "chosen": row["target"], "rejected": wrong})
+    return pairs
+
+
 def digits(n: int | None = None, seed: int = 0, size: int = 32) -> list[dict]:
     """scikit-learn's real 8x8 handwritten digits, upscaled to size x size RGB images, labels '0'-'9'."""
     from PIL import Image
@@ -150,7 +167,8 @@ def digits(n: int | None = None, seed: int = 0, size: int = 32) -> list[dict]:
 
 BUILTIN: dict[str, Callable[..., list[dict]]] = {
     "sentiment": sentiment, "tagging": tagging, "translation": translation,
-    "summarization": summarization, "text": text, "instructions": instructions, "digits": digits,
+    "summarization": summarization, "text": text, "instructions": instructions, "preferences": preferences,
+    "digits": digits,
 }
 
 

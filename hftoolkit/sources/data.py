@@ -43,6 +43,9 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     d = recipe.data
     counts = {"train": 0, "eval": 0}
     train, evaluation = _read_splits(recipe, counts)
+    identical = {}
+    if recipe.task == tasks.PREFERENCE:  # (before an eval split is held out, as the empty rows)
+        train, evaluation, identical = _without_identical_pairs(recipe, train, evaluation)
     unlabelled = {}
     if d.label_map is not None:  # per source, before an eval split is held out, as the empty rows
         train, unlabelled["train"] = mapped_labels(recipe, as_names(train), "data.train", d.train)
@@ -73,7 +76,25 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
         dropped.update(counts)
         if unlabelled:
             dropped["label_map"] = unlabelled
+        if identical:
+            dropped["identical_pairs"] = identical
     return datasets.DatasetDict(out), names
+
+
+def _without_identical_pairs(recipe: Recipe, train, evaluation):
+    """(train, eval, rows dropped from each source) without the pairs whose answers are the same."""
+    from hftoolkit.sources.pairs import identical_rows
+
+    counts, kept = {}, []
+    for split, ds, key, source in (("train", train, "data.train", recipe.data.train),
+                                   ("eval", evaluation, "data.eval", recipe.data.eval or recipe.data.train)):
+        same = identical_rows(ds) if ds is not None else []
+        if ds is not None and same and len(same) == len(ds):
+            raise UserError(f"{key}: in every row of {source} the chosen and rejected answers are the same, so there "
+                            "is no preference to learn: give each prompt a better and a worse answer")
+        counts[split] = len(same)
+        kept.append(ds.select(sorted(set(range(len(ds))) - set(same))) if same else ds)
+    return kept[0], kept[1], counts
 
 
 def _read_splits(recipe: Recipe, counts: dict[str, int]):
@@ -108,10 +129,10 @@ def drop_empty(ds, key: str, source: str):
     as they are read: a model trained on an empty text learns nothing from it, and an empty target teaches it to
     stop.
     """
-    columns = [c for c in ("text", "text_pair", "target", "messages") if c in ds.column_names]
+    columns = [c for c in ("text", "text_pair", "target", "messages", "chosen", "rejected") if c in ds.column_names]
     if not columns or len(ds) == 0:
         return ds, 0
-    empty = {c: [i for i, value in enumerate(ds[c]) if not is_filled(value)] for c in columns}
+    empty = {c: [i for i, value in enumerate(ds[c]) if not is_filled(value, answer=c != "text")] for c in columns}
     gone = sorted(set().union(*empty.values()))
     if not gone:
         return ds, 0
@@ -123,11 +144,12 @@ def drop_empty(ds, key: str, source: str):
     return ds.select([i for i in range(len(ds)) if i not in drop]), len(gone)
 
 
-def is_filled(value) -> bool:
-    if isinstance(value, list) and value and isinstance(value[0], dict):  # a conversation: it needs an answer
+def is_filled(value, answer: bool = True) -> bool:
+    """Whether a cell holds something to learn from; a conversation needs an answer, unless it is a prompt."""
+    if isinstance(value, list) and value and isinstance(value[0], dict):
         from hftoolkit.sources.conversations import answered
 
-        return answered(value)
+        return answered(value) if answer else True
     if isinstance(value, str):
         return bool(value.strip())
     if isinstance(value, (list, tuple)):
@@ -337,6 +359,8 @@ def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fal
     An instruction set with data.messages_column is a conversation set: that column is all it reads."""
     if recipe.task == tasks.INSTRUCTION and recipe.data.messages_column in ds.column_names:
         return _conversations(ds, recipe.data.messages_column, key, source)
+    if recipe.task == tasks.PREFERENCE and _holds_conversations(ds, recipe.data.chosen_column):
+        return _conversation_pairs(ds, recipe, key, source)
     mapping, missing = {}, {}
     for name in _columns(recipe):
         field = tasks.COLUMN_KEYS[name]
@@ -372,6 +396,22 @@ def _conversations(ds, column: str, key: str, source: str):
         more = f" (and {len(bad) - 1} more rows like it)" if len(bad) > 1 else ""
         raise UserError(bad[0] + more)
     return ds
+
+
+def _holds_conversations(ds, column: str) -> bool:
+    from hftoolkit.sources.pairs import is_conversation
+
+    return column in ds.column_names and len(ds) > 0 and is_conversation(ds[0][column])
+
+
+def _conversation_pairs(ds, recipe: Recipe, key: str, source: str):
+    from hftoolkit.sources.pairs import conversation_pairs
+
+    d = recipe.data
+    if d.rejected_column not in ds.column_names:
+        raise UserError(f"data.rejected_column: column {d.rejected_column!r} not found in {source}; columns found: "
+                        f"{', '.join(ds.column_names)}; set data.rejected_column to the name in the data")
+    return conversation_pairs(ds, d.chosen_column, d.rejected_column, key, source)
 
 
 def _columns(recipe: Recipe) -> list[str]:

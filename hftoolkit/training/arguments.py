@@ -6,6 +6,7 @@ Imports no torch at module level.
 
 from __future__ import annotations
 
+from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
@@ -33,7 +34,13 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
         raise UserError(f"training.gradient_checkpointing: {type(model).__name__} has no activation checkpointing "
                         "in transformers: set training.gradient_checkpointing to false")
     _tracker_project(t)
-    return TrainingArguments(
+    arguments, extra = TrainingArguments, {}
+    if tasks.spec(recipe.task).scoring == "preference":  # TRL's config: TrainingArguments and the loss's settings
+        from hftoolkit.training.preference import arguments_class
+
+        arguments, extra = arguments_class(job)
+    return arguments(
+        **extra,
         output_dir=str(run / "checkpoints"),
         num_train_epochs=t.epochs, max_steps=t.max_steps or -1,
         # training.batch_size is the step's batch over all processes; eval.batch_size is per process.

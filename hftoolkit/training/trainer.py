@@ -29,16 +29,23 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
     from hftoolkit.training.arguments import training_arguments
 
     t, args, strategy = job.recipe.training, training_arguments(job, run, model, encoded, scorer), strategy_of(job)
+    scoring = tasks.spec(job.recipe.task).scoring
     train = encoded["train"]
     if job.recipe.data.streaming:  # its position is saved with each checkpoint (streaming.py)
         train = row_stream(train, args.per_device_train_batch_size)
+    if scoring == "preference":  # TRL's trainer: its own loss, no logits for metrics
+        from hftoolkit.training.preference import trainer_base
+
+        base, loss, extra = trainer_base(), (), {}
+    else:
+        base, loss = Trainer, (ItemNormalizedLoss,)
+        extra = dict(compute_metrics=scorer.compute if scoring == "logits" else None,
+                     preprocess_logits_for_metrics=scorer.reduce_logits)
     with strategy.building_trainer():  # (the Trainer builds its Accelerator here)
-        trainer = toolkit_trainer(Trainer)(
+        trainer = toolkit_trainer(base, *loss)(
             model=model, args=args, train_dataset=train,
             eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
-            data_collator=counter, processing_class=processor,
-            compute_metrics=scorer.compute if tasks.spec(job.recipe.task).scoring == "logits" else None,
-            preprocess_logits_for_metrics=scorer.reduce_logits)
+            data_collator=counter, processing_class=processor, **extra)
     use_progress(trainer)  # one progress bar instead of the Trainer's tqdm bars and printed log dicts
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
     trainer.nonfinite_skippable = strategy.can_skip_nonfinite
@@ -98,9 +105,9 @@ def epoch_to_collator(collate):
     return EpochToCollator()
 
 
-def toolkit_trainer(base):
-    """`base` (Trainer or Seq2SeqTrainer) with the non-finite guard, atomic checkpoints, length-bucketed
-    batches and a loss scale that holds on any number of processes."""
-    mixins = (ItemNormalizedLoss, NonFiniteGuard, AtomicCheckpoints, StreamPosition, LengthBatching,
-              EvalDuringTraining)
+def toolkit_trainer(base, *loss):
+    """`base` (Trainer, Seq2SeqTrainer or TRL's preference trainer) with the non-finite guard, atomic checkpoints
+    and length-bucketed batches; `loss` the mixin that scales the loss (ItemNormalizedLoss: a loss scale that holds
+    on any number of processes), none where `base` computes a loss of its own."""
+    mixins = (*loss, NonFiniteGuard, AtomicCheckpoints, StreamPosition, LengthBatching, EvalDuringTraining)
     return type(f"Toolkit{base.__name__}", (*mixins, base), {})

@@ -35,7 +35,7 @@ def load_trained(run_dir: Path, full_precision: bool = False, data: bool = False
         raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
     weights = run.weights_dir()
     recipe = load_recipe(run / "recipe.yaml")
-    if recipe.data.packing is True and recipe.task not in tasks.language_model_tasks("decoder"):
+    if recipe.data.packing is True and recipe.task not in tasks.packed():
         recipe = replaced(recipe, {"data.packing": None})  # (accepted before preflight refused it: such runs load)
     if full_precision:
         recipe = replaced(recipe, {"model.quantization": "none"})

@@ -1,0 +1,68 @@
+"""Preference pairs: a prompt, a chosen answer and a rejected one, in the two layouts users bring.
+
+Texts: data.text_column (the prompt), data.chosen_column and data.rejected_column. Conversations: chosen and
+rejected are whole conversations that share their first turns (HuggingFaceH4/ultrafeedback_binarized): the shared
+turns become the prompt and the rest each answer, as TRL's conversational format holds them. Light: no torch.
+"""
+
+from __future__ import annotations
+
+from hftoolkit.errors import UserError
+from hftoolkit.sources.conversations import ANSWER, problem
+
+
+def is_conversation(value) -> bool:
+    return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
+
+
+def conversation_pairs(ds, chosen: str, rejected: str, key: str, source: str):
+    """`ds` as canonical columns text (the shared turns), chosen and rejected (the turns after them); a row whose
+    conversations are not conversations, or do not share their prompt, is refused in one line (with a count)."""
+    import datasets
+
+    rows, bad = {"text": [], "chosen": [], "rejected": []}, []
+    for row, (good, poor) in enumerate(zip(ds[chosen], ds[rejected], strict=True)):
+        line = (problem(good, row, source, f"data.chosen_column {chosen!r}")
+                or problem(poor, row, source, f"data.rejected_column {rejected!r}")
+                or _unshared(good, poor, row, key, source))
+        if line:
+            bad.append(line)
+            continue
+        shared = _shared_turns(good, poor)
+        rows["text"].append(good[:shared])
+        rows["chosen"].append(good[shared:])
+        rows["rejected"].append(poor[shared:])
+    if bad:
+        more = f" (and {len(bad) - 1} more rows like it)" if len(bad) > 1 else ""
+        raise UserError(bad[0] + more)
+    return datasets.Dataset.from_dict(rows)
+
+
+def _shared_turns(good: list[dict], poor: list[dict]) -> int:
+    """How many first turns the two conversations share: the prompt ends before the first answer that differs."""
+    shared = 0
+    for a, b in zip(good, poor):
+        if a != b:
+            break
+        shared += 1
+    while shared and good[shared - 1]["role"] == ANSWER:  # (an answer both give is context, but the prompt
+        shared -= 1                                       # ends on the turn the answers reply to)
+    return shared
+
+
+def _unshared(good: list[dict], poor: list[dict], row: int, key: str, source: str) -> str | None:
+    """Why a pair of conversations is not a preference pair: no shared prompt, or no answer after it."""
+    shared = _shared_turns(good, poor)
+    where = f"{key}: row {row} of {source}"
+    if shared == 0:
+        return (f"{where}: the chosen and rejected conversations do not start with the same turns, so there is no "
+                "prompt they answer: give both the prompt's turns first, then each its answer")
+    if not good[shared:] or not poor[shared:] or good[shared]["role"] != ANSWER or poor[shared]["role"] != ANSWER:
+        return (f"{where}: after the turns they share, the chosen and rejected conversations must each go on with "
+                "an assistant answer: end both with the answer they are compared on")
+    return None
+
+
+def identical_rows(ds) -> list[int]:
+    """The rows whose chosen and rejected answers are the same: they carry no preference."""
+    return [i for i, (a, b) in enumerate(zip(ds["chosen"], ds["rejected"], strict=True)) if a == b]
