@@ -67,11 +67,12 @@ def _pass_records(task, predicted, id2label: dict) -> list[dict]:
 
 
 def references(job: Job, raw, count: int) -> list:
-    """What the first `count` predictions are compared with: targets, a conversation's final answer, or labels."""
+    """What the first `count` predictions are compared with: targets, a conversation's final answer, the preferred
+    answer of a pair, or labels."""
     if "target" in raw.column_names:
         return raw["target"][:count]
-    if "messages" in raw.column_names or "chosen" in raw.column_names:  # a conversation's final answer, or the
-        from hftoolkit.sources.conversations import reference              # preferred answer of a pair
+    if "messages" in raw.column_names or "chosen" in raw.column_names:
+        from hftoolkit.sources.conversations import reference
 
         answers = raw["messages" if "messages" in raw.column_names else "chosen"][:count]
         return [a if isinstance(a, str) else reference(a) for a in answers]
