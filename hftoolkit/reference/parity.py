@@ -34,8 +34,9 @@ TOLERANCES: dict[str, tuple[float, str]] = {
     "loss": (1e-5, "a scalar fp32 loss"),
     "preference loss": (
         1e-6,
-        "preference losses and log-probs against TRL, computed in float64 (TRL's ORPO casts to float32): "
-        "what is left is rounding, and any departure from the formula is far larger",
+        "preference losses and rewards against TRL's trainers, on float64 log-probs (TRL's ORPO casts them to "
+        "float32; the real-batch row's are a fp32 model's, scaled down by beta): what is left is rounding, and a "
+        "departure from the papers' formulas is orders of magnitude larger",
     ),
     "sequence log-prob": (
         1e-5,

@@ -1,20 +1,19 @@
 """Parity rows for the preference losses (reference/preference.py) against TRL's own trainer code.
 
-TRL computes these losses inside its trainers' `_compute_loss` methods, not in free functions,
-so each row builds a trainer with `__new__` (no `__init__`: no dataset, no model loading) and sets
-only the attributes that method reads; a scripted "policy" returns the chosen log-probabilities
-through TRL's fused-LM-head interface, and TRL's own arithmetic computes the loss. Log-probabilities
-are float64: summed log-probs of completions reach -100 and more, where a float32 subtraction
-already rounds by about 1e-5, which beta then carries into the loss at the scale of the tolerance.
-TRL is imported here and nowhere else in the reference layer.
+TRL computes these losses inside its trainers' `_compute_loss`, so a row builds a trainer with `__new__`,
+sets only the attributes that method reads, and lets a scripted policy hand it chosen log-probabilities
+(float64: a float32 subtraction of summed log-probs near -100 already rounds by about 1e-5). The
+real-batch rows run a tiny fp32 GPT-2 through TRL's fused LM head. TRL is imported here only.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import warnings
 from collections import defaultdict
+from collections.abc import Iterator
 from types import SimpleNamespace
 
 import torch
@@ -28,21 +27,29 @@ PAIRS = 8
 BETA = 0.1
 
 
+@contextlib.contextmanager
+def muted(*loggers: str) -> Iterator[None]:
+    """Drop what these loggers emit meanwhile; a filter, since a library resets its logger's level on import."""
+    drop_all = logging.Filter("\0")  # matches no logger name: every record is dropped
+    for name in loggers:
+        logging.getLogger(name).addFilter(drop_all)
+    try:
+        yield
+    finally:
+        for name in loggers:
+            logging.getLogger(name).removeFilter(drop_all)
+
+
 @functools.cache
 def trl() -> SimpleNamespace:
     """TRL's trainers, imported on first use: importing TRL takes seconds that other rows should not pay."""
-    quiet = logging.getLogger("bitsandbytes")  # TRL imports bitsandbytes, which logs a missing optional kernel
-    level = quiet.level
-    quiet.setLevel(logging.ERROR)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # "you are importing from trl.experimental"
-            from trl.experimental.orpo.orpo_trainer import ORPOTrainer
-            from trl.trainer.dpo_trainer import DPOTrainer
-            from trl.trainer.kto_trainer import KTOTrainer
-            from trl.trainer.utils import add_fused_lm_head
-    finally:
-        quiet.setLevel(level)
+    # TRL's imports log a missing optional kernel (bitsandbytes) and the accelerator they pick (DeepSpeed)
+    with muted("bitsandbytes.backends.cpu.ops", "DeepSpeed"), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "you are importing from trl.experimental"
+        from trl.experimental.orpo.orpo_trainer import ORPOTrainer
+        from trl.trainer.dpo_trainer import DPOTrainer
+        from trl.trainer.kto_trainer import KTOTrainer
+        from trl.trainer.utils import add_fused_lm_head
     return SimpleNamespace(DPO=DPOTrainer, KTO=KTOTrainer, ORPO=ORPOTrainer, add_fused_lm_head=add_fused_lm_head)
 
 
@@ -292,7 +299,8 @@ def dpo_real_batch():
     inputs = {key: batch[key] for key in ("input_ids", "attention_mask", "completion_mask")}
     ids, mask = batch["input_ids"], batch["attention_mask"]
     with torch.no_grad():
-        library = trainer._compute_loss(model, inputs, return_outputs=False)
+        with muted("DeepSpeed"):  # its first accelerator lookup (CPU here) logs to stdout
+            library = trainer._compute_loss(model, inputs, return_outputs=False)
         policy = preference.sequence_logps(model(input_ids=ids, attention_mask=mask).logits, batch["labels"])
         ref = preference.sequence_logps(reference(input_ids=ids, attention_mask=mask).logits, batch["labels"])
     ours = preference.dpo_loss(policy[:3], policy[3:], ref[:3], ref[3:], beta=BETA).mean()
