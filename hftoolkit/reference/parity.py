@@ -32,6 +32,17 @@ TOLERANCES: dict[str, tuple[float, str]] = {
     "model": (1e-4, "a whole fp32 model: rounding differences add up over the layers"),
     "optimizer": (1e-5, "parameters after 20 fp32 steps"),
     "loss": (1e-5, "a scalar fp32 loss"),
+    "preference loss": (
+        1e-6,
+        "preference losses and rewards against TRL's trainers, on float64 log-probs (TRL's ORPO casts them to "
+        "float32; the real-batch row's are a fp32 model's, scaled down by beta): what is left is rounding, and a "
+        "departure from the papers' formulas is orders of magnitude larger",
+    ),
+    "sequence log-prob": (
+        1e-5,
+        "a completion's summed fp32 log-probs: TRL's fused LM head keeps its running log-sum-exp in float32 "
+        "(even for a float64 model), so each token's log-prob carries fp32 rounding and the sum adds them up",
+    ),
     "exact": (0.0, "integers (token ids, bucket ids, parameter counts) must be identical"),
     "rate": (
         0.02,
@@ -44,6 +55,7 @@ PARITY_MODULES = (
     "hftoolkit.reference.parity_layers",
     "hftoolkit.reference.parity_models",
     "hftoolkit.reference.parity_training",
+    "hftoolkit.reference.parity_preference",
 )
 
 

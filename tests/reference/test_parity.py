@@ -26,7 +26,7 @@ def test_every_row_uses_a_tolerance_from_the_one_table():
 def test_the_suite_covers_every_mechanism_of_the_course():
     groups = {c.group for c in COMPARISONS}
     assert {"attention", "t5_attention", "positional", "norm", "feedforward", "blocks", "bert", "gpt2", "vit",
-            "lora", "optim", "objectives", "decoding"} <= groups
+            "lora", "optim", "objectives", "decoding", "preference"} <= groups
 
 
 def test_a_failing_row_is_reported_not_raised():
