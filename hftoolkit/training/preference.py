@@ -8,10 +8,8 @@ weights); with full fine-tuning TRL keeps a frozen copy.
 
 from __future__ import annotations
 
-from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 
-INSTALL = "pip install 'trl>=1.16,<2'"
 # preference.method -> TRL's DPOConfig.loss_type.
 LOSS_TYPES = {"dpo": "sigmoid", "ipo": "ipo"}
 # TRL's metric names -> the toolkit's (metrics.json, the log history, the report).
@@ -22,16 +20,8 @@ METRIC_NAMES = {"rewards/accuracies": "reward_accuracy", "rewards/margins": "rew
 DROPPED = ("entropy", "num_tokens", "logits/chosen", "logits/rejected", "mean_token_accuracy")
 
 
-def require_trl() -> None:
-    import importlib.util
-
-    if importlib.util.find_spec("trl") is None:
-        raise UserError(f"task preference trains with TRL, which is not installed: {INSTALL}")
-
-
 def arguments_class(job: Job):
     """(TRL's DPOConfig, the keyword arguments it adds to the TrainingArguments hftoolkit sets)."""
-    require_trl()
     from trl import DPOConfig
 
     p = job.recipe.preference

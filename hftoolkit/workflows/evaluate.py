@@ -96,8 +96,8 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     """The recipe's base checkpoint scored on its eval split (or `split` of its hub data set), untrained.
 
     The zero-shot or untrained baseline a comparison report shows beside the fine-tuned runs: the model is
-    loaded as training would load it, with no adapter and unquantized (the Trainer refuses a quantized model
-    without an adapter); a new task head is initialised from training.seed, so the baseline of a classifier
+    loaded as training would load it, with no adapter (a preference recipe: one at zero) and unquantized (the
+    Trainer refuses a quantized model without an adapter); a new task head is initialised from training.seed, so the baseline of a classifier
     is that of a random head. Data, preprocessing and metrics are exactly training's. Nothing is written
     unless `output` names a run directory: it then holds recipe.yaml (as evaluated), manifest.json,
     metrics.json ("trained": false, no train figures) and predictions.jsonl, no weights, and `hftoolkit
@@ -105,7 +105,10 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     """
     if split:
         recipe = use_split(recipe, split)
-    recipe = replaced(recipe, {"lora.enabled": False, "model.quantization": "none"})
+    # A preference baseline keeps its adapter, at zero: TRL's reference is then these weights with the adapter
+    # switched off (every reward exactly 0), where without one it would load a second copy of the model.
+    bare = {} if recipe.task == tasks.PREFERENCE else {"lora.enabled": False}
+    recipe = replaced(recipe, {**bare, "model.quantization": "none"})
     run = RunDirectory(output) if output else None
     if run is not None:
         run.claim(overwrite=overwrite)
