@@ -97,8 +97,9 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
 
     The zero-shot or untrained baseline a comparison report shows beside the fine-tuned runs: the model is
     loaded as training would load it, with no adapter (a preference recipe: one at zero) and unquantized (the
-    Trainer refuses a quantized model without an adapter); a new task head is initialised from training.seed, so the baseline of a classifier
-    is that of a random head. Data, preprocessing and metrics are exactly training's. Nothing is written
+    Trainer refuses a quantized model without an adapter); a new task head is initialised from training.seed, so
+    the baseline of a classifier is that of a random head. Data, preprocessing and metrics are exactly training's.
+    Nothing is written
     unless `output` names a run directory: it then holds recipe.yaml (as evaluated), manifest.json,
     metrics.json ("trained": false, no train figures) and predictions.jsonl, no weights, and `hftoolkit
     runs` and `compare` read it like any run.
