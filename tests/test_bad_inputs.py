@@ -22,6 +22,7 @@ ENCODER = RECIPES / "encoder-classification.yaml"
 TAGGING = RECIPES / "encoder-tagging.yaml"
 SEQ2SEQ = RECIPES / "seq2seq-translation-t5.yaml"
 VISION = RECIPES / "vision-classification.yaml"
+PREFERENCE = RECIPES / "decoder-preference.yaml"
 
 
 @dataclass
@@ -56,6 +57,14 @@ def _train(recipe: Path, *pairs: str) -> list:
 
 def _data(recipe: Path, path: Path, *pairs: str) -> list:
     return _train(recipe, f"data.train={path}", *pairs)
+
+
+def _pairs(tmp: Path, *rows: dict) -> Path:
+    return _write(tmp, "pairs.jsonl", "\n".join(json.dumps(row) for row in rows * 5) + "\n")
+
+
+def _turns(*pairs: tuple[str, str]) -> list[dict]:
+    return [{"role": role, "content": content} for role, content in pairs]
 
 
 def _tiny_checkpoint(tmp: Path, arch: str = "bert") -> Path:
@@ -447,6 +456,28 @@ CASES: dict[str, Case] = {
     "vision checkpoint without its image processor": Case(
         "checkpoint", lambda t: _train(VISION, f"model.checkpoint={_vit_with(t, None)}"),
         "no image processor file (preprocessor_config.json)"),
+    "preference on an encoder": Case(
+        "recipe", lambda t: _train(PREFERENCE, "model.checkpoint=init:bert"),
+        "task 'preference' can't be done by 'init:bert', an encoder model"),
+    "preference method TRL does not have": Case(
+        "recipe", lambda t: _train(PREFERENCE, "preference.method=kto"),
+        "preference.method: input should be 'dpo' or 'ipo'"),
+    "preference beta of 0": Case(
+        "recipe", lambda t: _train(PREFERENCE, "preference.beta=0"), "preference.beta: input should be greater than 0"),
+    "preference section on another task": Case(
+        "recipe", lambda t: _train(ENCODER, "preference.beta=0.5"),
+        "the preference section says how preference pairs are learned, and the task is classification"),
+    "preference pairs without a chosen column": Case(
+        "data", lambda t: _data(PREFERENCE, _pairs(t, {"text": "Hi?", "rejected": "No."})),
+        "data.chosen_column: column 'chosen' not found"),
+    "preference conversations that do not share their prompt": Case(
+        "data", lambda t: _data(PREFERENCE, _pairs(t, {
+            "chosen": _turns(("user", "What is 2 plus 2?"), ("assistant", "4.")),
+            "rejected": _turns(("user", "Name a colour."), ("assistant", "Blue."))})),
+        "the chosen and rejected conversations do not start with the same turns"),
+    "preference pairs whose answers are all the same": Case(
+        "data", lambda t: _data(PREFERENCE, _pairs(t, {"text": "Hi?", "chosen": "Hello.", "rejected": "Hello."})),
+        "the chosen and rejected answers are the same, so there is no preference to learn"),
 }
 
 

@@ -13,6 +13,7 @@ the final adapter weights.
   the uninterrupted one did (a count of batches met, used before, restarted from zero: 0.32 apart).
 - seq2seq: killed inside the save of checkpoint 8, so checkpoint 6 (the end of epoch 2) is the
   newest complete one; resumed at that epoch boundary with `train RECIPE --resume`.
+- preference (DPO through TRL's trainer): killed after checkpoint 4, mid-epoch 2, as the encoder.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from tests.processes import kill_tree, start_in_group
 ENCODER = RECIPES / "encoder-classification.yaml"
 MLM = RECIPES / "encoder-mlm.yaml"
 SEQ2SEQ = RECIPES / "seq2seq-translation-t5.yaml"
+PREFERENCE = RECIPES / "decoder-preference.yaml"
 # 24 examples in batches of 8: 3 steps an epoch, 3 epochs, a checkpoint every 2 steps, a loss every step.
 STEPS = 9
 TINY = ("data.max_train_samples=24", "data.max_eval_samples=8", "training.batch_size=8", "training.epochs=3",
@@ -173,6 +175,21 @@ def test_seq2seq_killed_during_a_save_keeps_the_previous_checkpoint_and_resumes_
     assert not list(checkpoints.glob(".tmp-*")), "the half-written checkpoint is cleared on resume"
     kept = sorted(p.name for p in checkpoints.iterdir())
     assert kept == sorted(p.name for p in (reference / "checkpoints").iterdir()), "the same checkpoints are kept"
+
+
+@pytest.mark.slow
+def test_preference_resumed_mid_epoch_matches_the_uninterrupted_run(tmp_path):
+    sets = (*TINY, "eval.generation.max_new_tokens=4")
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    process = start_training(PREFERENCE, killed, sets, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
+    with killed_on_error(process):
+        train_recipe(PREFERENCE, reference, *sets)
+    kill_when_paused(process)
+    assert json.loads((killed / "manifest.json").read_text())["status"] == "running", "killed, not finished"
+    run_cli("train", "--resume", killed)
+    assert_same_training(reference, killed, steps=STEPS)
+    metrics = [json.loads((run / "metrics.json").read_text())["eval"] for run in (reference, killed)]
+    assert metrics[1]["reward_margin"] == pytest.approx(metrics[0]["reward_margin"], abs=TOLERANCE)
 
 
 # ---------------------------------------------------------------- resume refuses what it cannot do exactly

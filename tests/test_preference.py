@@ -1,0 +1,111 @@
+"""task preference: pairs read in both layouts, tokenized as instruction runs are, learned with TRL's DPO trainer; the
+base scores 0, the tuned model prefers the chosen answers of held-out pairs, and the run reloads, predicts and
+merges like any other. (Bad input: tests/test_bad_inputs.py; the losses at parity with TRL: tests/reference.)"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.conftest import RECIPES, run_cli, train_recipe
+
+PREFERENCE = RECIPES / "decoder-preference.yaml"
+QUICK = ("data.max_train_samples=160", "data.max_eval_samples=32", "eval.max_predictions=4",
+         "eval.generation.max_new_tokens=4")
+
+
+def conversation_pairs(path, rows: list[dict]):
+    """`rows` (text, chosen, rejected) as a JSONL file of chosen and rejected conversations sharing their prompt."""
+    with open(path, "w") as f:
+        for row in rows:
+            prompt = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": row["text"]}]
+            f.write(json.dumps({"chosen": prompt + [{"role": "assistant", "content": row["chosen"]}],
+                                "rejected": prompt + [{"role": "assistant", "content": row["rejected"]}]}) + "\n")
+    return path
+
+
+def test_texts_and_conversations_become_prompt_chosen_and_rejected(tmp_path):
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.builtin import preferences
+    from hftoolkit.sources.data import load_data
+
+    rows = preferences(20, seed=3)
+    texts, _ = load_data(load_recipe(PREFERENCE))
+    assert texts["train"].column_names == ["text", "chosen", "rejected"]
+    recipe = load_recipe(PREFERENCE, [f"data.train={conversation_pairs(tmp_path / 'c.jsonl', rows)}"])
+    talks, _ = load_data(recipe)
+    first = talks["train"][0]
+    assert [t["role"] for t in first["text"]] == ["system", "user"]  # the shared turns are the prompt
+    assert [t["role"] for t in first["chosen"]] == [t["role"] for t in first["rejected"]] == ["assistant"]
+    assert {r["chosen"][0]["content"] for r in talks["train"]} | {r["chosen"][0]["content"] for r in talks["eval"]} \
+        == {r["chosen"] for r in rows}
+
+
+def test_identical_pairs_and_empty_answers_are_dropped_and_said(tmp_path):
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.sources.builtin import preferences
+
+    rows = preferences(40, seed=4)
+    rows[:3] = [{**row, "rejected": row["chosen"]} for row in rows[:3]]
+    rows[3] = {**rows[3], "chosen": " "}
+    data = tmp_path / "pairs.jsonl"
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    job = resolve_job(load_recipe(PREFERENCE, [f"data.train={data}"]))
+    assert "data.train: dropped 1 row with an empty prompt or answer" in job.findings.notes
+    assert "data.train: dropped 3 pairs whose chosen and rejected answers are the same (no preference to learn)" \
+        in job.findings.notes
+    assert job.findings.record["dropped_identical_pairs"]["train"] == 3
+    assert len(job.data["train"]) + len(job.data["eval"]) == 36
+
+
+def test_pairs_are_tokenized_as_the_instruction_run_writes_prompt_and_answer():
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import decoder, formulation
+
+    job = resolve_job(load_recipe(PREFERENCE, list(QUICK)))
+    tokenizer, pair = job.model.processor, job.data["train"][:2]
+    prompts, chosen, rejected = formulation(job).encode(job, tokenizer, pair)
+    instruction = decoder.FORMULATIONS["instruction"]
+    assert prompts == instruction.prompts(job, tokenizer, pair["text"])
+    assert chosen == instruction.targets(job, tokenizer, pair["chosen"])
+    assert rejected == instruction.targets(job, tokenizer, pair["rejected"])
+    assert all(ids[-1] == tokenizer.eos_token_id for ids in chosen + rejected)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory):
+    run = tmp_path_factory.mktemp("preference") / "run"
+    train_recipe(PREFERENCE, run, *QUICK, "training.epochs=3", "training.logging_steps=2")
+    return run
+
+
+@pytest.mark.slow
+def test_the_tuned_model_prefers_the_chosen_answers_of_held_out_pairs(tuned, tmp_path):
+    base = json.loads(run_cli("eval", PREFERENCE, *[x for s in QUICK for x in ("--set", s)], "--json").stdout)
+    assert base["eval"]["reward_accuracy"] == 0 and base["eval"]["reward_margin"] == 0  # the base is the reference
+    tuned_eval = json.loads((tuned / "metrics.json").read_text())["eval"]
+    assert tuned_eval["reward_accuracy"] >= base["eval"]["reward_accuracy"] + 0.2
+    assert tuned_eval["reward_margin"] > 0 and tuned_eval["reward_chosen"] > tuned_eval["reward_rejected"]
+    history = [json.loads(line) for line in (tuned / "log_history.jsonl").read_text().splitlines()]
+    margins = [row["reward_margin"] for row in history if "reward_margin" in row and "eval_loss" not in row]
+    assert len(margins) >= 4 and sum(margins[-2:]) > sum(margins[:2]), margins  # the margin grows over training
+    assert not any("rewards/" in key for row in history for key in row), "TRL's names are renamed"
+
+
+@pytest.mark.slow
+def test_a_tuned_run_reloads_to_its_scores_predicts_and_merges(tuned, tmp_path):
+    recorded = json.loads((tuned / "metrics.json").read_text())["eval"]
+    again = json.loads(run_cli("eval", tuned, "--json").stdout)["eval"]
+    assert again == pytest.approx(recorded)  # the reference is the base with the adapter off, as in training
+    assert not (tuned / "adapter" / "ref").exists(), "no copy of the adapter saved as TRL's reference"
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("What is 2 plus 3?\n")
+    out = tmp_path / "predictions.jsonl"
+    run_cli("predict", tuned, "--input", prompts, "--format", "jsonl", "--output", out)
+    assert set(json.loads(out.read_text().splitlines()[0])) >= {"input", "text"}
+    merged = tmp_path / "merged"
+    run_cli("merge", tuned, "--output", merged)
+    assert (merged / "config.json").is_file() and list(merged.glob("*.safetensors"))
