@@ -25,6 +25,7 @@ from tests.processes import kill_tree, start_in_group
 ENCODER = RECIPES / "encoder-classification.yaml"
 SEQ2SEQ = RECIPES / "seq2seq-translation-t5.yaml"
 CPU_2PROC = RECIPES / "accelerate" / "cpu-2proc.yaml"
+PREFERENCE = RECIPES / "decoder-preference.yaml"
 BOUND_S = 240  # per launched run; a loaded 2-core machine takes ~45 s for one
 STEPS = 4
 # What summing float32 in another order (two processes, another kernel) can change, derived rather than tuned:
@@ -182,6 +183,29 @@ def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, n
     one, two = (read_json_lines(tmp_path / run / "predictions.jsonl") for run in ("one", "two"))
     assert len(two) == 20 and two == one
     print(f"seq2seq: 1 process {one_s:.0f} s, 2 processes {two_s:.0f} s, {figures}")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
+@pytest.mark.parametrize("spread", [["--num-processes", "2"],
+                                    ["--accelerate-config", str(RECIPES / "accelerate" / "fsdp.yaml")],
+                                    ["--accelerate-config", str(RECIPES / "accelerate" / "deepspeed-zero3.yaml")]],
+                         ids=["ddp", "fsdp", "zero3"])
+def test_preference_on_two_processes_trains_and_scores_as_on_one(tmp_path, spread):
+    """TRL's DPO trainer under each strategy: the same per-step losses, weights and held-out rewards as one process
+    (32 eval pairs in per-process batches of 8: no pair repeated to fill a batch)."""
+    sets = (*SAME_BATCHES, "data.max_eval_samples=32", "eval.batch_size=8", "eval.max_predictions=2",
+            "eval.generation.max_new_tokens=2")
+    train_recipe(PREFERENCE, tmp_path / "one", *sets)
+    overrides = [a for s in sets for a in ("--set", s)]
+    rc, output, _ = run_bounded([sys.executable, "-m", "hftoolkit", "train", PREFERENCE, "--output",
+                                 tmp_path / "two", *spread, *overrides])
+    assert rc == 0, output[-4000:]
+    assert_complete_run(tmp_path / "two", spread[0])
+    assert_same_training(tmp_path / "one", tmp_path / "two")
+    eval_one, eval_two = (json.loads((tmp_path / run / "metrics.json").read_text())["eval"] for run in ("one", "two"))
+    for key in ("loss", "reward_accuracy", "reward_margin", "logps_chosen", "logps_rejected"):
+        assert eval_two[key] == pytest.approx(eval_one[key], rel=LOSS_RTOL, abs=1e-6), key
 
 
 @pytest.mark.slow
