@@ -109,3 +109,15 @@ def test_a_tuned_run_reloads_to_its_scores_predicts_and_merges(tuned, tmp_path):
     merged = tmp_path / "merged"
     run_cli("merge", tuned, "--output", merged)
     assert (merged / "config.json").is_file() and list(merged.glob("*.safetensors"))
+
+
+@pytest.mark.slow
+def test_the_report_has_a_preference_section_with_the_loss_and_margin_plot(tuned, tmp_path):
+    run_cli("compare", tuned, "--output", tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Eval metrics: preference" in report and "reward_accuracy" in report
+    assert "## Preference: loss and reward margin" in report and (tmp_path / "report" / "preference.png").is_file()
+    from hftoolkit.runs.summary import load_run
+
+    margins = [margin for _, margin in sorted(load_run(tuned).margin_curve)]
+    assert margins[-1] > margins[0]

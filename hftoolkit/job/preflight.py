@@ -15,6 +15,7 @@ from hftoolkit.config import tasks
 from hftoolkit.config.families import reads_text
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.job.spec import Findings, ResolvedModel
+from hftoolkit.sources.pairs import cut_counts
 
 # Position ids that start after the padding index (RoBERTa's create_position_ids_from_input_ids): the
 # table holds max_position_embeddings - pad_token_id - 1 usable positions.
@@ -383,4 +384,18 @@ def check_conversations(s: Subject, found: Findings) -> None:
                            "a turn (raise data.max_length to keep them whole)")
 
 
-CHECKS = (check_head, check_tokenizer, check_lengths, check_labels, check_images, check_packing, check_conversations)
+def check_pairs(s: Subject, found: Findings) -> None:
+    """Preference pairs whose prompt or answers tokenization will cut are counted, in one line."""
+    if s.data is None or s.processor is None or "chosen" not in s.data["train"].column_names:
+        return
+    size, answer = (found.lengths.get(key, getattr(s.recipe.data, key)) for key in ("max_length", "max_target_length"))
+    cut = [cut_counts(s.processor, s.data[split], size, answer) for split in ("train", "eval")]
+    if (prompts := sum(c["prompts"] for c in cut)) + (answers := sum(c["answers"] for c in cut)):
+        found.record["pairs_cut"] = {"prompts": prompts, "answers": answers}
+        found.notes.append(f"data.max_length, data.max_target_length: {prompts} prompt{'s' * (prompts != 1)} longer "
+                           f"than {size} tokens and {answers} answer{'s' * (answers != 1)} longer than {answer} are "
+                           "cut to fit (raise them to keep the pairs whole)")
+
+
+CHECKS = (check_head, check_tokenizer, check_lengths, check_labels, check_images, check_packing, check_conversations,
+          check_pairs)

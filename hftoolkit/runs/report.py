@@ -37,6 +37,11 @@ BENCHMARK_PLOT = ("benchmarks.png", "Benchmarks: each run beside its base")
 BENCHMARK_NOTE = ("lm-evaluation-harness tasks (`hftoolkit eval RUN --benchmark TASKS`); each value ± the harness's "
                   "standard error, and for a tuned run whose base checkpoint was also evaluated (`eval RECIPE "
                   "--benchmark TASKS --output DIR`), the change from that base.")
+PREFERENCE_PLOT = ("preference.png", "Preference: loss and reward margin")
+PREFERENCE_NOTE = ("For preference runs: the reward of an answer is beta x its log-probability under the tuned model "
+                   "minus the reference's; reward_accuracy is the share of held-out pairs whose chosen answer has the "
+                   "higher reward, reward_margin the mean chosen-minus-rejected reward. The untrained base is its own "
+                   "reference, so it scores 0 on both.")
 PLOTS = (
     ("loss.png", "Training loss"),
     ("eval.png", "Eval main metric by task"),
@@ -232,6 +237,9 @@ def render_markdown(runs: list[RunSummary], plots: list[str]) -> str:
         parts += ["## Benchmarks", "", BENCHMARK_NOTE, "", _markdown_table(*table), ""]
         if BENCHMARK_PLOT[0] in plots:
             parts += [f"![{BENCHMARK_PLOT[1]}]({BENCHMARK_PLOT[0]})", ""]
+    if PREFERENCE_PLOT[0] in plots:
+        parts += [f"## {PREFERENCE_PLOT[1]}", "", PREFERENCE_NOTE, "", f"![{PREFERENCE_PLOT[1]}]({PREFERENCE_PLOT[0]})",
+                  ""]
     for filename, title in PLOTS:
         if filename in plots:
             parts += [f"## {title}", "", f"![{title}]({filename})", ""]
@@ -283,6 +291,9 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
                      + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows_)
                      + "</table>" + (_image(out, *BENCHMARK_PLOT) if BENCHMARK_PLOT[0] in plots else "")
                      + "</section>")
+    if PREFERENCE_PLOT[0] in plots:
+        parts.append(f'<section id="preference"><h2>{esc(PREFERENCE_PLOT[1])}</h2><p>{esc(PREFERENCE_NOTE)}</p>'
+                     + _image(out, *PREFERENCE_PLOT) + "</section>")
     for filename, title in PLOTS:
         if filename in plots:
             parts.append(f"<h2>{esc(title)}</h2>" + _image(out, filename, title))
@@ -329,6 +340,9 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
     if any(run.benchmarks for run in runs):
         report_plots.plot_benchmarks(runs, out / BENCHMARK_PLOT[0])
         plots.append(BENCHMARK_PLOT[0])
+    if any(run.margin_curve for run in runs):
+        report_plots.plot_preference(runs, out / PREFERENCE_PLOT[0])
+        plots.append(PREFERENCE_PLOT[0])
     (out / "report.html").write_text(render_html(runs, out, plots), encoding="utf-8")
     report = out / "report.md"
     report.write_text(render_markdown(runs, plots), encoding="utf-8")

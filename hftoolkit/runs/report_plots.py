@@ -288,6 +288,25 @@ def plot_benchmarks(runs: list[RunSummary], path: Path) -> None:
     _save(figure, path)
 
 
+def plot_preference(runs: list[RunSummary], path: Path) -> None:
+    """Preference runs: the training loss and the chosen-minus-rejected reward margin against step, side by side."""
+    members = [run for run in runs if run.margin_curve]
+    figure = _figure(11.0, 4.2)
+    panels = figure.subplots(1, 2)
+    for axes, curve_of, label in ((panels[0], "loss_curve", "training loss"),
+                                  (panels[1], "margin_curve", "reward margin (chosen - rejected)")):
+        for run, color in zip(members, _colors(len(members))):
+            steps, values = zip(*sorted(getattr(run, curve_of)))
+            axes.plot(steps, values, color=color, label=run.label, marker="o" if len(steps) < 3 else None)
+        axes.set_xlabel("step")
+        axes.set_ylabel(label)
+        axes.grid(True, alpha=0.3)
+    panels[1].axhline(0, color="0.5", linewidth=0.8)
+    panels[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    figure.suptitle("Preference tuning: loss and reward margin")
+    _save(figure, path)
+
+
 def write_plots(runs: list[RunSummary], out: Path) -> list[str]:
     """Draw every plot into out; return the file names written."""
     plot_loss(runs, out / "loss.png")

@@ -57,6 +57,7 @@ class RunSummary:
     total_params: int | None = None
     hftoolkit_version: str | None = None
     loss_curve: list[tuple[float, float]] = field(default_factory=list)  # (step, training loss)
+    margin_curve: list[tuple[float, float]] = field(default_factory=list)  # preference: (step, reward margin)
     trained: bool = True  # False: a recipe's untrained base (`eval RECIPE --output`), the baseline
     benchmarks: dict[str, dict] = field(default_factory=dict)  # metrics.json's benchmarks: task -> record
     notes: list[str] = field(default_factory=list)
@@ -198,9 +199,11 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
     _note_files(run, manifest, metrics, notes)
     _read_eval(run, metrics, history, notes)
     for entry in history:
-        step, loss = _num(entry.get("step")), _num(entry.get("loss"))
+        step, loss, margin = (_num(entry.get(key)) for key in ("step", "loss", "reward_margin"))
         if step is not None and loss is not None:
             run.loss_curve.append((step, loss))
+        if step is not None and margin is not None:
+            run.margin_curve.append((step, margin))
     run.notes = notes
     return run
 

@@ -144,9 +144,8 @@ def preferences(n: int = 1000, seed: int = 0) -> list[dict]:
     for row, other in zip(rows, others):
         words = row["target"].split()
         rng.shuffle(words)
-        jumbled = " ".join(words)
-        wrong = rng.choice([rng.choice(refusals), other, jumbled if jumbled != row["target"] else other])
-        pairs.append({"text": row["text"], "chosen": row["target"], "rejected": wrong})
+        wrong = [answer for answer in (rng.choice(refusals), other, " ".join(words)) if answer != row["target"]]
+        pairs.append({"text": row["text"], "chosen": row["target"], "rejected": rng.choice(wrong)})
     return pairs
 
 

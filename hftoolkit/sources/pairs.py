@@ -66,3 +66,17 @@ def _unshared(good: list[dict], poor: list[dict], row: int, key: str, source: st
 def identical_rows(ds) -> list[int]:
     """The rows whose chosen and rejected answers are the same: they carry no preference."""
     return [i for i, (a, b) in enumerate(zip(ds["chosen"], ds["rejected"], strict=True)) if a == b]
+
+
+def cut_counts(tokenizer, pairs, max_prompt: int, max_answer: int) -> dict[str, int]:
+    """How many prompts are longer than max_prompt tokens and how many answers (chosen or rejected) longer than
+    max_answer: what tokenization will cut. Conversations are counted as the chat template renders them."""
+    from hftoolkit.sources.conversations import render
+
+    def length(value, prompt: bool) -> int:
+        text = render(tokenizer, value, add_generation_prompt=prompt) if is_conversation(value) else value
+        return len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    prompts = sum(length(p, True) > max_prompt for p in pairs["text"])
+    answers = sum(length(a, False) > max_answer for column in ("chosen", "rejected") for a in pairs[column])
+    return {"prompts": prompts, "answers": answers}
