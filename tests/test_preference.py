@@ -121,3 +121,27 @@ def test_the_report_has_a_preference_section_with_the_loss_and_margin_plot(tuned
 
     margins = [margin for _, margin in sorted(load_run(tuned).margin_curve)]
     assert margins[-1] > margins[0]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # (a real checkpoint, converted once per session)
+def test_conversation_pairs_train_smollm2_in_its_chat_template(smollm2_checkpoint, tmp_path):
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
+    from hftoolkit.sources.builtin import preferences
+    from hftoolkit.sources.conversations import render
+
+    data = conversation_pairs(tmp_path / "pairs.jsonl", preferences(48, seed=5))
+    sets = (f"model.checkpoint={smollm2_checkpoint}", "lora.targets=auto", f"data.train={data}", "data.max_length=96",
+            "training.max_steps=2", "training.batch_size=4", "data.max_eval_samples=8", "eval.max_predictions=2",
+            "eval.generation.max_new_tokens=4")
+    job = resolve_job(load_recipe(PREFERENCE, list(sets)))
+    tokenizer, pair = job.model.processor, job.data["train"][:1]
+    prompts, chosen, rejected = formulation(job).encode(job, tokenizer, pair)
+    whole = tokenizer(render(tokenizer, pair["text"][0] + pair["chosen"][0]), add_special_tokens=False)["input_ids"]
+    assert prompts[0] + chosen[0] == whole  # the template's own rendering, split where the answer starts
+    assert tokenizer.decode(prompts[0]).endswith("<|im_start|>assistant\n")
+    assert tokenizer.decode(chosen[0]).startswith(pair["chosen"][0][0]["content"])
+    train_recipe(PREFERENCE, tmp_path / "run", *sets)
+    assert 0 <= json.loads((tmp_path / "run" / "metrics.json").read_text())["eval"]["reward_accuracy"] <= 1

@@ -38,13 +38,14 @@ def conversation_pairs(ds, chosen: str, rejected: str, key: str, source: str):
     return datasets.Dataset.from_dict(rows)
 
 
+def common_prefix(a: list, b: list) -> int:
+    """How many first items the two lists share."""
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def _shared_turns(good: list[dict], poor: list[dict]) -> int:
     """How many first turns the two conversations share: the prompt ends before the first answer that differs."""
-    shared = 0
-    for a, b in zip(good, poor):
-        if a != b:
-            break
-        shared += 1
+    shared = common_prefix(good, poor)
     while shared and good[shared - 1]["role"] == ANSWER:  # (an answer both give is context, but the prompt
         shared -= 1                                       # ends on the turn the answers reply to)
     return shared

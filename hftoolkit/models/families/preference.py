@@ -10,6 +10,7 @@ from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
 from hftoolkit.models import tokenized
 from hftoolkit.sources import conversations
+from hftoolkit.sources.pairs import common_prefix
 
 
 class PreferencePairs:
@@ -62,14 +63,5 @@ def conversation_ids(tokenizer, prompt: list[dict], good: list[dict], poor: list
                       add_special_tokens=False)["input_ids"]
     whole = [tokenizer(conversations.render(tokenizer, prompt + answer), add_special_tokens=False)["input_ids"]
              for answer in (good, poor)]
-    shared = min(_common_prefix(start, ids) for ids in whole)
+    shared = min(common_prefix(start, ids) for ids in whole)
     return start[:shared][-max_length:], whole[0][shared:][:max_answer], whole[1][shared:][:max_answer]
-
-
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
