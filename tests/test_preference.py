@@ -145,3 +145,39 @@ def test_conversation_pairs_train_smollm2_in_its_chat_template(smollm2_checkpoin
     assert tokenizer.decode(chosen[0]).startswith(pair["chosen"][0][0]["content"])
     train_recipe(PREFERENCE, tmp_path / "run", *sets)
     assert 0 <= json.loads((tmp_path / "run" / "metrics.json").read_text())["eval"]["reward_accuracy"] <= 1
+
+
+def ultrafeedback(n: int = 6) -> tuple:
+    """ultrafeedback_binarized's columns (prompt, prompt_id, chosen, rejected, messages, scores), n made-up rows a
+    split."""
+    import datasets
+
+    text, score = datasets.Value("string"), datasets.Value("float64")
+    turns = [{"content": text, "role": text}]
+    features = datasets.Features({"prompt": text, "prompt_id": text, "chosen": turns, "rejected": turns,
+                                  "messages": turns, "score_chosen": score, "score_rejected": score})
+    rows = []
+    for i in range(n):
+        prompt = f"What is {i} plus {i}?"
+        chosen = [{"content": prompt, "role": "user"}, {"content": f"{i} plus {i} is {2 * i}.", "role": "assistant"}]
+        rejected = [{"content": prompt, "role": "user"}, {"content": "I don't know.", "role": "assistant"}]
+        rows.append({"prompt": prompt, "prompt_id": f"p{i}", "chosen": chosen, "rejected": rejected,
+                     "messages": chosen, "score_chosen": 9.0, "score_rejected": 2.0})
+    return features, {"train_prefs": rows, "test_prefs": rows[: n // 2]}
+
+
+def test_the_ultrafeedback_recipe_reads_the_hub_set_as_an_online_run_leaves_it(monkeypatch, tmp_path):
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.data import load_data
+    from tests import hub_cache
+
+    home = tmp_path / "hf"
+    hub_cache.plant_dataset(home / "hub", home / "datasets", "HuggingFaceH4/ultrafeedback_binarized",
+                            {"default": ultrafeedback()})
+    hub_cache.use_hf_home(monkeypatch, home)
+    splits, _ = load_data(load_recipe(RECIPES / "smollm2-ultrafeedback.yaml"))
+    assert (len(splits["train"]), len(splits["eval"])) == (6, 3)  # train_prefs, and test_prefs to score
+    pair = splits["eval"][1]
+    assert pair["text"] == [{"content": "What is 1 plus 1?", "role": "user"}]
+    assert pair["chosen"] == [{"content": "1 plus 1 is 2.", "role": "assistant"}]
+    assert pair["rejected"] == [{"content": "I don't know.", "role": "assistant"}]
