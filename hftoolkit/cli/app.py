@@ -25,7 +25,7 @@ app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_e
                   help="Fine-tune and evaluate pretrained transformers from one YAML recipe.")
 
 # Printed by --version beside hftoolkit's own (read from the installed metadata: no import of them).
-VERSION_PACKAGES = ("torch", "transformers", "peft", "accelerate", "bitsandbytes")
+VERSION_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes")
 
 
 def _print_version(value: bool) -> None:
