@@ -103,15 +103,21 @@ def assert_same_training(reference, resumed, steps: int) -> tuple[float, float]:
     return loss_diff, weight_diff
 
 
+def reference_and_killed(recipe, root: Path, sets, **hooks) -> tuple[Path, Path]:
+    """(root/reference, trained uninterrupted in-process; root/killed, SIGKILLed where the test hook pauses it)."""
+    reference, killed = root / "reference", root / "killed"
+    process = start_training(recipe, killed, sets, **hooks)
+    with killed_on_error(process):
+        train_recipe(recipe, reference, *sets)  # while the other process starts up
+    kill_when_paused(process)
+    return reference, killed
+
+
 @pytest.fixture(scope="session")
 def encoder_runs(tmp_path_factory):
     """(uninterrupted run, killed-then-resumed run) of the encoder recipe."""
     root = tmp_path_factory.mktemp("encoder-resume")
-    reference, killed = root / "reference", root / "killed"
-    process = start_training(ENCODER, killed, TINY, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
-    with killed_on_error(process):
-        train_recipe(ENCODER, reference, *TINY)  # while the other process starts up
-    kill_when_paused(process)
+    reference, killed = reference_and_killed(ENCODER, root, TINY, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
     assert json.loads((killed / "manifest.json").read_text())["status"] == "running", "killed, not finished"
     assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
     assert not (killed / "metrics.json").exists() and not (killed / "adapter").exists()
@@ -134,11 +140,7 @@ def test_mlm_resumed_mid_epoch_masks_as_the_uninterrupted_run(tmp_path):
     from safetensors.torch import load_file
 
     sets = (*TINY, "training.sampling=sequential")
-    reference, killed = tmp_path / "reference", tmp_path / "killed"
-    process = start_training(MLM, killed, sets, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
-    with killed_on_error(process):
-        train_recipe(MLM, reference, *sets)
-    kill_when_paused(process)
+    reference, killed = reference_and_killed(MLM, tmp_path, sets, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
     run_cli("train", "--resume", killed)
     ref_losses, res_losses = losses(reference), losses(killed)
     assert sorted(res_losses) == list(range(1, STEPS + 1))
@@ -156,12 +158,8 @@ def test_seq2seq_killed_during_a_save_keeps_the_previous_checkpoint_and_resumes_
 
     from hftoolkit.training.checkpoints import check_checkpoint
 
-    reference, killed = tmp_path / "reference", tmp_path / "killed"
-    process = start_training(SEQ2SEQ, killed, SEQ2SEQ_TINY, HFTOOLKIT_TEST_PAUSE_IN_SAVE="8")
-    with killed_on_error(process):
-        train_recipe(SEQ2SEQ, reference, *SEQ2SEQ_TINY)
     # the hook holds the process after checkpoint 8's files are written, before the rename
-    kill_when_paused(process)
+    reference, killed = reference_and_killed(SEQ2SEQ, tmp_path, SEQ2SEQ_TINY, HFTOOLKIT_TEST_PAUSE_IN_SAVE="8")
     checkpoints = killed / "checkpoints"
     assert sorted(p.name for p in checkpoints.iterdir()) == [".tmp-checkpoint-8", "checkpoint-4", "checkpoint-6"]
     previous = checkpoints / "checkpoint-6"
@@ -180,11 +178,7 @@ def test_seq2seq_killed_during_a_save_keeps_the_previous_checkpoint_and_resumes_
 @pytest.mark.slow
 def test_preference_resumed_mid_epoch_matches_the_uninterrupted_run(tmp_path):
     sets = (*TINY, "eval.generation.max_new_tokens=4")
-    reference, killed = tmp_path / "reference", tmp_path / "killed"
-    process = start_training(PREFERENCE, killed, sets, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
-    with killed_on_error(process):
-        train_recipe(PREFERENCE, reference, *sets)
-    kill_when_paused(process)
+    reference, killed = reference_and_killed(PREFERENCE, tmp_path, sets, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
     assert json.loads((killed / "manifest.json").read_text())["status"] == "running", "killed, not finished"
     run_cli("train", "--resume", killed)
     assert_same_training(reference, killed, steps=STEPS)
