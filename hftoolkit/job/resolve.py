@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from hftoolkit.config import tasks
-from hftoolkit.config.families import IMAGE_PROCESSOR, PROCESSORS, model_rules
+from hftoolkit.config.families import model_rules, reads_text
 from hftoolkit.config.recipe import Recipe, RecipeError
 from hftoolkit.errors import UserError
 from hftoolkit.job.hardware import hardware_problems, resolve_precision
@@ -125,9 +125,9 @@ def family_of(recipe: Recipe, config) -> str:
 def load_processor(recipe: Recipe, family: str, path: str, config=None):
     """The processor the family reads its input with (config/families.py, PROCESSORS); a folder without its
     files is refused, naming them."""
-    if PROCESSORS[family] == IMAGE_PROCESSOR:
-        return load_image_processor(recipe, path, config)
-    return load_task_tokenizer(recipe, path, config)
+    if reads_text(family):
+        return load_task_tokenizer(recipe, path, config)
+    return load_image_processor(recipe, path, config)
 
 
 def load_image_processor(recipe: Recipe, path: str, config=None):
