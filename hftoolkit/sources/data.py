@@ -32,6 +32,8 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
       messages   a conversation, a list of {role, content} turns (instruction, where data.messages_column is in
                  the data)
       image      a PIL image (image-classification)
+      chosen, rejected   the preferred and the rejected answer of a pair, whose prompt is text (preference; as
+                 turns after the shared ones where the pair is two conversations)
 
     `dropped`, when given, receives the number of rows dropped for an empty input or target, per
     source ("train": data.train, before an eval split is held out of it; "eval": data.eval or data.eval_split),
