@@ -9,6 +9,16 @@ import pytest
 from hftoolkit.training.throughput import TokenCounter, efficiency, matmul_flops_per_second, training_flops
 
 
+@pytest.fixture(autouse=True)
+def own_rate_file(monkeypatch, tmp_path):
+    """Each test measures into a cache of its own: other workers rewrite the shared matmul-rate.json, and a write
+    made from what they read before this test's would put back a rate the test has replaced."""
+    monkeypatch.setenv("HFTOOLKIT_CACHE", str(tmp_path))
+    matmul_flops_per_second.cache_clear()
+    yield
+    matmul_flops_per_second.cache_clear()
+
+
 def test_token_counter_counts_real_and_padding_tokens_and_drops_length():
     import torch
 
@@ -69,14 +79,12 @@ def test_matmul_rate_is_measured_once_per_precision_and_size_and_cached_for_the_
     throughput.matmul_flops_per_second.cache_clear()
 
 
-def test_a_rate_cached_while_the_machine_was_busy_is_measured_again_when_a_run_beats_it(monkeypatch, tmp_path):
+def test_a_rate_cached_while_the_machine_was_busy_is_measured_again_when_a_run_beats_it():
     from transformers import BertConfig, BertModel
 
     from hftoolkit.sources.locations import cache_root
     from hftoolkit.training import throughput
 
-    # A cache of its own: a test in another worker rewriting the shared file would put back the low rate.
-    monkeypatch.setenv("HFTOOLKIT_CACHE", str(tmp_path))
 
     model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
                                  vocab_size=50))
@@ -90,15 +98,12 @@ def test_a_rate_cached_while_the_machine_was_busy_is_measured_again_when_a_run_b
     achieved = throughput.efficiency(model, counts, seconds=2.0, lora=False)["flops_per_second"]
     assert achieved > honest / 1e6  # the run beat the cached rate, so it was measured again
     assert json.loads(path.read_text())[key] > honest / 10
-    throughput.matmul_flops_per_second.cache_clear()
 
 
-def test_a_rate_file_cut_short_or_run_together_is_measured_again_not_fatal(monkeypatch, tmp_path):
+def test_a_rate_file_cut_short_or_run_together_is_measured_again_not_fatal():
     """Ranks and parallel runs share matmul-rate.json: a file left half-written (before writes were atomic,
     two writers made `{...}{...}`) must cost a measurement, never the run."""
     from hftoolkit.sources.locations import cache_root
-
-    monkeypatch.setenv("HFTOOLKIT_CACHE", str(tmp_path))  # (its own file: other workers write the shared one)
     from hftoolkit.training import throughput
 
     path = cache_root() / "matmul-rate.json"
@@ -109,4 +114,3 @@ def test_a_rate_file_cut_short_or_run_together_is_measured_again_not_fatal(monke
         assert throughput.matmul_flops_per_second("fp32", 64, 16, 32) > 0
         rates = json.loads(path.read_text())
         assert list(rates) == [next(k for k in rates if k.endswith("-fp32-64x16x32"))]
-    throughput.matmul_flops_per_second.cache_clear()
