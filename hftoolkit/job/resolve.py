@@ -56,17 +56,21 @@ def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = Non
 
 def resolve_model(recipe: Recipe, weights: Path | None = None) -> ResolvedModel:
     """The checkpoint located once, its config and processor loaded once (no weights)."""
-    from hftoolkit.sources.checkpoint import checkpoint_errors, resolve_checkpoint
+    from hftoolkit.sources.checkpoint import checkpoint_errors, resolve_checkpoint, started_from
 
     m = recipe.model
-    path = str(weights) if weights is not None and weights.name == "model" else resolve_checkpoint(recipe)
-    files = weight_files(recipe, path)
-    with checkpoint_errors(recipe):
-        config = load_config(recipe, path)
+    full = weights is not None and weights.name == "model"
+    path = str(weights) if full else resolve_checkpoint(recipe)
+    base, adapters = (recipe, ()) if full else started_from(recipe)
+    files = weight_files(base, path)
+    # The processor: a trained run's own, else the earlier run's (its pad token and chat template), else the base's.
+    processor_path = str(weights) if weights is not None else adapters[-1] if adapters else path
+    with checkpoint_errors(base):
+        config = load_config(base, path)
         family = family_of(recipe, config)
-        processor = load_processor(recipe, family, str(weights) if weights is not None else path, config)
-    return ResolvedModel(checkpoint=m.checkpoint, path=path, revision=m.revision, config=config, family=family,
-                         processor=processor, weights=files)
+        processor = load_processor(recipe, family, processor_path, config)
+    return ResolvedModel(checkpoint=m.checkpoint, path=path, revision=base.model.revision, config=config,
+                         family=family, processor=processor, weights=files, adapters=adapters)
 
 
 def weight_files(recipe: Recipe, path: str) -> tuple[str, ...]:

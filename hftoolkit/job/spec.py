@@ -26,6 +26,7 @@ class ResolvedModel:
     family: str
     processor: Any
     weights: tuple[str, ...] = ()  # the weight files of a local folder (empty for a hub id: the hub's to serve)
+    adapters: tuple[str, ...] = ()  # an earlier run's adapters, merged into the base as it loads (the earliest first)
 
     @property
     def model_type(self) -> str:

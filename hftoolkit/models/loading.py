@@ -75,7 +75,7 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
 
     config, kwargs = configured(job, kwargs)
     m = job.recipe.model
-    from_kwargs = dict(config=config, revision=m.revision, trust_remote_code=m.trust_remote_code, **kwargs)
+    from_kwargs = dict(config=config, revision=job.model.revision, trust_remote_code=m.trust_remote_code, **kwargs)
     if job.recipe.model.dtype != "auto":
         from_kwargs["dtype"] = getattr(torch, DTYPES[job.recipe.model.dtype])
     if job.recipe.model.attention != "auto":  # auto: transformers' choice (sdpa where the model has it)
@@ -111,6 +111,16 @@ def load_pretrained(auto_class, job: Job, keep_full_precision: list[str] = (), *
                         f"({str(err).splitlines()[0][:200]}): check that it is a complete checkpoint") from None
     if quant is not None and _device() == "cpu":
         _release_checkpoint_memory(model)
+    return merged(model, job.model.adapters)
+
+
+def merged(model, adapters: tuple[str, ...]):
+    """`model` with an earlier run's adapters merged into its weights, in order: the run starts from what that run
+    made, as one model (one copy of the weights; a new adapter, and the reference of preference tuning, on top)."""
+    from peft import PeftModel
+
+    for adapter in adapters:
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
     return model
 
 

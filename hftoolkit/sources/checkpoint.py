@@ -29,6 +29,14 @@ def resolve_checkpoint(recipe: Recipe) -> str:
         return str(ensure_tiny(ckpt.removeprefix("init:")))
     path = expand(ckpt, "model.checkpoint")
     if path.is_dir():
+        base, adapters = started_from(recipe)
+        if adapters:
+            try:
+                return resolve_checkpoint(base)
+            except UserError as err:
+                raise UserError(f"{err} (the base the adapter {adapters[-1]} was trained on)") from None
+        if (path / "recipe.yaml").is_file() and (path / "model").is_dir():  # a run that trained the whole model
+            path = path / "model"
         if not (path / "config.json").is_file():
             raise UserError(f"model.checkpoint: {ckpt} has no config.json, so it is not a saved model; "
                             "point it at a folder written by save_pretrained")
@@ -36,6 +44,31 @@ def resolve_checkpoint(recipe: Recipe) -> str:
     if not is_hub_id(ckpt):
         raise UserError(f"model.checkpoint: checkpoint directory {ckpt} not found: check the path")
     return ckpt
+
+
+def started_from(recipe: Recipe) -> tuple[Recipe, tuple[str, ...]]:
+    """Where model.checkpoint names an adapter (an earlier run's directory or its adapter/ folder, or any folder
+    peft saved): the recipe with the base that adapter was trained on, and the adapters to merge into it, the
+    earliest first (a run that itself started from an adapter adds its own). Else (recipe, ())."""
+    from hftoolkit.config.recipe import load_recipe, replaced
+
+    path = Path(recipe.model.checkpoint).expanduser()
+    if not path.is_dir() or recipe.model.checkpoint.startswith("init:"):
+        return recipe, ()
+    run = path if (path / "recipe.yaml").is_file() else path.parent if (path.parent / "recipe.yaml").is_file() \
+        else None
+    adapter = run / "adapter" if run is not None else path
+    if not (adapter / "adapter_config.json").is_file() or (path / "config.json").is_file():
+        return recipe, ()
+    if run is not None:  # the run's own recipe names its base as the user wrote it (hub id, revision, GGUF file)
+        m = load_recipe(run / "recipe.yaml").model
+        changes = {"model.checkpoint": m.checkpoint, "model.revision": m.revision, "model.gguf_file": m.gguf_file}
+    else:
+        config = json.loads((adapter / "adapter_config.json").read_text())
+        changes = {"model.checkpoint": config["base_model_name_or_path"], "model.revision": config.get("revision"),
+                   "model.gguf_file": None}
+    base, earlier = started_from(replaced(recipe, changes))
+    return base, (*earlier, str(adapter))
 
 
 def checkpoint_errors(recipe: Recipe):

@@ -3,14 +3,15 @@ config from the recipe's preference section, and its metrics under the names hft
 
 The pairs arrive tokenized by the formulation (models/families/preference.py) in TRL's own layout, so TRL's
 tokenization is skipped. With LoRA the reference is the base with the adapter switched off (one copy of the
-weights); with full fine-tuning TRL keeps a frozen copy.
+weights); with full fine-tuning TRL keeps a frozen copy. ORPO has no reference: its loss is TRL's own (from its
+experimental ORPO trainer, whose separate data pipeline hftoolkit does not need) on the DPO trainer's batches.
 """
 
 from __future__ import annotations
 
 from hftoolkit.job.spec import Job
 
-# preference.method -> TRL's DPOConfig.loss_type.
+# preference.method -> TRL's DPOConfig.loss_type (ORPO's loss is computed here: it has none).
 LOSS_TYPES = {"dpo": "sigmoid", "ipo": "ipo"}
 # TRL's metric names -> the toolkit's (metrics.json, the log history, the report).
 METRIC_NAMES = {"rewards/accuracies": "reward_accuracy", "rewards/margins": "reward_margin",
@@ -25,13 +26,16 @@ def arguments_class(job: Job):
     from trl import DPOConfig
 
     p = job.recipe.preference
-    return DPOConfig, dict(beta=p.beta, loss_type=[LOSS_TYPES[p.method]],
+    # Without a reference, "precomputed" reference log-probabilities keep TRL from loading a copy of the model;
+    # the trainer below skips their pass over the data.
+    return DPOConfig, dict(beta=p.beta, loss_type=[LOSS_TYPES.get(p.method, "sigmoid")],
+                           precompute_ref_log_probs=p.method not in LOSS_TYPES,
                            max_length=job.max_length + job.max_target_length)
 
 
-def trainer_base():
+def trainer_base(job: Job):
     """TRL's DPOTrainer taking the pairs as the formulation tokenized them, its metrics renamed as they are
-    logged."""
+    logged; for ORPO, with TRL's odds-ratio loss in place of DPO's."""
     from transformers import Trainer
     from trl import DPOTrainer
 
@@ -56,10 +60,49 @@ def trainer_base():
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
             return dataset  # (tokenized already, in TRL's layout: prompt_ids, chosen_ids, rejected_ids)
 
+        def _precompute_ref_logps(self, dataset, name, batch_size):
+            return dataset  # (asked for only by a method without a reference: there is nothing to compute)
+
+        def _compute_loss(self, model, inputs, return_outputs):
+            if job.recipe.preference.method == "orpo":
+                return orpo_loss(self, model, inputs)
+            return super()._compute_loss(model, inputs, return_outputs)
+
         def create_model_card(self, *args, **kwargs):
             pass  # (the run directory's README.md is the toolkit's card, written once the run ends)
 
     return PreferenceTrainer
+
+
+def orpo_loss(trainer, model, inputs):
+    """ORPO (Hong et al. 2024) on a DPO batch (chosen rows, then rejected): the chosen completions' mean token NLL
+    minus beta times the log-sigmoid of the odds ratio of their mean log-probabilities, TRL's odds-ratio loss. Its
+    rewards, logged under DPO's names, are beta times the mean log-probabilities."""
+    import warnings
+
+    with warnings.catch_warnings():  # (its module warns on import that trl.experimental may change)
+        warnings.simplefilter("ignore")
+        from trl.experimental.orpo import ORPOTrainer
+
+    completion = inputs["completion_mask"]
+    mask = completion[:, 1:]  # (position t's log-probability is of token t + 1)
+    labels = inputs["input_ids"].masked_fill(completion == 0, -100)
+    model_inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}
+    outputs = model(**model_inputs, labels=labels, use_cache=False, fused_lm_head=True)
+    token_logps = outputs.log_probs[:, -mask.size(1):] * mask
+    chosen_tokens, _ = token_logps.chunk(2)
+    chosen_mask, _ = mask.chunk(2)
+    nll = -chosen_tokens.sum() / chosen_mask.sum().clamp(min=1)
+    chosen, rejected = (token_logps.sum(1) / mask.sum(1).clamp(min=1)).chunk(2)
+    losses, chosen_rewards, rejected_rewards, log_odds_ratio, _ = ORPOTrainer.odds_ratio_loss(trainer, chosen, rejected)
+    mode, gather = "train" if trainer.model.training else "eval", trainer.accelerator.gather_for_metrics
+    logged = {"rewards/chosen": chosen_rewards, "rewards/rejected": rejected_rewards,
+              "rewards/accuracies": (chosen_rewards > rejected_rewards).float(),
+              "rewards/margins": chosen_rewards - rejected_rewards, "logps/chosen": chosen.detach(),
+              "logps/rejected": rejected.detach(), "nll_loss": nll.detach(), "log_odds_ratio": log_odds_ratio.detach()}
+    for name, value in logged.items():
+        trainer._metrics[mode][name].append(gather(value).mean().item())
+    return nll - losses.mean()
 
 
 def renamed(logs: dict) -> dict:

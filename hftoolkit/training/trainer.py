@@ -36,7 +36,7 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
     if scoring == "preference":  # TRL's trainer: its own loss, no logits for metrics
         from hftoolkit.training.preference import trainer_base
 
-        base, loss, extra = trainer_base(), (), {}
+        base, loss, extra = trainer_base(job), (), {}
     else:
         base, loss = Trainer, (ItemNormalizedLoss,)
         extra = dict(compute_metrics=scorer.compute if scoring == "logits" else None,
