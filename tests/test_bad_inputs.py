@@ -461,12 +461,23 @@ CASES: dict[str, Case] = {
         "task 'preference' can't be done by 'init:bert', an encoder model"),
     "preference method TRL does not have": Case(
         "recipe", lambda t: _train(PREFERENCE, "preference.method=kto_pair"),  # (TRL 0.x's, since removed)
-        "preference.method: input should be 'dpo', 'ipo' or 'orpo'"),
+        "preference.method: input should be 'dpo', 'ipo', 'orpo' or 'kto'"),
     "an adapter whose base is gone": Case(
         "checkpoint", lambda t: _train(PREFERENCE, "model.checkpoint=" + str(_write(
             t, "adapter/adapter_config.json", '{"peft_type": "LORA", "base_model_name_or_path": "/gone/base"}'
         ).parent)),
         "checkpoint directory /gone/base not found: check the path (the base the adapter"),
+    "kto answers labelled neither good nor bad": Case(
+        "data", lambda t: _data(PREFERENCE, _write(t, "answers.jsonl", "".join(
+            json.dumps({"text": f"q{i}", "target": f"a{i}", "label": ["yes", 1][i % 2]}) + "\n" for i in range(8))),
+            "preference.method=kto"),
+        "labels its answer 'yes'; kto reads true (a good answer) or false (a bad one), or 1 or 0"),
+    "kto in batches of one": Case(
+        "recipe", lambda t: _train(PREFERENCE, "preference.method=kto", "training.batch_size=1"),
+        "takes each answer's KL term against the other answers of its batch, and training.batch_size is 1"),
+    "kto's weights on another method": Case(
+        "recipe", lambda t: _train(PREFERENCE, "preference.undesirable_weight=2"),
+        "preference.undesirable_weight weighs kto's good and bad answers, and the method is dpo"),
     "preference beta of 0": Case(
         "recipe", lambda t: _train(PREFERENCE, "preference.beta=0"), "preference.beta: input should be greater than 0"),
     "preference section on another task": Case(

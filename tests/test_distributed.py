@@ -210,6 +210,26 @@ def test_preference_on_two_processes_trains_and_scores_as_on_one(tmp_path, sprea
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
+@pytest.mark.parametrize(("method", "spread"), [
+    ("orpo", ["--num-processes", "2"]), ("kto", ["--num-processes", "2"]),
+    ("orpo", ["--accelerate-config", str(RECIPES / "accelerate" / "fsdp.yaml")]),
+    ("kto", ["--accelerate-config", str(RECIPES / "accelerate" / "deepspeed-zero3.yaml")])],
+    ids=["orpo-ddp", "kto-ddp", "orpo-fsdp", "kto-zero3"])
+def test_orpo_and_kto_on_two_processes_train_as_on_one(tmp_path, method, spread):
+    """ORPO's NLL is a mean over the chosen tokens of all processes' batches, and KTO's KL answers are drawn from
+    the batch of all processes: the same per-step losses and weights as one process. (Their eval metrics are means
+    of per-step means, and the steps group the eval set differently, so they are not compared.)"""
+    sets = (*SAME_BATCHES, "data.max_eval_samples=16", "eval.max_predictions=0", f"preference.method={method}")
+    train_recipe(PREFERENCE, tmp_path / "one", *sets)
+    rc, output, _ = run_bounded([sys.executable, "-m", "hftoolkit", "train", PREFERENCE, "--output",
+                                 tmp_path / "two", *spread, *[a for s in sets for a in ("--set", s)]])
+    assert rc == 0, output[-4000:]
+    assert_complete_run(tmp_path / "two", spread[0])
+    assert_same_training(tmp_path / "one", tmp_path / "two")
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 def test_a_process_that_fails_ends_the_run_instead_of_hanging(tmp_path):
     """Bad input found on the main process (inside main_process_first, where the other process waits)."""
     missing = tmp_path / "missing.csv"

@@ -112,6 +112,33 @@ def test_orpo_learns_without_a_reference_and_logs_its_two_terms(tmp_path):
 
 
 @pytest.mark.slow
+def test_kto_learns_answers_labelled_good_or_bad_and_pairs_split_into_them(tmp_path):
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.sources.builtin import BUILTIN
+
+    rows = BUILTIN["preferences"](seed=load_recipe(PREFERENCE).training.seed)
+    labelled = tmp_path / "labelled.jsonl"  # kto's own layout: one answer a row, no pairs (one in 3 good)
+    with open(labelled, "w") as f:
+        for i, row in enumerate(rows[:200]):
+            good = i % 3 == 0
+            f.write(json.dumps({"prompt": row["text"], "answer": row["chosen" if good else "rejected"],
+                                "good": good}) + "\n")
+    layouts = {"pairs": (), "labelled": (f"data.train={labelled}", "data.text_column=prompt",
+                                         "data.target_column=answer", "data.label_column=good",
+                                         "preference.desirable_weight=2")}
+    for name, data in layouts.items():
+        sets = (*QUICK, "preference.method=kto", "training.epochs=3", *data)
+        base = json.loads(run_cli("eval", PREFERENCE, *[x for s in sets for x in ("--set", s)], "--json").stdout)
+        assert base["eval"]["reward_margin"] == 0 and base["eval"]["kl"] == 0  # the base is the reference
+        train_recipe(PREFERENCE, tmp_path / name, *sets)
+        metrics = json.loads((tmp_path / name / "metrics.json").read_text())
+        assert metrics["main_metric"] == "reward_margin" and metrics["eval"]["reward_margin"] > 0.5, name
+        records = [json.loads(line) for line in (tmp_path / name / "predictions.jsonl").read_text().splitlines()]
+        good_answers = {row["chosen"] for row in rows}
+        assert records and all(r["reference"] in good_answers for r in records), "records answer the good answers"
+
+
+@pytest.mark.slow
 def test_a_run_starts_from_an_earlier_instruction_run_its_adapter_or_its_merged_folder(tmp_path):
     instruction = tmp_path / "instruction"
     train_recipe(PREFERENCE, instruction, *QUICK, "task=instruction", "data.train=builtin:instructions",

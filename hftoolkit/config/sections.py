@@ -243,14 +243,26 @@ class EvalSection(Section):
 
 
 class PreferenceSection(Section):
-    """task preference: how the pairs are learned, through TRL's trainers."""
+    """task preference: how the pairs (or, for kto, the labelled answers) are learned, through TRL's trainers."""
 
-    method: Literal["dpo", "ipo", "orpo"] = Field(
-        "dpo", description="dpo (Rafailov et al. 2023, TRL's sigmoid loss), ipo (Azar et al. 2023) or orpo (Hong et "
-                           "al. 2024: no reference model, the chosen side's NLL plus an odds-ratio term)")
+    method: Literal["dpo", "ipo", "orpo", "kto"] = Field(
+        "dpo", description="dpo (Rafailov et al. 2023, TRL's sigmoid loss), ipo (Azar et al. 2023), orpo (Hong et "
+                           "al. 2024: no reference model, the chosen side's NLL plus an odds-ratio term) or kto "
+                           "(Ethayarajh et al. 2024: answers labelled good or bad, no pairs needed)")
     beta: float = Field(0.1, gt=0, description="how far the tuned model may move from the reference: higher keeps "
                                                "it closer (ipo: the regularization tau; orpo: lambda, the weight of "
                                                "the odds-ratio term)")
+    desirable_weight: float = Field(1.0, gt=0, description="kto: the weight of the good answers' loss")
+    undesirable_weight: float = Field(1.0, gt=0, description="kto: the weight of the bad answers' loss")
+
+    @model_validator(mode="after")
+    def _weights_are_kto_s(self):
+        # (by value, not by the keys given: a recipe written back out, recipe.yaml, holds every key)
+        weights = [key for key in ("desirable_weight", "undesirable_weight") if getattr(self, key) != 1.0]
+        if weights and self.method != "kto":
+            raise ValueError(f"preference.{weights[0]} weighs kto's good and bad answers, and the method is "
+                             f"{self.method}: remove it, or set preference.method to kto")
+        return self
 
 
 class OutputSection(Section):

@@ -28,6 +28,8 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
     started = time.perf_counter()
     task = tasks.spec(job.recipe.task)
     raw = data["eval"]
+    if task.scoring == "preference" and "label" in raw.column_names:  # kto: records answer its good answers' prompts
+        raw = raw.filter(lambda row: row["label"])
     count = len(raw) if task.scoring == "generation" else min(len(raw), job.recipe.eval.max_predictions)
     eval_set, order = shortest_first(encoded["eval"])
     outputs = None

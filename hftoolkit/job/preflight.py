@@ -385,8 +385,9 @@ def check_conversations(s: Subject, found: Findings) -> None:
 
 
 def check_pairs(s: Subject, found: Findings) -> None:
-    """Preference pairs whose prompt or answers tokenization will cut are counted, in one line."""
-    if s.data is None or s.processor is None or "chosen" not in s.data["train"].column_names:
+    """Preference pairs (or kto's labelled answers) whose prompt or answers tokenization will cut are counted, in
+    one line."""
+    if s.data is None or s.processor is None or s.recipe.task != tasks.PREFERENCE:
         return
     size, answer = (found.lengths.get(key, getattr(s.recipe.data, key)) for key in ("max_length", "max_target_length"))
     cut = [cut_counts(s.processor, s.data[split], size, answer) for split in ("train", "eval")]

@@ -39,9 +39,11 @@ BENCHMARK_NOTE = ("lm-evaluation-harness tasks (`hftoolkit eval RUN --benchmark 
                   "--benchmark TASKS --output DIR`), the change from that base.")
 PREFERENCE_PLOT = ("preference.png", "Preference: loss and reward margin")
 PREFERENCE_NOTE = ("For preference runs: the reward of an answer is beta x its log-probability under the tuned model "
-                   "minus the reference's; reward_accuracy is the share of held-out pairs whose chosen answer has the "
-                   "higher reward, reward_margin the mean chosen-minus-rejected reward. The untrained base is its own "
-                   "reference, so it scores 0 on both.")
+                   "minus the reference's (orpo, which has no reference: beta x its mean token log-probability); "
+                   "reward_accuracy is the share of held-out pairs whose chosen answer has the higher reward, "
+                   "reward_margin the mean chosen-minus-rejected reward (kto ranks no pairs: the mean reward of its "
+                   "good answers minus that of its bad ones, its main metric). An untrained base is its own "
+                   "reference, so it scores 0 on both (orpo excepted).")
 PLOTS = (
     ("loss.png", "Training loss"),
     ("eval.png", "Eval main metric by task"),

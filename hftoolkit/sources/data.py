@@ -73,7 +73,8 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     for split, ds in (("train", train), ("eval", evaluation)):
         if limit[split] and len(ds) > limit[split]:
             ds = ds.shuffle(seed=recipe.training.seed).select(range(limit[split]))
-        out[split] = ds
+        # (after the eval split is held out: a pair's two answers stay on one side)
+        out[split] = unpaired(ds) if kto(recipe) and "chosen" in ds.column_names else ds
     if dropped is not None:
         dropped.update(counts)
         if unlabelled:
@@ -90,7 +91,7 @@ def _without_identical_pairs(recipe: Recipe, train, evaluation):
     counts, kept = {}, []
     for split, ds, key, source in (("train", train, "data.train", recipe.data.train),
                                    ("eval", evaluation, "data.eval", recipe.data.eval or recipe.data.train)):
-        same = identical_rows(ds) if ds is not None else []
+        same = identical_rows(ds) if ds is not None and "chosen" in ds.column_names else []  # (kto: answers)
         if ds is not None and same and len(same) == len(ds):
             raise UserError(f"{key}: in every row of {source} the chosen and rejected answers are the same, so there "
                             "is no preference to learn: give each prompt a better and a worse answer")
@@ -364,7 +365,8 @@ def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fal
     if recipe.task == tasks.PREFERENCE and _holds_conversations(ds, recipe.data.chosen_column):
         return _conversation_pairs(ds, recipe, key, source)
     mapping, missing = {}, {}
-    for name in _columns(recipe):
+    labelled = labelled_answers(recipe, ds)
+    for name in ("text", "target", "label") if labelled else _columns(recipe):
         field = tasks.COLUMN_KEYS[name]
         if name == "text" and key == "data.eval" and recipe.data.eval_text_column:
             field = "eval_text_column"
@@ -382,7 +384,42 @@ def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fal
                         f"found in {source}; columns found: {', '.join(ds.column_names)}; set "
                         f"{' and '.join(missing)} to {'the names' if many else 'the name'} in the data{also}")
     ds = ds.select_columns(list(mapping))
-    return ds.rename_columns({k: v for k, v in mapping.items() if k != v})
+    ds = ds.rename_columns({k: v for k, v in mapping.items() if k != v})
+    return good_or_bad(ds, key, source) if labelled else ds
+
+
+def labelled_answers(recipe: Recipe, ds) -> bool:
+    """Whether `ds` holds kto's unpaired layout: a prompt, an answer (data.target_column) and its label, good or bad
+    (data.label_column); kto reads pairs too, where the data has data.chosen_column."""
+    return kto(recipe) and recipe.data.chosen_column not in ds.column_names
+
+
+def kto(recipe: Recipe) -> bool:
+    return recipe.task == tasks.PREFERENCE and recipe.preference.method == "kto"
+
+
+def good_or_bad(ds, key: str, source: str):
+    """`ds` with each label a bool (True: a good answer); labels are true or false, or 1 or 0."""
+    bad = next(((row, value) for row, value in enumerate(ds["label"]) if value not in (True, False)), None)
+    if bad is not None:
+        raise UserError(f"{key}: row {bad[0]} of {source} labels its answer {bad[1]!r}; kto reads true (a good "
+                        "answer) or false (a bad one), or 1 or 0: fix the label, or point data.label_column at them")
+    import datasets
+
+    return ds.cast_column("label", datasets.Value("bool"))
+
+
+def unpaired(ds):
+    """Pairs (text, chosen, rejected) as kto's labelled answers (text, target, label): each pair's chosen answer
+    good and its rejected one bad, in that order."""
+    import datasets
+
+    rows = {"text": [], "target": [], "label": []}
+    for prompt, good, poor in zip(ds["text"], ds["chosen"], ds["rejected"], strict=True):
+        rows["text"] += [prompt, prompt]
+        rows["target"] += [good, poor]
+        rows["label"] += [True, False]
+    return datasets.Dataset.from_dict(rows)
 
 
 def _conversations(ds, column: str, key: str, source: str):

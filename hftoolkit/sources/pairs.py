@@ -70,8 +70,9 @@ def identical_rows(ds) -> list[int]:
 
 
 def cut_counts(tokenizer, pairs, max_prompt: int, max_answer: int) -> dict[str, int]:
-    """How many prompts are longer than max_prompt tokens and how many answers (chosen or rejected) longer than
-    max_answer: what tokenization will cut. Conversations are counted as the chat template renders them."""
+    """How many prompts are longer than max_prompt tokens and how many answers (chosen or rejected, or kto's
+    labelled answer) longer than max_answer: what tokenization will cut. Conversations are counted as the chat
+    template renders them."""
     from hftoolkit.sources.conversations import render
 
     def length(value, prompt: bool) -> int:
@@ -79,5 +80,6 @@ def cut_counts(tokenizer, pairs, max_prompt: int, max_answer: int) -> dict[str, 
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
     prompts = sum(length(p, True) > max_prompt for p in pairs["text"])
-    answers = sum(length(a, False) > max_answer for column in ("chosen", "rejected") for a in pairs[column])
+    answers = sum(length(a, False) > max_answer for column in ("chosen", "rejected", "target")
+                  if column in pairs.column_names for a in pairs[column])
     return {"prompts": prompts, "answers": answers}

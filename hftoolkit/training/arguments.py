@@ -74,10 +74,11 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
 
 
 def _sampling(recipe: Recipe, train) -> str:
-    """The train order: a stream is read in its own order; without a "length" column (images: all one size)
-    the length sampler would decode every example to measure it."""
+    """The train order: a stream is read in its own order, and so is kto's train set (shuffled once as it is
+    prepared: each answer's KL term is taken against its batch's neighbours); without a "length" column (images:
+    all one size) the length sampler would decode every example to measure it."""
     t = recipe.training
-    if recipe.data.streaming:
+    if recipe.data.streaming or (recipe.preference is not None and recipe.preference.method == "kto"):
         return "sequential"
     return "random" if t.sampling == "group_by_length" and "length" not in train.column_names else t.sampling
 

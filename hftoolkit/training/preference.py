@@ -5,13 +5,14 @@ The pairs arrive tokenized by the formulation (models/families/preference.py) in
 tokenization is skipped. With LoRA the reference is the base with the adapter switched off (one copy of the
 weights); with full fine-tuning TRL keeps a frozen copy. ORPO has no reference: its loss is TRL's own (from its
 experimental ORPO trainer, whose separate data pipeline hftoolkit does not need) on the DPO trainer's batches.
+KTO learns answers labelled good or bad, one at a time, with TRL's KTO trainer.
 """
 
 from __future__ import annotations
 
 from hftoolkit.job.spec import Job
 
-# preference.method -> TRL's DPOConfig.loss_type (ORPO's loss is computed here: it has none).
+# preference.method -> TRL's DPOConfig.loss_type (ORPO's loss is computed here: it has none; KTO has its trainer).
 LOSS_TYPES = {"dpo": "sigmoid", "ipo": "ipo"}
 # TRL's metric names -> the toolkit's (metrics.json, the log history, the report).
 METRIC_NAMES = {"rewards/accuracies": "reward_accuracy", "rewards/margins": "reward_margin",
@@ -22,22 +23,28 @@ DROPPED = ("entropy", "num_tokens", "logits/chosen", "logits/rejected", "mean_to
 
 
 def arguments_class(job: Job):
-    """(TRL's DPOConfig, the keyword arguments it adds to the TrainingArguments hftoolkit sets)."""
+    """(TRL's DPOConfig or KTOConfig, the keyword arguments it adds to the TrainingArguments hftoolkit sets)."""
+    p, lengths = job.recipe.preference, dict(max_length=job.max_length + job.max_target_length)
+    if p.method == "kto":
+        from trl import KTOConfig
+
+        return KTOConfig, dict(beta=p.beta, desirable_weight=p.desirable_weight,
+                               undesirable_weight=p.undesirable_weight, **lengths)
     from trl import DPOConfig
 
-    p = job.recipe.preference
     # Without a reference, "precomputed" reference log-probabilities keep TRL from loading a copy of the model;
     # the trainer below skips their pass over the data.
     return DPOConfig, dict(beta=p.beta, loss_type=[LOSS_TYPES.get(p.method, "sigmoid")],
-                           precompute_ref_log_probs=p.method not in LOSS_TYPES,
-                           max_length=job.max_length + job.max_target_length)
+                           precompute_ref_log_probs=p.method not in LOSS_TYPES, **lengths)
 
 
 def trainer_base(job: Job):
-    """TRL's DPOTrainer taking the pairs as the formulation tokenized them, its metrics renamed as they are
-    logged; for ORPO, with TRL's odds-ratio loss in place of DPO's."""
+    """TRL's DPOTrainer (KTOTrainer for kto) taking the examples as the formulation tokenized them, its metrics
+    renamed as they are logged; for ORPO, with TRL's odds-ratio loss in place of DPO's."""
     from transformers import Trainer
-    from trl import DPOTrainer
+    from trl import DPOTrainer, KTOTrainer
+
+    method = job.recipe.preference.method
 
     class RenamedMetrics(Trainer):
         """Between TRL's log (which adds its averaged metrics) and the Trainer's (which records them)."""
@@ -48,23 +55,35 @@ def trainer_base(job: Job):
             logs.update(named)
             super().log(logs, start_time)
 
-    class PreferenceTrainer(DPOTrainer, RenamedMetrics):
+    class PreferenceTrainer(KTOTrainer if method == "kto" else DPOTrainer, RenamedMetrics):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             # TRL copies an adapter it is handed into a frozen "ref" adapter, the reference for an adapter trained
-            # earlier. This run's adapter starts at zero, and a finished run is scored against its base: the base
-            # with the adapter switched off is that reference, without a second adapter (nor its saved copy).
+            # earlier. This run's adapter starts at zero (an earlier run's is merged into the base as it loads),
+            # and a finished run is scored against its base: the base with the adapter switched off is that
+            # reference, without a second adapter (nor its saved copy).
             if "ref" in (getattr(self.model, "peft_config", None) or {}):
                 self.model.delete_adapter("ref")
 
         def _prepare_dataset(self, dataset, processing_class, args, dataset_name):
-            return dataset  # (tokenized already, in TRL's layout: prompt_ids, chosen_ids, rejected_ids)
+            # Tokenized already, in TRL's layout (prompt_ids, chosen_ids and rejected_ids; kto: completion_ids and
+            # label). KTO estimates its KL term from mismatched answers, each batch's rotated by one, as TRL does,
+            # but over the batch of all processes (TRL: of each), so that processes train as one process would.
+            if method == "kto" and dataset_name == "train":  # (read in order: see arguments._sampling)
+                dataset = dataset.shuffle(seed=args.seed)
+            if method == "kto" and self.calculate_KL:
+                from accelerate import PartialState  # (the Trainer's accelerator is not built yet)
+
+                batch = args.per_device_train_batch_size * PartialState().num_processes
+                return dataset.map(lambda rows: {"KL_completion_ids": rows["completion_ids"][-1:]
+                                                 + rows["completion_ids"][:-1]}, batched=True, batch_size=batch)
+            return dataset
 
         def _precompute_ref_logps(self, dataset, name, batch_size):
             return dataset  # (asked for only by a method without a reference: there is nothing to compute)
 
         def _compute_loss(self, model, inputs, return_outputs):
-            if job.recipe.preference.method == "orpo":
+            if method == "orpo":
                 return orpo_loss(self, model, inputs)
             return super()._compute_loss(model, inputs, return_outputs)
 
@@ -92,7 +111,10 @@ def orpo_loss(trainer, model, inputs):
     token_logps = outputs.log_probs[:, -mask.size(1):] * mask
     chosen_tokens, _ = token_logps.chunk(2)
     chosen_mask, _ = mask.chunk(2)
-    nll = -chosen_tokens.sum() / chosen_mask.sum().clamp(min=1)
+    # The mean over the chosen tokens of every process's batch (gradients are averaged over processes), so that
+    # processes splitting a batch train as one process would.
+    tokens = trainer.accelerator.gather(chosen_mask.sum()).sum().clamp(min=1)
+    nll = -chosen_tokens.sum() * trainer.accelerator.num_processes / tokens
     chosen, rejected = (token_logps.sum(1) / mask.sum(1).clamp(min=1)).chunk(2)
     losses, chosen_rewards, rejected_rewards, log_odds_ratio, _ = ORPOTrainer.odds_ratio_loss(trainer, chosen, rejected)
     mode, gather = "train" if trainer.model.training else "eval", trainer.accelerator.gather_for_metrics

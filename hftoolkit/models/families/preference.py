@@ -29,7 +29,13 @@ class PreferencePairs:
             return {"prompt_ids": prompts, "chosen_ids": chosen, "rejected_ids": rejected,
                     "length": [len(p) + max(len(c), len(r)) for p, c, r in zip(prompts, chosen, rejected)]}
 
-        return tokenized.encode(job, tokenizer, dataset, encode)
+        def encode_labelled(batch):  # kto: one answer per row, good or bad
+            prompts, answers, _ = self.encode(job, tokenizer, {**batch, "chosen": batch["target"],
+                                                                "rejected": batch["target"]})
+            return {"prompt_ids": prompts, "completion_ids": answers, "label": batch["label"],
+                    "length": [len(p) + len(a) for p, a in zip(prompts, answers)]}
+
+        return tokenized.encode(job, tokenizer, dataset, encode_labelled if "label" in dataset.column_names else encode)
 
     def encode(self, job: Job, tokenizer, batch) -> tuple[list, list, list]:
         """(prompt ids, chosen answer ids, rejected answer ids) of a batch of pairs, texts or conversations."""
@@ -42,12 +48,17 @@ class PreferencePairs:
                 self.answers.targets(job, tokenizer, batch["rejected"]))
 
     def collator(self, job: Job, tokenizer):
-        from trl.trainer.dpo_trainer import DataCollatorForPreference
-
-        return DataCollatorForPreference(pad_token_id=tokenizer.pad_token_id)
+        if job.recipe.preference.method == "kto":
+            from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference as Collator
+        else:
+            from trl.trainer.dpo_trainer import DataCollatorForPreference as Collator
+        return Collator(pad_token_id=tokenizer.pad_token_id)
 
     def metrics(self, job: Job, tokenizer) -> EvalMetrics:
-        return EvalMetrics(None, "reward_accuracy", greater_is_better=True)
+        # kto scores answers one at a time, so no pair is ranked: its main metric is the mean reward of the good
+        # answers minus that of the bad ones.
+        main = "reward_margin" if job.recipe.preference.method == "kto" else "reward_accuracy"
+        return EvalMetrics(None, main, greater_is_better=True)
 
     def generate(self, job: Job, model, tokenizer, inputs: list) -> list[dict]:
         return self.answers.generate(job, model, tokenizer, inputs)
