@@ -41,6 +41,23 @@ def test_a_plan_names_every_strategy_itemized_and_the_cheapest_that_fits():
     assert rows["single"]["time"]["step_seconds"] > 0 and rows["single"]["time"]["train_seconds"] > 0
 
 
+def test_a_decoder_plans_prompt_and_answer_and_a_preference_step_its_pairs_and_reference_pass():
+    def single(*sets: str) -> dict:
+        sets = ("data.max_length=64", "training.batch_size=8", *sets)
+        return plan_json(RECIPES / "decoder-preference.yaml", *[x for s in sets for x in ("--set", s)])["strategies"][0]
+
+    planned = {method: single("data.max_target_length=64", f"preference.method={method}")
+               for method in ("dpo", "orpo", "kto")}
+    instruction, short = (single(f"data.max_target_length={n}", "task=instruction", "preference=null") for n in (64, 2))
+    activations = {method: row["memory"]["items"]["activations"] for method, row in planned.items()}
+    # An instruction example is one sequence of prompt and answer, a kto answer too, and a pair two.
+    assert instruction["memory"]["items"]["activations"] > short["memory"]["items"]["activations"]
+    assert activations["kto"] == instruction["memory"]["items"]["activations"]
+    assert activations["dpo"] == activations["orpo"] == pytest.approx(2 * activations["kto"], rel=0.05)
+    assert planned["orpo"]["time"]["step_seconds"] < planned["dpo"]["time"]["step_seconds"], "no reference pass"
+    assert planned["orpo"]["memory"]["items"]["buffers"] < planned["dpo"]["memory"]["items"]["buffers"]
+
+
 def test_llama_7b_from_its_config_alone_on_a100s(tmp_path):
     """Full fine-tuning keeps 16 bytes a parameter (fp32 weights and gradients, two Adam moments): more than one
     80 GB card, while sharding the states over 8 fits; LoRA r=16 and QLoRA fit one card."""

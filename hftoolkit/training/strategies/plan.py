@@ -268,13 +268,33 @@ def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict,
                 + _stack(shape, batch, target, shape["decoder_layers"], e, checkpointing, source, matrix, frozen[-1]))
         out_tokens = target
     else:
+        trained, scored, tokens = decoder_sequences(recipe, lengths)
+        batch, source = batch * trained, source if shape["image_tokens"] else tokens
         acts = _stack(shape, batch, source, shape["layers"], e, checkpointing, 0, matrix, frozen[-1])
         out_tokens = source
     acts += 2 * e * batch * source * shape["hidden"]  # the embeddings' output and the final norm's input
-    vocab = shape["vocab"] if tasks.spec(recipe.task).scoring in ("loss", "generation") else 0
-    # The logits, the loss's fp32 copy (the same tensor in fp32), its log-softmax and the logits' gradient.
-    copies = 4 * 3 + (e if e != 4 else 0)
+    vocab = shape["vocab"] if tasks.spec(recipe.task).scoring in ("loss", "generation", "preference") else 0
+    # The logits, the loss's fp32 copy (the same tensor in fp32), its log-softmax and the logits' gradient; a
+    # preference step's reference pass adds its fp32 log-probabilities while the policy's activations are held.
+    copies = 4 * 3 + (e if e != 4 else 0) + (4 if _preference(recipe) and scored else 0)
     return acts, batch * out_tokens * vocab * copies
+
+
+def _preference(recipe) -> bool:
+    return tasks.spec(recipe.task).scoring == "preference"
+
+
+def decoder_sequences(recipe, lengths: dict) -> tuple[int, int, int]:
+    """(sequences per example trained with gradients, scored without, tokens per sequence) of a one-stack model. A
+    prompted task's example is its prompt and its answer, one sequence; a preference pair two, each scored by the
+    reference too (orpo has none); a kto answer one, scored by the reference, with its mismatched KL answer scored
+    by both models."""
+    answered = recipe.task in tasks.prompted() or _preference(recipe)
+    tokens = lengths["max_length"] + ((lengths.get("max_target_length") or 0) if answered else 0)
+    if not _preference(recipe):
+        return 1, 0, tokens
+    method = recipe.preference.method
+    return (1, 3, tokens) if method == "kto" else (2, 0 if method == "orpo" else 2, tokens)
 
 
 def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, precision: str,
@@ -367,10 +387,16 @@ def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precis
     source = shape["image_tokens"] or lengths["max_length"]
     tokens = source + (lengths.get("max_target_length") or source if shape["seq2seq"] else 0)
     rows = recipe.training.batch_size * recipe.training.gradient_accumulation
-    flops = rows * tokens * _flops_per_token(shape, lora, tokens)  # with checkpointing the forward runs twice:
-    flops *= (1 + 2 / (4 if lora else 6)) if recipe.training.gradient_checkpointing else 1  # 2 of 6 (4) again
+    trained, scored = 1, 0
+    if not shape["seq2seq"] and not shape["image_tokens"]:
+        trained, scored, tokens = decoder_sequences(recipe, lengths)
+        source = tokens
+    flops = trained * rows * tokens * _flops_per_token(shape, lora, tokens)  # with checkpointing the forward runs
+    flops *= (1 + 2 / (4 if lora else 6)) if recipe.training.gradient_checkpointing else 1  # twice: 2 of 6 (4)
+    flops += scored * rows * tokens * (2 * shape["non_embedding"] + 4 * shape["layers"] * tokens * shape["hidden"])
     per_process = flops / spread.processes
-    rate = _rate(shape, device, precision, max(1, rows // spread.processes) * source, spread.processes_per_machine)
+    rate = _rate(shape, device, precision, max(1, trained * rows // spread.processes) * source,
+                 spread.processes_per_machine)
     if rate is None:
         return TimePlan(None, None, None, flops, None)
     step = per_process / rate
