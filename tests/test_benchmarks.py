@@ -342,3 +342,22 @@ def test_benchmark_options_without_benchmark_or_beside_split_are_refused():
     assert "apply to --benchmark" in plain(alone.output)
     both = run_cli("eval", DECODER, "--benchmark", MC, "--split", "test", expect=2)
     assert "--split and --benchmark" in plain(both.output)
+
+
+@pytest.mark.slow
+def test_a_preference_run_scores_its_benchmarks_with_its_adapter_beside_its_base(tmp_path):
+    preference = RECIPES / "decoder-preference.yaml"
+    quick = ("data.max_train_samples=64", "data.max_eval_samples=16", "eval.max_predictions=0")
+    train_recipe(preference, tmp_path / "run", *quick, f"eval.benchmarks.tasks=[{MC}]", "eval.benchmarks.limit=5",
+                 "eval.benchmarks.num_fewshot=0")
+    recorded = json.loads((tmp_path / "run" / "metrics.json").read_text())["benchmarks"][MC]
+    again = json.loads(run_cli("eval", tmp_path / "run", "--benchmark", MC, "--limit", "5", "--json").stdout)
+    assert again["benchmarks"][MC]["metrics"] == pytest.approx(recorded["metrics"])
+    run_cli("eval", preference, *[x for s in quick for x in ("--set", s)], "--benchmark", MC, "--limit", "5",
+            "--num-fewshot", "0", "--output", tmp_path / "base")
+    # The tuned model is scored, not its base: its log-likelihoods of the choices differ.
+    tuned, base = (samples(tmp_path / run, MC) for run in ("run", "base"))
+    assert len(tuned) == len(base) == 5 and [r["resps"] for r in tuned] != [r["resps"] for r in base]
+    run_cli("compare", tmp_path / "base", tmp_path / "run", "--output", tmp_path / "report")
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert MC in report and "## Preference: loss and reward margin" in report
