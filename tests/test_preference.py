@@ -252,9 +252,10 @@ def test_the_ultrafeedback_recipe_reads_the_hub_set_as_an_online_run_leaves_it(m
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("smollm2")  # (a real checkpoint, converted once per session)
-def test_the_reference_dpo_loss_equals_trl_s_on_a_real_smollm2_batch(smollm2_checkpoint, tmp_path):
+def test_the_reference_losses_equal_trl_s_on_a_real_smollm2_batch(smollm2_checkpoint, tmp_path):
     """Three conversation pairs tokenized as a run does, SmolLM2 as the reference and a nudged copy as the policy:
-    the reference layer's DPO loss (reference/preference.py) against TRL's own `_compute_loss`, within 1e-6."""
+    the reference layer's DPO and IPO losses (reference/preference.py) against TRL's own `_compute_loss`, and its
+    ORPO loss against the one training computes with TRL's odds-ratio loss, each within 1e-6."""
     from types import SimpleNamespace
 
     import torch
@@ -266,29 +267,44 @@ def test_the_reference_dpo_loss_equals_trl_s_on_a_real_smollm2_batch(smollm2_che
     from hftoolkit.models.families import formulation
     from hftoolkit.reference import parity_preference, preference
     from hftoolkit.sources.builtin import preferences
+    from hftoolkit.training.preference import orpo_loss
 
     data = conversation_pairs(tmp_path / "pairs.jsonl", preferences(12, seed=6))
     job = resolve_job(load_recipe(PREFERENCE, [f"model.checkpoint={smollm2_checkpoint}", f"data.train={data}"]))
     prompts, chosen, rejected = formulation(job).encode(job, job.model.processor, job.data["train"][:3])
     batch = DataCollatorForPreference(pad_token_id=job.model.processor.pad_token_id)(
         [{"prompt_ids": p, "chosen_ids": c, "rejected_ids": r} for p, c, r in zip(prompts, chosen, rejected)])
-    policy, reference = (transformers.AutoModelForCausalLM.from_pretrained(smollm2_checkpoint) for _ in range(2))
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "completion_mask")}
+    # In float64: the two sides compute the same sums in different orders, which float32 rounds apart.
+    policy, reference = (transformers.AutoModelForCausalLM.from_pretrained(smollm2_checkpoint, dtype=torch.float64)
+                         for _ in range(2))
     torch.manual_seed(0)
     with torch.no_grad():
         for weight in policy.parameters():
             weight.add_(torch.randn_like(weight) * 1e-3)
     labels = batch["input_ids"].masked_fill(batch["completion_mask"] == 0, -100)
+    lengths = (labels[:, 1:] != -100).sum(-1)
     with torch.no_grad():
-        logps = [preference.sequence_logps(model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"])
-                                           .logits, labels) for model in (policy, reference)]
+        logits = policy(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        logps = [preference.sequence_logps(logits, labels), preference.sequence_logps(
+            reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, labels)]
+        chosen_nll = -preference.sequence_logps(logits[:3], labels[:3]).sum() / lengths[:3].sum()
+        means = logps[0] / lengths
         for model in (policy, reference):
             parity_preference.trl().add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
-        trainer = parity_preference.standin(
-            parity_preference.trl().DPO, policy, ref_model=reference, beta=0.1, loss_types=["sigmoid"],
-            loss_weights=[1.0], f_divergence_type="reverse_kl", ld_alpha=None, use_weighting=False,
-            precompute_ref_logps=False, args=SimpleNamespace(gradient_checkpointing_kwargs=None))
-        library = trainer._compute_loss(policy, {k: batch[k] for k in ("input_ids", "attention_mask",
-                                                                       "completion_mask")}, return_outputs=False)
-    ours = preference.dpo_loss(logps[0][:3], logps[0][3:], logps[1][:3], logps[1][3:], beta=0.1).mean()
-    assert abs(float(ours) - float(library)) < 1e-6, (float(ours), float(library))
-    assert abs(float(ours) - 0.6931) > 1e-3, "the policy differs from the reference: the check can fail"
+        library = {}
+        for loss in ("sigmoid", "ipo"):
+            trainer = parity_preference.standin(
+                parity_preference.trl().DPO, policy, ref_model=reference, beta=0.1, loss_types=[loss],
+                loss_weights=[1.0], f_divergence_type="reverse_kl", ld_alpha=None, use_weighting=False,
+                precompute_ref_logps=False, args=SimpleNamespace(gradient_checkpointing_kwargs=None))
+            library[loss] = trainer._compute_loss(policy, inputs, return_outputs=False)
+        trainer.accelerator.num_processes = 1
+        library["orpo"] = orpo_loss(trainer, policy, inputs)
+    ours = {"sigmoid": preference.dpo_loss(logps[0][:3], logps[0][3:], logps[1][:3], logps[1][3:], beta=0.1).mean(),
+            "ipo": preference.ipo_loss(logps[0][:3], logps[0][3:], logps[1][:3], logps[1][3:], tau=0.1,
+                                       chosen_lengths=lengths[:3], rejected_lengths=lengths[3:]).mean(),
+            "orpo": preference.orpo_loss(chosen_nll, means[:3], means[3:], lam=0.1)}
+    for loss in ours:  # (relative: TRL returns float32, whose spacing near IPO's 24 is 2e-6)
+        assert float(ours[loss]) == pytest.approx(float(library[loss]), rel=1e-6, abs=1e-6), loss
+    assert abs(float(ours["sigmoid"]) - 0.6931) > 1e-3, "the policy differs from the reference: the check can fail"
