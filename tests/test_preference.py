@@ -163,6 +163,25 @@ def test_a_run_starts_from_an_earlier_instruction_run_its_adapter_or_its_merged_
 
 
 @pytest.mark.slow
+def test_a_sweep_over_beta_trains_each_variant_and_ranks_them_by_reward_accuracy(tmp_path):
+    sets = (*QUICK, "training.max_steps=6", "eval.max_predictions=0")
+    result = run_cli("sweep", PREFERENCE, "--out", tmp_path, "--grid", "preference.beta=0.05,0.5",
+                     *[x for s in sets for x in ("--set", s)])
+    runs = sorted(p for p in (tmp_path / "decoder-preference").iterdir() if (p / "metrics.json").is_file())
+    assert len(runs) == 2 and all("reward_accuracy=" in result.output.split(run.name, 1)[1][:40] for run in runs)
+    metrics = [json.loads((run / "metrics.json").read_text()) for run in runs]
+    assert sorted(load_beta(run) for run in runs) == [0.05, 0.5]
+    assert metrics[0]["eval"]["reward_margin"] != metrics[1]["eval"]["reward_margin"]  # beta scales the rewards
+    assert "reward_accuracy" in (tmp_path / "decoder-preference" / "report.md").read_text()
+
+
+def load_beta(run) -> float:
+    from hftoolkit.config.recipe import load_recipe
+
+    return load_recipe(run / "recipe.yaml").preference.beta
+
+
+@pytest.mark.slow
 def test_a_tuned_run_reloads_to_its_scores_predicts_and_merges(tuned, tmp_path):
     recorded = json.loads((tuned / "metrics.json").read_text())["eval"]
     again = json.loads(run_cli("eval", tuned, "--json").stdout)["eval"]
