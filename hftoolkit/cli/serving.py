@@ -1,0 +1,90 @@
+"""`serve`: trained runs behind an OpenAI-compatible HTTP endpoint (hftoolkit/serving)."""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Annotated
+
+import typer
+
+from hftoolkit.cli.options import QuietOption, VerboseOption
+from hftoolkit.errors import UserError
+
+API_KEY_VARIABLE = "HFTOOLKIT_API_KEY"
+INSTALL = "pip install 'hftoolkit[serve]'"
+
+
+def serve(
+    runs: Annotated[list[str], typer.Argument(metavar="RUN_DIR...", help=(
+        "Run directories written by train, each served as a model named by its folder, or NAME=RUN_DIR. Adapter "
+        "runs on one base share one copy of it."))],
+    host: Annotated[str, typer.Option(metavar="ADDRESS", help=(
+        f"Address to listen on. Any but loopback needs an API key in {API_KEY_VARIABLE}."))] = "127.0.0.1",
+    port: Annotated[int, typer.Option(min=0, max=65535, metavar="N", help="Port (0: any free one).")] = 8000,
+    max_batch: Annotated[int, typer.Option(min=1, metavar="N", help=(
+        "The most inputs answered in one forward pass."))] = 8,
+    max_wait_ms: Annotated[float, typer.Option(min=0, metavar="MS", help=(
+        "How long a request waits for others to share its batch."))] = 10.0,
+    max_tokens: Annotated[int, typer.Option(min=1, metavar="N", help=(
+        "The most new tokens a request may ask for."))] = 1024,
+    max_input_tokens: Annotated[int, typer.Option(min=1, metavar="N", help=(
+        "The longest input a request may send, in tokens."))] = 4096,
+    max_body_bytes: Annotated[int, typer.Option(min=1, metavar="N", help="The largest request body.")] = 1 << 20,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Serve trained runs over HTTP with the OpenAI API: /v1/models, /v1/chat/completions, /v1/completions (also
+    streamed), /v1/classifications, /health."""
+    from hftoolkit import console
+    from hftoolkit.processes import Stopped
+
+    api_key = os.environ.get(API_KEY_VARIABLE) or None
+    if not _loopback(host) and api_key is None:
+        raise UserError(f"--host {host}: a server reachable from other machines needs an API key: set "
+                        f"{API_KEY_VARIABLE}, or listen on 127.0.0.1")
+    try:
+        import fastapi  # noqa: F401
+        import uvicorn
+    except ImportError:
+        raise UserError(f"serve needs FastAPI and uvicorn, which are not installed: {INSTALL}") from None
+    from hftoolkit.serving.api import Limits, build_app
+    from hftoolkit.serving.batcher import Batcher
+    from hftoolkit.serving.registry import load_runs, run_names
+
+    with console.capture(verbosity=console.verbosity_from_flags(verbose, quiet), explain_loading=False):
+        served = load_runs(run_names(runs), max_batch, progress=console.phase)
+    batcher = Batcher(max_batch, max_wait_ms / 1000)
+    app = build_app(served, batcher, Limits(max_body_bytes, max_input_tokens, max_tokens), api_key)
+    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
+                                           timeout_graceful_shutdown=300))
+    announce(server, len(served))
+    try:
+        server.run()
+    except Stopped as stop:  # (uvicorn drained the requests in flight, then passed the signal on)
+        typer.echo(f"stopped by {stop.name}: {batcher.answered} requests answered", err=True)
+        stop.said = True
+        raise
+    finally:
+        batcher.close()
+
+
+def announce(server, models: int) -> None:
+    """Print where the server listens once it does (the port, when 0 asked for any)."""
+    started = server.startup
+
+    async def startup(sockets=None):
+        await started(sockets=sockets)
+        for listening in server.servers:
+            for sock in listening.sockets:
+                host, port = sock.getsockname()[:2]
+                typer.echo(f"serving {models} model{'s' * (models != 1)} on http://{host}:{port}", err=True)
+
+    server.startup = startup
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"

@@ -1,0 +1,130 @@
+"""The runs a server answers for, loaded once: runs whose adapters share a base share one copy of it.
+
+Each run is loaded as `predict` loads it (`workflows.evaluate.load_trained`). A LoRA run whose base is already in
+memory, with the same head, quantization and processor, has its adapter attached to that model by name (peft's
+`load_adapter`); another base is loaded once more. Merged and fully fine-tuned runs are served as they are, each a
+model of its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hftoolkit.config import tasks
+from hftoolkit.errors import UserError
+
+# What a run's requests ask of it: text generation (completions; chat too where the formulation reads
+# conversations) or records of labels, values or tags.
+GENERATES, LABELS = "text", "labels"
+
+
+@dataclass
+class Base:
+    """One model in memory and the processor its runs read their inputs with."""
+
+    model: Any
+    processor: Any
+    adapters: list[str] = field(default_factory=list)  # attached by name (empty: a merged or full model)
+    runs: list[str] = field(default_factory=list)  # the served names of the runs on it
+
+
+@dataclass
+class ServedRun:
+    name: str
+    run: Path
+    job: Any
+    form: Any
+    base: Base
+    adapter: str | None  # its adapter's name on the base (None: the model is the run)
+
+    @property
+    def task(self) -> str:
+        return self.job.recipe.task
+
+    @property
+    def kind(self) -> str:
+        return GENERATES if tasks.spec(self.task).scoring in ("generation", "loss", "preference") else LABELS
+
+    @property
+    def chats(self) -> bool:
+        """Whether it answers conversations: it was tuned on prompts and answers through the chat template."""
+        return self.kind == GENERATES and self.task in (tasks.INSTRUCTION, tasks.PREFERENCE) \
+            and self.job.model.family == "decoder"
+
+
+def run_names(given: list[str]) -> list[tuple[str, Path]]:
+    """(served name, run directory) for each RUN_DIR or NAME=RUN_DIR; a name is given once."""
+    pairs = []
+    for item in given:
+        name, _, path = item.rpartition("=") if "=" in item else ("", "", item)
+        path = Path(path).expanduser()
+        pairs.append((name or path.resolve().name, path))
+    names = [name for name, _ in pairs]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise UserError(f"serve: the model name {twice[0]!r} is given to two runs: name one NAME=RUN_DIR")
+    return pairs
+
+
+def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> dict[str, ServedRun]:
+    """Every run loaded, adapters on a shared base where they can be; `max_batch` requests go through the model at
+    once (each run's eval.batch_size is set to it, so that a batch is one forward pass)."""
+    from hftoolkit.config.recipe import replaced
+    from hftoolkit.runs.rundir import RunDirectory
+    from hftoolkit.workflows.evaluate import load_trained
+
+    served, bases = {}, {}
+    for name, path in pairs:
+        run = RunDirectory(path)
+        if not (run / "recipe.yaml").is_file():
+            raise UserError(f"serve: {path} is not a run directory (no recipe.yaml): pass folders written by "
+                            "hftoolkit train")
+        weights = run.weights_dir()
+        key = _base_key(run) if weights.name == "adapter" else None
+        if key is not None and key in bases:
+            base = bases[key]
+            adapter = f"adapter-{len(base.adapters)}"  # (peft's own name for the first is "default")
+            base.model.load_adapter(str(weights), adapter_name=adapter, is_trainable=False)
+            base.adapters.append(adapter)
+            base.runs.append(name)
+            job, form = _job_and_form(run, weights)
+        else:
+            job, form, model, processor = load_trained(path)
+            model.eval()
+            adapter = "default" if weights.name == "adapter" else None
+            base = Base(model, processor, [adapter] if adapter else [], [name])
+            if key is not None:
+                bases[key] = base
+        job = dataclasses.replace(job, recipe=replaced(job.recipe, {"eval.batch_size": max_batch}, "serve"))
+        served[name] = ServedRun(name, Path(path), job, form, base, adapter)
+        shared = f", sharing its base with {', '.join(base.runs[:-1])}" if len(base.runs) > 1 else ""
+        progress(f"model {name}: {job.recipe.task} run {path}{shared}")
+    return served
+
+
+def _base_key(run) -> tuple:
+    """What must match for two adapter runs to share one base in memory: the checkpoint and how it was loaded, the
+    head (task and labels), and the processor's files (a chat template an instruction run added, for one)."""
+    import hashlib
+
+    from hftoolkit.config.recipe import load_recipe
+
+    recipe = load_recipe(run / "recipe.yaml")
+    m = recipe.model
+    files = sorted((run / "adapter").glob("*token*")) + sorted((run / "adapter").glob("*vocab*"))
+    processor = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+    return (m.checkpoint, m.revision, m.gguf_file, m.quantization, m.dtype, recipe.task,
+            tuple(recipe.data.label_names or ()), processor)  # (recipe.yaml records the label names)
+
+
+def _job_and_form(run, weights):
+    """The run's job and formulation, resolved without loading weights (its adapter joins a loaded base)."""
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
+
+    job = resolve_job(load_recipe(run / "recipe.yaml"), data=False, weights=weights)
+    return job, formulation(job)

@@ -1,0 +1,202 @@
+"""`hftoolkit serve`: trained runs behind the OpenAI API on loopback, tried with OpenAI's own client.
+
+The server runs in this process, in a thread, on a socket bound to 127.0.0.1 port 0 (any free one); only the
+shutdown test starts it as a command, since its process is what is under test. Answers are checked against
+`predict`'s for the same inputs and settings.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import RECIPES, run_cli, train_recipe
+from tests.processes import kill_tree, start_in_group
+
+pytest.importorskip("fastapi")
+pytest.importorskip("openai")
+
+ENCODER, PREFERENCE = RECIPES / "encoder-classification.yaml", RECIPES / "decoder-preference.yaml"
+QUICK = ("training.max_steps=4", "data.max_train_samples=64", "data.max_eval_samples=8", "eval.max_predictions=0")
+
+
+@contextmanager
+def serving(pairs, api_key=None, max_batch=8, max_wait=0.05, **limits):
+    """The runs (NAME, RUN_DIR) served on 127.0.0.1 from a thread; yields (base URL, the served runs, the batcher)."""
+    import uvicorn
+
+    from hftoolkit.serving.api import Limits, build_app
+    from hftoolkit.serving.batcher import Batcher
+    from hftoolkit.serving.registry import load_runs
+
+    served = load_runs(pairs, max_batch, progress=lambda line: None)
+    batcher = Batcher(max_batch, max_wait)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(served, batcher, Limits(**limits), api_key),
+                                           log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        for _ in range(600):
+            if server.started:
+                break
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}", served, batcher
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+        batcher.close()
+        sock.close()
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tmp_path_factory):
+    """Two classification adapters on one tiny BERT and a tiny GPT-2 tuned on pairs (it answers chats)."""
+    root = tmp_path_factory.mktemp("serve")
+    for seed in (1, 2):
+        train_recipe(ENCODER, root / f"labels{seed}", *QUICK, f"training.seed={seed}")
+    train_recipe(PREFERENCE, root / "chat", *QUICK)
+    return root
+
+
+def predicted(run: Path, *args: str) -> list[dict]:
+    return [json.loads(line) for line in run_cli("predict", run, *args, "--format", "jsonl").stdout.splitlines()]
+
+
+def test_adapters_on_one_base_share_it_and_one_batch_serves_both(tiny_runs):
+    import httpx
+
+    texts = ["a fine film", "dull and slow", "great acting", "not good"]
+    pairs = [("first", tiny_runs / "labels1"), ("second", tiny_runs / "labels2")]
+    with serving(pairs, max_wait=0.5) as (url, served, batcher):
+        assert served["first"].base is served["second"].base, "one copy of the base"
+        with ThreadPoolExecutor(8) as pool:  # concurrent requests for both adapters, gathered into batches
+            answers = list(pool.map(lambda job: httpx.post(f"{url}/v1/classifications", json={
+                "model": job[0], "input": job[1]}, timeout=60).json(), [(n, t) for n, _ in pairs for t in texts]))
+        assert batcher.batches < len(answers), "requests for the two adapters were answered together"
+    for (name, run), start in zip(pairs, (0, len(texts))):
+        expected = [predicted(run, "--input", t)[0] for t in texts]
+        got = [a["data"][0] for a in answers[start:start + len(texts)]]
+        assert [g["label"] for g in got] == [e["label"] for e in expected], name
+        assert [g["probability"] for g in got] == pytest.approx([e["probability"] for e in expected], abs=2e-4)
+    assert answers[0]["data"][0]["probability"] != answers[len(texts)]["data"][0]["probability"], \
+        "each adapter answers with its own weights"
+
+
+def test_bad_requests_get_their_4xx_in_openai_s_shape_and_the_next_request_is_answered(tiny_runs):
+    import httpx
+
+    key = {"Authorization": "Bearer sesame"}
+    good = {"model": "labels", "input": "a fine film"}
+    pairs = [("labels", tiny_runs / "labels1"), ("chat", tiny_runs / "chat")]
+    with serving(pairs, api_key="sesame", max_input_tokens=16, max_tokens=8, max_body_bytes=2000) as (url, _, _):
+        bad = {
+            "malformed JSON": (dict(content=b"{not json", headers={**key, "content-type": "application/json"}),
+                               "/v1/classifications", 400, "invalid_request"),
+            "unknown model": (dict(json={**good, "model": "nope"}, headers=key), "/v1/classifications", 404,
+                              "model_not_found"),
+            "chat to a classification run": (dict(json={"model": "labels", "messages": [
+                {"role": "user", "content": "hi"}]}, headers=key), "/v1/chat/completions", 400, "wrong_endpoint"),
+            "missing key": (dict(json=good), "/v1/classifications", 401, "invalid_api_key"),
+            "wrong key": (dict(json=good, headers={"Authorization": "Bearer guess"}), "/v1/classifications", 401,
+                          "invalid_api_key"),
+            "input over the limit": (dict(json={**good, "input": "word " * 40}, headers=key), "/v1/classifications",
+                                     400, "context_length_exceeded"),
+            "max_tokens over the limit": (dict(json={"model": "chat", "prompt": "hi", "max_tokens": 9}, headers=key),
+                                          "/v1/completions", 400, "invalid_request"),
+            "body over the limit": (dict(json={**good, "input": ["a"] * 1000}, headers=key), "/v1/classifications",
+                                    413, "body_too_large"),
+        }
+        for case, (request, path, status, code) in bad.items():
+            answer = httpx.post(url + path, timeout=60, **request)
+            assert answer.status_code == status, (case, answer.text)
+            error = answer.json()["error"]
+            assert error["code"] == code and error["message"] and error["type"], case
+            after = httpx.post(f"{url}/v1/classifications", json=good, headers=key, timeout=60)
+            assert after.status_code == 200 and after.json()["data"][0]["label"], f"after {case}"
+        assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"  # (no key needed)
+
+
+def test_a_server_on_another_address_needs_an_api_key(monkeypatch, tiny_runs):
+    monkeypatch.delenv("HFTOOLKIT_API_KEY", raising=False)
+    result = run_cli("serve", tiny_runs / "labels1", "--host", "0.0.0.0", expect=2)
+    assert "needs an API key: set HFTOOLKIT_API_KEY" in result.output
+
+
+@pytest.mark.slow
+def test_sigterm_lets_the_requests_in_flight_finish_then_exits_in_one_line(tiny_runs):
+    import httpx
+
+    process = start_in_group([sys.executable, "-m", "hftoolkit", "serve", f"chat={tiny_runs / 'chat'}", "--port",
+                              "0", "--max-batch", "1"], stderr=subprocess.PIPE, text=True)
+    try:
+        url = None
+        for line in process.stderr:
+            if line.startswith("serving "):
+                url = line.split(" on ")[1].strip()
+                break
+        assert url, "the server said where it listens"
+        request = {"model": "chat", "prompt": "Name a colour.", "max_tokens": 64, "temperature": 0}
+        with ThreadPoolExecutor(4) as pool:
+            futures = [pool.submit(httpx.post, f"{url}/v1/completions", json=request, timeout=120) for _ in range(4)]
+            time.sleep(1.0)  # (the first is being answered, the others wait in the queue)
+            process.send_signal(signal.SIGTERM)
+            answers = [f.result() for f in futures]
+        rest = process.stderr.read()
+        assert process.wait(timeout=120) == 128 + signal.SIGTERM
+    finally:
+        kill_tree(process)
+    assert all(a.status_code == 200 and a.json()["choices"][0]["text"] is not None for a in answers)
+    said = [line for line in rest.splitlines() if line.strip()]
+    assert said == ["stopped by SIGTERM: 4 requests answered"], said
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")  # (a real checkpoint, converted once per session)
+def test_openai_s_client_lists_chats_streams_and_classifies_as_predict_answers(smollm2_checkpoint, tmp_path):
+    """SmolLM2 tuned on instructions, two adapters on MiniLM: the `openai` package against the server."""
+    import openai
+
+    from tests.hub_cache import minilm_folder
+
+    instruct = tmp_path / "instruct"
+    train_recipe(RECIPES / "smollm2-instruct.yaml", instruct, f"model.checkpoint={smollm2_checkpoint}",
+                 "model.gguf_file=null", "model.revision=null", "data.max_train_samples=16", "data.max_eval_samples=2",
+                 "training.max_steps=1", "training.batch_size=8", "eval.generation.max_new_tokens=12",
+                 "eval.max_predictions=0")
+    for seed in (1, 2):
+        train_recipe(ENCODER, tmp_path / f"sentiment{seed}", *QUICK, f"model.checkpoint={minilm_folder()}",
+                     f"training.seed={seed}")
+    question = [{"role": "user", "content": "What is 2 plus 3?"}]
+    conversation = tmp_path / "question.jsonl"
+    conversation.write_text(json.dumps({"messages": question}) + "\n")
+    pairs = [("assistant", instruct), ("sentiment1", tmp_path / "sentiment1"), ("sentiment2", tmp_path / "sentiment2")]
+    with serving(pairs) as (url, _, _):
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+        assert sorted(m.id for m in client.models.list()) == ["assistant", "sentiment1", "sentiment2"]
+        chat = client.chat.completions.create(model="assistant", messages=question, max_tokens=12, temperature=0)
+        streamed = "".join(chunk.choices[0].delta.content or "" for chunk in client.chat.completions.create(
+            model="assistant", messages=question, max_tokens=12, temperature=0, stream=True))
+        text = client.completions.create(model="assistant", prompt="What is 2 plus 3?", max_tokens=12).choices[0].text
+        labels = {name: client.post("/classifications", cast_to=object, body={"model": name, "input": [
+            "a warm, funny film", "a dull mess"]}) for name in ("sentiment1", "sentiment2")}
+    answer = chat.choices[0].message.content
+    assert answer and answer == predicted(instruct, "--input", str(conversation), "--max-new-tokens", "12")[0]["text"]
+    assert streamed == answer
+    assert text == predicted(instruct, "--input", "What is 2 plus 3?", "--max-new-tokens", "12")[0]["text"]
+    for name, answer in labels.items():
+        expected = [predicted(tmp_path / name, "--input", t)[0] for t in ("a warm, funny film", "a dull mess")]
+        assert [r["label"] for r in answer["data"]] == [e["label"] for e in expected]
+        assert [r["probability"] for r in answer["data"]] == pytest.approx([e["probability"] for e in expected],
+                                                                          abs=2e-4)
