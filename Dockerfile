@@ -54,20 +54,25 @@ WORKDIR /opt/hftoolkit
 COPY pyproject.toml .
 RUN echo "torch==$(python -c 'import torch; print(torch.__version__)')" > /tmp/torch-constraint.txt \
     && python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
-print("\n".join(p["dependencies"] + p["optional-dependencies"]["deepspeed"]))' > /tmp/requirements.txt \
+extras = p["optional-dependencies"]; \
+print("\n".join(p["dependencies"] + extras["deepspeed"] + extras["benchmarks"] + extras["serve"]))' \
+       > /tmp/requirements.txt \
     && pip install --no-cache-dir --constraint /tmp/torch-constraint.txt --requirement /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
 # The package source, installed into the image's Python; the build context is filtered by
 # .dockerignore.
 COPY . .
-RUN pip install --no-cache-dir --constraint /tmp/torch-constraint.txt '.[deepspeed]' \
+RUN pip install --no-cache-dir --constraint /tmp/torch-constraint.txt '.[deepspeed,benchmarks,serve]' \
     && rm /tmp/torch-constraint.txt \
     && cp -r recipes /workspace/recipes \
     && hftoolkit --help > /dev/null
 
 USER ${APP_UID}:${APP_GID}
 WORKDIR /workspace
+
+# `hftoolkit serve RUN_DIR --host 0.0.0.0` listens here (publish it with -p 8000:8000).
+EXPOSE 8000
 
 # Model/dataset downloads survive container restarts; run directories land outside.
 VOLUME ["/home/app/.cache/huggingface", "/workspace/runs"]

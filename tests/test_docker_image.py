@@ -215,3 +215,54 @@ def test_app_uid_zero_is_refused_at_build(image):
                      ".", timeout=600, cwd=REPO)
     assert result.returncode != 0
     assert "APP_UID=0 APP_GID=1000: id 0 is root's" in result.stdout + result.stderr
+
+
+def test_the_image_serves_benchmarks_and_tunes_preferences(image, volume, tmp_path):
+    """The README's serve command, detached and published on a free loopback port: a classification with the key,
+    then `docker stop` drains it; its benchmark and preference commands, cut short."""
+    import httpx
+
+    (tmp_path / "runs").mkdir()
+    os.chown(tmp_path / "runs", APP_UID, APP_UID)
+    words, _ = _readme_run("train", "-v", f"{README_VOLUME}:/home/app/.cache/huggingface")
+    trained = _run(_as_test(words, tmp_path, volume, extra_args=("--set", "training.max_steps=4")), tmp_path)
+    assert trained.returncode == 0, trained.stderr[-3000:]
+
+    words, _ = _readme_run("serve")
+    assert words[words.index("-p") + 1] == "8000:8000" and "HFTOOLKIT_API_KEY" in words
+    words[words.index("-p") + 1] = "127.0.0.1::8000"  # (any free port of the host's loopback)
+    name = f"hftoolkit-serve-{uuid.uuid4().hex[:8]}"
+    run, *rest = _as_test(words, tmp_path, volume)
+    started = subprocess.run(["docker", run, "-d", "--name", name, *rest], capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "HFTOOLKIT_API_KEY": "sesame"})
+    try:
+        assert started.returncode == 0, started.stderr
+        port = _docker("port", name, "8000").stdout.split(":")[-1].strip()
+        url, health = f"http://127.0.0.1:{port}", None
+        for _ in range(240):
+            try:
+                health = httpx.get(f"{url}/health", timeout=5).json()
+                break
+            except (httpx.HTTPError, ValueError):
+                time.sleep(0.5)
+        assert health == {"status": "ok", "models": 1}, _docker("logs", name).stderr[-3000:]
+        body = {"model": "encoder-classification", "input": "a wonderful film"}
+        assert httpx.post(f"{url}/v1/classifications", json=body, timeout=60).status_code == 401
+        answer = httpx.post(f"{url}/v1/classifications", json=body, timeout=60,
+                            headers={"Authorization": "Bearer sesame"})
+        assert answer.status_code == 200 and answer.json()["data"][0]["label"], answer.text
+        assert _docker("stop", name, timeout=180).returncode == 0
+        said = _docker("logs", name).stderr.strip().splitlines()
+        assert said[-1] == "stopped by SIGTERM: 1 requests answered", said[-5:]
+    finally:
+        _docker("rm", "-f", name)
+
+    words, _ = _readme_run("--benchmark")
+    scored = _run(_as_test(words, tmp_path, volume, extra_args=("--limit", "2", "--num-fewshot", "0")), tmp_path)
+    assert scored.returncode == 0 and "hftoolkit_everyday_mc" in scored.stdout, scored.stderr[-3000:]
+    words, _ = _readme_run("decoder-preference.yaml")
+    tuned = _run(_as_test(words, tmp_path, volume, extra_args=(
+        "--set", "training.max_steps=4", "--set", "data.max_train_samples=64", "--set", "data.max_eval_samples=16",
+        "--set", "eval.max_predictions=0")), tmp_path)
+    assert tuned.returncode == 0, tuned.stderr[-3000:]
+    assert "reward_accuracy" in _metrics(tmp_path / "runs" / "decoder-preference")["eval"]
