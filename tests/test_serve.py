@@ -117,6 +117,11 @@ def test_bad_requests_get_their_4xx_in_openai_s_shape_and_the_next_request_is_an
                                           "/v1/completions", 400, "invalid_request"),
             "body over the limit": (dict(json={**good, "input": ["a"] * 1000}, headers=key), "/v1/classifications",
                                     413, "body_too_large"),
+            "body of unknown size": (dict(content=iter([json.dumps(good).encode()]), headers=key),
+                                     "/v1/classifications", 411, "length_required"),
+            "a pair to a single-text run": (dict(json={**good, "input": [["a", "b"]]}, headers=key),
+                                            "/v1/classifications", 400, "invalid_request"),
+            "unknown path": (dict(json=good, headers=key), "/v1/embeddings", 404, "not_found"),
         }
         for case, (request, path, status, code) in bad.items():
             answer = httpx.post(url + path, timeout=60, **request)

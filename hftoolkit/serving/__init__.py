@@ -1,0 +1,1 @@
+"""`hftoolkit serve`: trained runs behind an OpenAI-compatible HTTP API (README, Serving)."""

@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hftoolkit.serving.batcher import Batcher, Work
 from hftoolkit.serving.registry import LABELS, ServedRun
@@ -82,6 +83,17 @@ def build_app(served: dict[str, ServedRun], batcher: Batcher, limits: Limits, ap
     async def refused(request: Request, err: Refused):
         return JSONResponse(error_body(err.message, err.code, err.param), status_code=err.status)
 
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        message = f"{request.method} {request.url.path}: {err.detail}"
+        return JSONResponse(error_body(message, "not_found" if err.status_code == 404 else "invalid_request"),
+                            status_code=err.status_code)
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, err: Exception):  # (the request fails, the server does not)
+        return JSONResponse(error_body(f"{type(err).__name__}: {str(err)[:300]}", "server_error",
+                                       kind="server_error"), status_code=500)
+
     @app.exception_handler(RequestValidationError)
     async def invalid(request: Request, err: RequestValidationError):
         first = err.errors()[0]
@@ -98,6 +110,9 @@ def build_app(served: dict[str, ServedRun], batcher: Batcher, limits: Limits, ap
                                            "HFTOOLKIT_API_KEY>", "invalid_api_key", kind="authentication_error"),
                                 status_code=401)
         length = request.headers.get("content-length")
+        if request.method == "POST" and not (length or "").isdigit():  # (a body of unknown size is not read)
+            return JSONResponse(error_body("a request body needs its Content-Length", "length_required"),
+                                status_code=411)
         if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
             return JSONResponse(error_body(f"the body holds {length} bytes, over this server's limit of "
                                            f"{limits.max_body_bytes}", "body_too_large"), status_code=413)
@@ -136,18 +151,30 @@ def build_app(served: dict[str, ServedRun], batcher: Batcher, limits: Limits, ap
         if run.kind != LABELS:
             raise Refused(400, f"model {run.name} is a {run.task} run, which writes text: use /v1/completions",
                           "wrong_endpoint", "model")
-        inputs = [body.input] if isinstance(body.input, str) else body.input
-        inputs = [x if isinstance(x, str) else tuple(x) for x in inputs]
-        if not inputs or any(isinstance(x, tuple) and len(x) != 2 for x in inputs):
-            raise Refused(400, "input: a text, a list of texts, or a list of [text, text_pair] pairs",
-                          "invalid_request", "input")
-        _check_input(run, [x if isinstance(x, str) else " ".join(x) for x in inputs], limits)
+        given = [body.input] if isinstance(body.input, str) else body.input
+        inputs = _labelled_inputs(run, given)
+        _check_input(run, [x if isinstance(x, str) else " ".join(x) for x in given], limits)
         records = await asyncio.wrap_future(batcher.submit(Work(run, inputs, run.job)))
-        shown = [x if isinstance(x, str) else "\t".join(x) for x in inputs]  # (as predict shows a pair)
+        shown = [x if isinstance(x, str) else "\t".join(x) for x in given]  # (as predict shows a pair)
         return {"object": "list", "model": run.name,
                 "data": [{"index": i, "input": x, **r} for i, (x, r) in enumerate(zip(shown, records))]}
 
     return app
+
+
+def _labelled_inputs(run: ServedRun, given: list) -> list:
+    """The inputs as the run's formulation reads them, as predict parses its lines: a text, its words (tagging),
+    or a (text, text_pair) pair for a run trained on sentence pairs."""
+    from hftoolkit.config import tasks
+
+    pairs = bool(run.job.recipe.data.text_pair_column)
+    if not given or any(isinstance(x, str) == pairs or (not isinstance(x, str) and len(x) != 2) for x in given):
+        shape = "[text, text_pair] pairs" if pairs else "texts"
+        raise Refused(400, f"input: model {run.name} reads {shape}: send one, or a list of them", "invalid_request",
+                      "input")
+    if pairs:
+        return [tuple(x) for x in given]
+    return [x.split() for x in given] if run.task == tasks.TAGGING else list(given)
 
 
 def _find(served: dict[str, ServedRun], name: str) -> ServedRun:

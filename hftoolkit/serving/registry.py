@@ -72,7 +72,7 @@ def run_names(given: list[str]) -> list[tuple[str, Path]]:
 def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> dict[str, ServedRun]:
     """Every run loaded, adapters on a shared base where they can be; `max_batch` requests go through the model at
     once (each run's eval.batch_size is set to it, so that a batch is one forward pass)."""
-    from hftoolkit.config.recipe import replaced
+    from hftoolkit.config.recipe import load_recipe, replaced
     from hftoolkit.runs.rundir import RunDirectory
     from hftoolkit.workflows.evaluate import load_trained
 
@@ -83,6 +83,9 @@ def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> 
             raise UserError(f"serve: {path} is not a run directory (no recipe.yaml): pass folders written by "
                             "hftoolkit train")
         weights = run.weights_dir()
+        if load_recipe(run / "recipe.yaml").task == tasks.IMAGE_CLASSIFICATION:
+            raise UserError(f"serve: {path} classifies images, and serve answers text runs (an image path in a "
+                            "request would read this machine's files): use hftoolkit predict")
         key = _base_key(run) if weights.name == "adapter" else None
         if key is not None and key in bases:
             base = bases[key]
