@@ -1,4 +1,4 @@
-"""accelerate 1.15 decides by the device type, in two places, what hftoolkit runs on CPU processes too.
+"""accelerate 1.15 and 1.16 decide by the device type, in two places, what hftoolkit runs on CPU processes too.
 
 FSDP and DeepSpeed are engaged only for accelerator processes; `fsdp_on_cpu` and `deepspeed_cpu_state` complete
 the decision on CPU processes over gloo (strategies/fsdp.py, strategies/zero.py).
@@ -10,7 +10,7 @@ import os
 from contextlib import contextmanager
 
 LIBRARY = "accelerate"
-VERSIONS = ">=1.15,<1.16"
+VERSIONS = ">=1.15,<1.17"  # (1.16 checked: AcceleratorState.__init__ decides alike)
 
 
 @contextmanager
