@@ -32,7 +32,7 @@ IMAGE = "hftoolkit:ci-test"
 README_IMAGE, README_VOLUME = "hftoolkit", "hf-cache"
 # `docker run` options that take a value as the next word (the README's and this test's).
 VALUED = {"-v", "--volume", "-e", "--env", "--gpus", "--entrypoint", "--user", "-u", "--network", "--name",
-          "--shm-size", "-w", "--workdir"}
+          "--shm-size", "-w", "--workdir", "-p", "--publish"}
 APP_UID = 1000  # the image's user (Dockerfile's ARG APP_UID default)
 # One OpenMP thread, as tests/conftest.py sets for the same reason: on 2 cores shared with other processes,
 # OpenMP's spin-waiting threads made the quickstart's training 104 s instead of 4 s in the container.
@@ -235,8 +235,12 @@ def test_the_image_serves_benchmarks_and_tunes_preferences(image, volume, tmp_pa
     run, *rest = _as_test(words, tmp_path, volume)
     started = subprocess.run(["docker", run, "-d", "--name", name, *rest], capture_output=True, text=True,
                              timeout=120, env={**os.environ, "HFTOOLKIT_API_KEY": "sesame"})
+    logs = None
     try:
         assert started.returncode == 0, started.stderr
+        # (followed from the start: the README's --rm removes the container, and its logs, once it stops)
+        logs = subprocess.Popen(["docker", "logs", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                text=True)
         port = _docker("port", name, "8000").stdout.split(":")[-1].strip()
         url, health = f"http://127.0.0.1:{port}", None
         for _ in range(240):
@@ -252,15 +256,17 @@ def test_the_image_serves_benchmarks_and_tunes_preferences(image, volume, tmp_pa
                             headers={"Authorization": "Bearer sesame"})
         assert answer.status_code == 200 and answer.json()["data"][0]["label"], answer.text
         assert _docker("stop", name, timeout=180).returncode == 0
-        said = _docker("logs", name).stderr.strip().splitlines()
+        said = logs.communicate(timeout=60)[1].strip().splitlines()
         assert said[-1] == "stopped by SIGTERM: 1 requests answered", said[-5:]
     finally:
         _docker("rm", "-f", name)
+        if logs is not None and logs.poll() is None:
+            logs.kill()
 
     words, _ = _readme_run("--benchmark")
     scored = _run(_as_test(words, tmp_path, volume, extra_args=("--limit", "2", "--num-fewshot", "0")), tmp_path)
     assert scored.returncode == 0 and "hftoolkit_everyday_mc" in scored.stdout, scored.stderr[-3000:]
-    words, _ = _readme_run("decoder-preference.yaml")
+    words, _ = _readme_run("recipes/decoder-preference.yaml")
     tuned = _run(_as_test(words, tmp_path, volume, extra_args=(
         "--set", "training.max_steps=4", "--set", "data.max_train_samples=64", "--set", "data.max_eval_samples=16",
         "--set", "eval.max_predictions=0")), tmp_path)
