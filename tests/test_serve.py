@@ -94,6 +94,28 @@ def test_adapters_on_one_base_share_it_and_one_batch_serves_both(tiny_runs):
         "each adapter answers with its own weights"
 
 
+def test_merged_and_fully_fine_tuned_runs_are_served_as_they_are(tiny_runs, tmp_path):
+    import httpx
+
+    run_cli("merge", tiny_runs / "labels1", "--output", tmp_path / "merged")
+    train_recipe(ENCODER, tmp_path / "full", *QUICK, "lora.enabled=false")
+    texts = ["a fine film", "dull and slow"]
+    pairs = [("adapter", tiny_runs / "labels1"), ("merged", tmp_path / "merged"), ("full", tmp_path / "full")]
+    with serving(pairs) as (url, served, _):
+        assert served["merged"].adapter is None and served["full"].adapter is None
+        assert len({id(run.base) for run in served.values()}) == 3
+        answers = {name: httpx.post(f"{url}/v1/classifications", json={"model": name, "input": texts},
+                                    timeout=60).json()["data"] for name, _ in pairs}
+    # The merged folder answers as its adapter run does, the full run as predict does.
+    assert [r["label"] for r in answers["merged"]] == [r["label"] for r in answers["adapter"]]
+    assert [r["probability"] for r in answers["merged"]] == pytest.approx(
+        [r["probability"] for r in answers["adapter"]], abs=2e-4)
+    expected = [predicted(tmp_path / "full", "--input", t)[0] for t in texts]
+    assert [r["label"] for r in answers["full"]] == [e["label"] for e in expected]
+    assert [r["probability"] for r in answers["full"]] == pytest.approx([e["probability"] for e in expected],
+                                                                       abs=2e-4)
+
+
 def test_bad_requests_get_their_4xx_in_openai_s_shape_and_the_next_request_is_answered(tiny_runs):
     import httpx
 

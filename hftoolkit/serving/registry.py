@@ -81,8 +81,8 @@ def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> 
         run = RunDirectory(path)
         if not (run / "recipe.yaml").is_file():
             raise UserError(f"serve: {path} is not a run directory (no recipe.yaml): pass folders written by "
-                            "hftoolkit train")
-        weights = run.weights_dir()
+                            "hftoolkit train or hftoolkit merge")
+        weights = run.path if (run / "config.json").is_file() else run.weights_dir()  # (a merged folder: itself)
         if load_recipe(run / "recipe.yaml").task == tasks.IMAGE_CLASSIFICATION:
             raise UserError(f"serve: {path} classifies images, and serve answers text runs (an image path in a "
                             "request would read this machine's files): use hftoolkit predict")
@@ -95,7 +95,7 @@ def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> 
             base.runs.append(name)
             job, form = _job_and_form(run, weights)
         else:
-            job, form, model, processor = load_trained(path)
+            job, form, model, processor = merged_model(run.path) if weights == run.path else load_trained(path)
             model.eval()
             adapter = "default" if weights.name == "adapter" else None
             base = Base(model, processor, [adapter] if adapter else [], [name])
@@ -121,6 +121,22 @@ def _base_key(run) -> tuple:
     processor = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
     return (m.checkpoint, m.revision, m.gguf_file, m.quantization, m.dtype, recipe.task,
             tuple(recipe.data.label_names or ()), processor)  # (recipe.yaml records the label names)
+
+
+def merged_model(folder: Path):
+    """(job, formulation, model, processor) of a folder `hftoolkit merge` wrote: the run's recipe, read beside the
+    weights, with the folder as a plain checkpoint (no adapter, not quantized)."""
+    from hftoolkit.config.recipe import load_recipe, replaced
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
+
+    recipe = replaced(load_recipe(folder / "recipe.yaml"), {
+        "model.checkpoint": str(folder.resolve()), "model.gguf_file": None, "model.revision": None,
+        "model.quantization": "none", "lora.enabled": False}, "serve")
+    job = resolve_job(recipe, data=False)
+    form = formulation(job)
+    model, processor = form.load_model(job)
+    return job, form, model, processor
 
 
 def _job_and_form(run, weights):

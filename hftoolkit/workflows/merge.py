@@ -36,4 +36,6 @@ def merge_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
     merged.to(getattr(torch, dtype))
     merged.save_pretrained(out, safe_serialization=True)
     processor.save_pretrained(out)
+    # The run's recipe beside the weights (from_pretrained ignores it): `serve` reads the task and settings there.
+    (out / "recipe.yaml").write_bytes((Path(run_dir) / "recipe.yaml").read_bytes())
     return out
