@@ -116,6 +116,17 @@ def test_merged_and_fully_fine_tuned_runs_are_served_as_they_are(tiny_runs, tmp_
                                                                        abs=2e-4)
 
 
+def test_a_tagging_run_tags_the_words_as_predict_does(tmp_path):
+    import httpx
+
+    train_recipe(RECIPES / "encoder-tagging.yaml", tmp_path / "tags", *QUICK)
+    with serving([("tags", tmp_path / "tags")]) as (url, _, _):
+        answer = httpx.post(f"{url}/v1/classifications", json={"model": "tags", "input": "Anna flew to Rome"},
+                            timeout=60).json()["data"][0]
+    expected = predicted(tmp_path / "tags", "--input", "Anna flew to Rome")[0]
+    assert answer == {"index": 0, **expected}
+
+
 def test_bad_requests_get_their_4xx_in_openai_s_shape_and_the_next_request_is_answered(tiny_runs):
     import httpx
 
