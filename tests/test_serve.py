@@ -186,10 +186,15 @@ def test_bad_requests_get_their_4xx_in_openai_s_shape_and_the_next_request_is_an
         assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"  # (no key needed)
 
 
-def test_a_server_on_another_address_needs_an_api_key(monkeypatch, tiny_runs):
+def test_a_server_on_another_address_needs_an_api_key_and_a_port_in_use_is_said(monkeypatch, tiny_runs):
     monkeypatch.delenv("HFTOOLKIT_API_KEY", raising=False)
     result = run_cli("serve", tiny_runs / "labels1", "--host", "0.0.0.0", expect=2)
     assert "needs an API key: set HFTOOLKIT_API_KEY" in result.output
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        result = run_cli("serve", tiny_runs / "labels1", "--port", port, expect=2)
+    assert f"--port {port}: can't listen there (Address already in use)" in result.output
+    assert "model loaded" not in result.output, "said before the models load"
 
 
 @pytest.mark.slow

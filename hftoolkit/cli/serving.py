@@ -48,6 +48,7 @@ def serve(
         import uvicorn
     except ImportError:
         raise UserError(f"serve needs FastAPI and uvicorn, which are not installed: {INSTALL}") from None
+    sock = listening(host, port)  # (before the models load: a port in use is said at once)
     from hftoolkit.serving.api import Limits, build_app
     from hftoolkit.serving.batcher import Batcher
     from hftoolkit.serving.registry import load_runs, run_names
@@ -56,11 +57,10 @@ def serve(
         served = load_runs(run_names(runs), max_batch, progress=console.phase)
     batcher = Batcher(max_batch, max_wait_ms / 1000)
     app = build_app(served, batcher, Limits(max_body_bytes, max_input_tokens, max_tokens), api_key)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
-                                           timeout_graceful_shutdown=300))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=300))
     announce(server, len(served))
     try:
-        server.run()
+        server.run(sockets=[sock])
     except Stopped as stop:  # (uvicorn drained the requests in flight, then passed the signal on)
         typer.echo(f"stopped by {stop.name}: {batcher.answered} requests answered", err=True)
         stop.said = True
@@ -81,6 +81,19 @@ def announce(server, models: int) -> None:
                 typer.echo(f"serving {models} model{'s' * (models != 1)} on http://{host}:{port}", err=True)
 
     server.startup = startup
+
+
+def listening(host: str, port: int):
+    """A socket bound to host:port and listening; a port in use or an address this machine lacks, in one line."""
+    import socket
+
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        return socket.create_server((host, port), family=family)
+    except OSError as err:
+        reason = os.strerror(err.errno) if err.errno else str(err)
+        raise UserError(f"--host {host} --port {port}: can't listen there ({reason}): choose another port, or "
+                        "--port 0 for any free one") from None
 
 
 def _loopback(host: str) -> bool:
