@@ -207,11 +207,11 @@ def _text(content) -> str:
 def _rendered(run: ServedRun, turns: list[dict]) -> str:
     from hftoolkit.sources.conversations import render
 
-    return render(run.base.processor, turns, add_generation_prompt=True)
+    return render(run.base.counter, turns, add_generation_prompt=True)
 
 
 def _check_input(run: ServedRun, texts: list[str], limits: Limits) -> None:
-    tokenizer = run.base.processor
+    tokenizer = run.base.counter
     counts = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts] \
         if callable(tokenizer) else [0]
     if max(counts) > limits.max_input_tokens:
@@ -313,4 +313,4 @@ def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
 
 
 def _tokens(run: ServedRun, text: str) -> int:
-    return len(run.base.processor(text, add_special_tokens=False)["input_ids"]) if text else 0
+    return len(run.base.counter(text, add_special_tokens=False)["input_ids"]) if text else 0

@@ -19,6 +19,10 @@ from hftoolkit.errors import UserError
 # What a run's requests ask of it: text generation (completions; chat too where the formulation reads
 # conversations) or records of labels, values or tags.
 GENERATES, LABELS = "text", "labels"
+# Runs serve refuses, and why.
+NOT_SERVED = {tasks.IMAGE_CLASSIFICATION: "and serve reads text (an image path in a request would read this "
+                                          "machine's files)",
+              tasks.MLM: "whose fill-mask answers have no OpenAI endpoint"}
 
 
 @dataclass
@@ -29,6 +33,13 @@ class Base:
     processor: Any
     adapters: list[str] = field(default_factory=list)  # attached by name (empty: a merged or full model)
     runs: list[str] = field(default_factory=list)  # the served names of the runs on it
+
+    def __post_init__(self):
+        import copy
+
+        # The request handlers count tokens with a copy of their own: a fast tokenizer is not to be used from two
+        # threads at once (its padding and truncation settings are state), and the worker thread uses this one.
+        self.counter = copy.deepcopy(self.processor)
 
 
 @dataclass
@@ -46,7 +57,7 @@ class ServedRun:
 
     @property
     def kind(self) -> str:
-        return GENERATES if tasks.spec(self.task).scoring in ("generation", "loss", "preference") else LABELS
+        return LABELS if tasks.spec(self.task).labels else GENERATES
 
     @property
     def chats(self) -> bool:
@@ -83,9 +94,9 @@ def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> 
             raise UserError(f"serve: {path} is not a run directory (no recipe.yaml): pass folders written by "
                             "hftoolkit train or hftoolkit merge")
         weights = run.path if (run / "config.json").is_file() else run.weights_dir()  # (a merged folder: itself)
-        if load_recipe(run / "recipe.yaml").task == tasks.IMAGE_CLASSIFICATION:
-            raise UserError(f"serve: {path} classifies images, and serve answers text runs (an image path in a "
-                            "request would read this machine's files): use hftoolkit predict")
+        task = load_recipe(run / "recipe.yaml").task
+        if task in NOT_SERVED:
+            raise UserError(f"serve: {path} is a {task} run, {NOT_SERVED[task]}: use hftoolkit predict")
         key = _base_key(run) if weights.name == "adapter" else None
         if key is not None and key in bases:
             base = bases[key]
