@@ -77,46 +77,8 @@ def error_body(message: str, code: str, param: str | None = None, kind: str = "i
 
 def build_app(served: dict[str, ServedRun], batcher: Batcher, limits: Limits, api_key: str | None) -> FastAPI:
     app = FastAPI(title="hftoolkit", docs_url=None, redoc_url=None, openapi_url=None)
-    jobs: dict[tuple, object] = {}
-
-    @app.exception_handler(Refused)
-    async def refused(request: Request, err: Refused):
-        return JSONResponse(error_body(err.message, err.code, err.param), status_code=err.status)
-
-    @app.exception_handler(StarletteHTTPException)
-    async def http_error(request: Request, err: StarletteHTTPException):
-        message = f"{request.method} {request.url.path}: {err.detail}"
-        return JSONResponse(error_body(message, "not_found" if err.status_code == 404 else "invalid_request"),
-                            status_code=err.status_code)
-
-    @app.exception_handler(Exception)
-    async def failed(request: Request, err: Exception):  # (the request fails, the server does not)
-        return JSONResponse(error_body(f"{type(err).__name__}: {str(err)[:300]}", "server_error",
-                                       kind="server_error"), status_code=500)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, err: RequestValidationError):
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-        message = "the body is not valid JSON" if first.get("type") == "json_invalid" else \
-            f"{where}: {first.get('msg', 'invalid')}"
-        return JSONResponse(error_body(message, "invalid_request", where), status_code=400)
-
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        if api_key and request.url.path.startswith("/v1/") \
-                and request.headers.get("authorization", "") != f"Bearer {api_key}":
-            return JSONResponse(error_body("a missing or wrong API key: send Authorization: Bearer <the key in "
-                                           "HFTOOLKIT_API_KEY>", "invalid_api_key", kind="authentication_error"),
-                                status_code=401)
-        length = request.headers.get("content-length")
-        if request.method == "POST" and not (length or "").isdigit():  # (a body of unknown size is not read)
-            return JSONResponse(error_body("a request body needs its Content-Length", "length_required"),
-                                status_code=411)
-        if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
-            return JSONResponse(error_body(f"the body holds {length} bytes, over this server's limit of "
-                                           f"{limits.max_body_bytes}", "body_too_large"), status_code=413)
-        return await call_next(request)
+    jobs: dict[tuple, object] = {}  # (run, generation settings) -> the run's job with them
+    _refusals(app, limits, api_key)
 
     @app.get("/health")
     async def health():
@@ -160,6 +122,49 @@ def build_app(served: dict[str, ServedRun], batcher: Batcher, limits: Limits, ap
                 "data": [{"index": i, "input": x, **r} for i, (x, r) in enumerate(zip(shown, records))]}
 
     return app
+
+
+def _refusals(app: FastAPI, limits: Limits, api_key: str | None) -> None:
+    """Every refusal in the OpenAI error shape: the key, the body's size, bad JSON or fields, unknown paths, and a
+    failure while answering (a 500; the server goes on)."""
+    @app.exception_handler(Refused)
+    async def refused(request: Request, err: Refused):
+        return JSONResponse(error_body(err.message, err.code, err.param), status_code=err.status)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, err: StarletteHTTPException):
+        message = f"{request.method} {request.url.path}: {err.detail}"
+        return JSONResponse(error_body(message, "not_found" if err.status_code == 404 else "invalid_request"),
+                            status_code=err.status_code)
+
+    @app.exception_handler(Exception)
+    async def failed(request: Request, err: Exception):  # (the request fails, the server does not)
+        return JSONResponse(error_body(f"{type(err).__name__}: {str(err)[:300]}", "server_error",
+                                       kind="server_error"), status_code=500)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, err: RequestValidationError):
+        first = err.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        message = "the body is not valid JSON" if first.get("type") == "json_invalid" else \
+            f"{where}: {first.get('msg', 'invalid')}"
+        return JSONResponse(error_body(message, "invalid_request", where), status_code=400)
+
+    @app.middleware("http")
+    async def guard(request: Request, call_next):
+        if api_key and request.url.path.startswith("/v1/") \
+                and request.headers.get("authorization", "") != f"Bearer {api_key}":
+            return JSONResponse(error_body("a missing or wrong API key: send Authorization: Bearer <the key in "
+                                           "HFTOOLKIT_API_KEY>", "invalid_api_key", kind="authentication_error"),
+                                status_code=401)
+        length = request.headers.get("content-length")
+        if request.method == "POST" and not (length or "").isdigit():  # (a body of unknown size is not read)
+            return JSONResponse(error_body("a request body needs its Content-Length", "length_required"),
+                                status_code=411)
+        if length is not None and length.isdigit() and int(length) > limits.max_body_bytes:
+            return JSONResponse(error_body(f"the body holds {length} bytes, over this server's limit of "
+                                           f"{limits.max_body_bytes}", "body_too_large"), status_code=413)
+        return await call_next(request)
 
 
 def _labelled_inputs(run: ServedRun, given: list) -> list:

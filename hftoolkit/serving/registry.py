@@ -33,12 +33,13 @@ class Base:
     processor: Any
     adapters: list[str] = field(default_factory=list)  # attached by name (empty: a merged or full model)
     runs: list[str] = field(default_factory=list)  # the served names of the runs on it
+    # The request handlers count tokens with a copy of their own: a fast tokenizer is not to be used from two
+    # threads at once (its padding and truncation settings are state), and the worker thread uses `processor`.
+    counter: Any = field(init=False)
 
     def __post_init__(self):
         import copy
 
-        # The request handlers count tokens with a copy of their own: a fast tokenizer is not to be used from two
-        # threads at once (its padding and truncation settings are state), and the worker thread uses this one.
         self.counter = copy.deepcopy(self.processor)
 
 
@@ -84,6 +85,8 @@ def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> 
     """Every run loaded, adapters on a shared base where they can be; `max_batch` requests go through the model at
     once (each run's eval.batch_size is set to it, so that a batch is one forward pass)."""
     from hftoolkit.config.recipe import load_recipe, replaced
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
     from hftoolkit.runs.rundir import RunDirectory
     from hftoolkit.workflows.evaluate import load_trained
 
@@ -93,22 +96,25 @@ def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> 
         if not (run / "recipe.yaml").is_file():
             raise UserError(f"serve: {path} is not a run directory (no recipe.yaml): pass folders written by "
                             "hftoolkit train or hftoolkit merge")
-        weights = run.path if (run / "config.json").is_file() else run.weights_dir()  # (a merged folder: itself)
-        task = load_recipe(run / "recipe.yaml").task
-        if task in NOT_SERVED:
-            raise UserError(f"serve: {path} is a {task} run, {NOT_SERVED[task]}: use hftoolkit predict")
-        key = _base_key(run) if weights.name == "adapter" else None
+        merged = (run / "config.json").is_file()  # a folder `merge` wrote: its weights are itself
+        weights = run.path if merged else run.weights_dir()
+        lora = not merged and weights.name == "adapter"
+        recipe = load_recipe(run / "recipe.yaml")
+        if recipe.task in NOT_SERVED:
+            raise UserError(f"serve: {path} is a {recipe.task} run, {NOT_SERVED[recipe.task]}: use hftoolkit predict")
+        key = _base_key(recipe, weights) if lora else None
         if key is not None and key in bases:
             base = bases[key]
             adapter = f"adapter-{len(base.adapters)}"  # (peft's own name for the first is "default")
             base.model.load_adapter(str(weights), adapter_name=adapter, is_trainable=False)
             base.adapters.append(adapter)
             base.runs.append(name)
-            job, form = _job_and_form(run, weights)
+            job = resolve_job(recipe, data=False, weights=weights)  # (no weights read: they join a loaded base)
+            form = formulation(job)
         else:
-            job, form, model, processor = merged_model(run.path) if weights == run.path else load_trained(path)
+            job, form, model, processor = merged_model(run.path, recipe) if merged else load_trained(path)
             model.eval()
-            adapter = "default" if weights.name == "adapter" else None
+            adapter = "default" if lora else None
             base = Base(model, processor, [adapter] if adapter else [], [name])
             if key is not None:
                 bases[key] = base
@@ -119,42 +125,30 @@ def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> 
     return served
 
 
-def _base_key(run) -> tuple:
+def _base_key(recipe, adapter: Path) -> tuple:
     """What must match for two adapter runs to share one base in memory: the checkpoint and how it was loaded, the
-    head (task and labels), and the processor's files (a chat template an instruction run added, for one)."""
+    head (task and labels: recipe.yaml records the label names), and the processor's files (a chat template an
+    instruction run added, for one)."""
     import hashlib
 
-    from hftoolkit.config.recipe import load_recipe
-
-    recipe = load_recipe(run / "recipe.yaml")
     m = recipe.model
-    files = sorted((run / "adapter").glob("*token*")) + sorted((run / "adapter").glob("*vocab*"))
+    files = sorted(adapter.glob("*token*")) + sorted(adapter.glob("*vocab*"))
     processor = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
     return (m.checkpoint, m.revision, m.gguf_file, m.quantization, m.dtype, recipe.task,
-            tuple(recipe.data.label_names or ()), processor)  # (recipe.yaml records the label names)
+            tuple(recipe.data.label_names or ()), processor)
 
 
-def merged_model(folder: Path):
-    """(job, formulation, model, processor) of a folder `hftoolkit merge` wrote: the run's recipe, read beside the
+def merged_model(folder: Path, recipe):
+    """(job, formulation, model, processor) of a folder `hftoolkit merge` wrote: the run's recipe, kept beside the
     weights, with the folder as a plain checkpoint (no adapter, not quantized)."""
-    from hftoolkit.config.recipe import load_recipe, replaced
+    from hftoolkit.config.recipe import replaced
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation
 
-    recipe = replaced(load_recipe(folder / "recipe.yaml"), {
+    recipe = replaced(recipe, {
         "model.checkpoint": str(folder.resolve()), "model.gguf_file": None, "model.revision": None,
         "model.quantization": "none", "lora.enabled": False}, "serve")
     job = resolve_job(recipe, data=False)
     form = formulation(job)
     model, processor = form.load_model(job)
     return job, form, model, processor
-
-
-def _job_and_form(run, weights):
-    """The run's job and formulation, resolved without loading weights (its adapter joins a loaded base)."""
-    from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.job.resolve import resolve_job
-    from hftoolkit.models.families import formulation
-
-    job = resolve_job(load_recipe(run / "recipe.yaml"), data=False, weights=weights)
-    return job, formulation(job)
