@@ -84,7 +84,7 @@ def test_adapters_on_one_base_share_it_and_one_batch_serves_both(tiny_runs):
         with ThreadPoolExecutor(8) as pool:  # concurrent requests for both adapters, gathered into batches
             answers = list(pool.map(lambda job: httpx.post(f"{url}/v1/classifications", json={
                 "model": job[0], "input": job[1]}, timeout=60).json(), [(n, t) for n, _ in pairs for t in texts]))
-        assert batcher.batches < len(answers), "requests for the two adapters were answered together"
+        assert batcher.batches < len(answers) and batcher.most_adapters == 2, "one batch served both adapters"
     for (name, run), start in zip(pairs, (0, len(texts))):
         expected = [predicted(run, "--input", t)[0] for t in texts]
         got = [a["data"][0] for a in answers[start:start + len(texts)]]

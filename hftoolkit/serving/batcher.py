@@ -33,9 +33,11 @@ class Work:
 
     @property
     def key(self) -> tuple:
-        recipe = self.job.recipe
-        return (id(self.run.base), type(self.run.form), recipe.eval.generation, recipe.data.max_length,
-                recipe.data.max_target_length, recipe.training.seed)
+        """What requests answered in one pass share: the model, the formulation, the lengths, the decoding (and
+        where it samples, the seed it samples with)."""
+        recipe, generation = self.job.recipe, self.job.recipe.eval.generation
+        return (id(self.run.base), type(self.run.form), generation, recipe.data.max_length,
+                recipe.data.max_target_length, recipe.training.seed if generation.strategy == "sample" else None)
 
 
 class Routed:
@@ -70,6 +72,7 @@ class Batcher:
         self.max_batch, self.max_wait = max_batch, max_wait
         self.queue: queue.Queue = queue.Queue()
         self.batches = self.answered = 0
+        self.most_adapters = 0  # the most adapters one batch has mixed
         self.thread = threading.Thread(target=self._loop, name="hftoolkit-serve", daemon=True)
         self.thread.start()
 
@@ -128,6 +131,7 @@ class Batcher:
                 work.future.set_exception(err)
             return
         self.batches += 1
+        self.most_adapters = max(self.most_adapters, len(set(names or ())))
         start = 0
         for work in batch:
             work.future.set_result(records[start:start + len(work.inputs)])
