@@ -16,9 +16,9 @@ INSTALL = "pip install 'hftoolkit[serve]'"
 
 
 def serve(
-    runs: Annotated[list[str], typer.Argument(metavar="RUN_DIR...", help=(
-        "Run directories written by train, each served as a model named by its folder, or NAME=RUN_DIR. Adapter "
-        "runs on one base share one copy of it."))],
+    runs: Annotated[list[str], typer.Argument(metavar="RUN_DIR", help=(
+        "Run directories written by train (or folders written by merge), each served as a model named by its "
+        "folder, or NAME=RUN_DIR. Adapter runs on one base share one copy of it."))],
     host: Annotated[str, typer.Option(metavar="ADDRESS", help=(
         f"Address to listen on. Any but loopback needs an API key in {API_KEY_VARIABLE}."))] = "127.0.0.1",
     port: Annotated[int, typer.Option(min=0, max=65535, metavar="N", help="Port (0: any free one).")] = 8000,
