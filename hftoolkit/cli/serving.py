@@ -21,7 +21,7 @@ def serve(
         "folder, or NAME=RUN_DIR. Adapter runs on one base share one copy of it."))],
     host: Annotated[str, typer.Option(metavar="ADDRESS", help=(
         f"Address to listen on. Any but loopback needs an API key in {API_KEY_VARIABLE}."))] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, metavar="N", help="Port (0: any free one).")] = 8000,
+    port: Annotated[int, typer.Option(min=0, metavar="N", help="Port (0: any free one).")] = 8000,
     max_batch: Annotated[int, typer.Option(min=1, metavar="N", help=(
         "The most inputs answered in one forward pass."))] = 8,
     max_wait_ms: Annotated[float, typer.Option(min=0, metavar="MS", help=(
@@ -90,8 +90,8 @@ def listening(host: str, port: int):
     try:
         family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
         return socket.create_server((host, port), family=family)
-    except OSError as err:
-        reason = os.strerror(err.errno) if err.errno else str(err)
+    except (OSError, OverflowError) as err:  # (OverflowError: a port past 65535)
+        reason = os.strerror(err.errno) if getattr(err, "errno", None) else str(err)
         raise UserError(f"--host {host} --port {port}: can't listen there ({reason}): choose another port, or "
                         "--port 0 for any free one") from None
 
