@@ -41,8 +41,9 @@ def serving(pairs, api_key=None, max_batch=8, max_wait=0.05, **limits):
 
     served = load_runs(pairs, max_batch, progress=lambda line: None)
     batcher = Batcher(max_batch, max_wait)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
+    from hftoolkit.cli.serving import listening
+
+    sock = listening("127.0.0.1", 0)
     server = uvicorn.Server(uvicorn.Config(build_app(served, batcher, Limits(**limits), api_key),
                                            log_level="warning"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
@@ -195,6 +196,10 @@ def test_a_server_on_another_address_needs_an_api_key_and_a_port_in_use_is_said(
         result = run_cli("serve", tiny_runs / "labels1", "--port", port, expect=2)
     assert f"--port {port}: can't listen there (Address already in use)" in result.output
     assert "model loaded" not in result.output, "said before the models load"
+    from hftoolkit.cli.serving import listening
+
+    with listening("127.0.0.1", 0) as sock:  # (asyncio sets TCP_NODELAY on what it accepts only from a TCP socket:
+        assert sock.proto == socket.IPPROTO_TCP  # without it each response waited out a 40 ms delayed ACK)
 
 
 @pytest.mark.slow

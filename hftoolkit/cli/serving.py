@@ -87,10 +87,19 @@ def listening(host: str, port: int):
     """A socket bound to host:port and listening; a port in use or an address this machine lacks, in one line."""
     import socket
 
+    sock = None
     try:
-        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-        return socket.create_server((host, port), family=family)
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        # (proto TCP, not 0: asyncio sets TCP_NODELAY only on sockets that say so, and without it every response
+        # waits out the client's delayed ACK)
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(address)
+        sock.listen()
+        return sock
     except (OSError, OverflowError) as err:  # (OverflowError: a port past 65535)
+        if sock is not None:
+            sock.close()
         reason = os.strerror(err.errno) if getattr(err, "errno", None) else str(err)
         raise UserError(f"--host {host} --port {port}: can't listen there ({reason}): choose another port, or "
                         "--port 0 for any free one") from None
