@@ -128,22 +128,23 @@ def test_a_tagging_run_tags_the_words_as_predict_does(tmp_path):
     assert answer == {"index": 0, **expected}
 
 
-def test_a_seq2seq_run_completes_and_streams_as_predict_writes(tmp_path):
+@pytest.mark.parametrize("recipe", ["seq2seq-translation-t5.yaml", "decoder-clm.yaml"])
+def test_a_seq2seq_or_clm_run_completes_and_streams_as_predict_writes(tmp_path, recipe):
     import httpx
 
-    train_recipe(RECIPES / "seq2seq-translation-t5.yaml", tmp_path / "t5", *QUICK, "eval.generation.max_new_tokens=8")
+    train_recipe(RECIPES / recipe, tmp_path / "run", *QUICK, "eval.generation.max_new_tokens=8")
     source = "the cat sees the dog"
-    with serving([("t5", tmp_path / "t5")]) as (url, _, _):
-        # (sampled, seeded as predict seeds it: the tiny random model's greedy choice is an empty text)
-        request = {"model": "t5", "prompt": source, "max_tokens": 8, "temperature": 1.0}
+    with serving([("writer", tmp_path / "run")]) as (url, _, _):
+        # (sampled, seeded as predict seeds it: a tiny random model's greedy choice may be an empty text)
+        request = {"model": "writer", "prompt": source, "max_tokens": 8, "temperature": 1.0}
         whole = httpx.post(f"{url}/v1/completions", json=request, timeout=60).json()["choices"][0]["text"]
         events = httpx.post(f"{url}/v1/completions", json={**request, "stream": True}, timeout=60).text
         chat = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
-            "model": "t5", "messages": [{"role": "user", "content": source}]})
+            "model": "writer", "messages": [{"role": "user", "content": source}]})
     pieces = [json.loads(line[6:]) for line in events.splitlines() if line.startswith("data: {")]
     assert events.rstrip().endswith("data: [DONE]") and pieces[-1]["choices"][0]["finish_reason"] in ("stop", "length")
     assert "".join(p["choices"][0]["text"] for p in pieces) == whole
-    assert whole and whole == predicted(tmp_path / "t5", "--input", source, "--max-new-tokens", "8", "--strategy",
+    assert whole and whole == predicted(tmp_path / "run", "--input", source, "--max-new-tokens", "8", "--strategy",
                                         "sample", "--temperature", "1.0")[0]["text"]
     assert chat.status_code == 400 and chat.json()["error"]["code"] == "wrong_endpoint"  # (it reads no conversation)
 

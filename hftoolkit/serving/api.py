@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from hftoolkit.config import tasks
 from hftoolkit.serving.batcher import Batcher, Work
 from hftoolkit.serving.registry import LABELS, ServedRun
 
@@ -170,8 +171,6 @@ def _refusals(app: FastAPI, limits: Limits, api_key: str | None) -> None:
 def _labelled_inputs(run: ServedRun, given: list) -> list:
     """The inputs as the run's formulation reads them, as predict parses its lines: a text, its words (tagging),
     or a (text, text_pair) pair for a run trained on sentence pairs."""
-    from hftoolkit.config import tasks
-
     pairs = bool(run.job.recipe.data.text_pair_column)
     if not given or any(isinstance(x, str) == pairs or (not isinstance(x, str) and len(x) != 2) for x in given):
         shape = "[text, text_pair] pairs" if pairs else "texts"
@@ -292,9 +291,10 @@ async def _streamed(run: ServedRun, given, job, kind: str, ident: str, stops: li
     if kind == "chat.completion":
         yield event(None, role=True)
     written, pieces = "", iter(streamer)
+    strips = run.task != tasks.CLM  # (the formulations strip their answers; clm continues the text as written)
     while (piece := await asyncio.to_thread(next, pieces, None)) is not None:
-        if not written:
-            piece = piece.lstrip()  # (as the whole answer is stripped)
+        if not written and strips:
+            piece = piece.lstrip()
         text, stopped = _cut(written + piece, stops)
         if text[len(written):]:
             yield event(text[len(written):])

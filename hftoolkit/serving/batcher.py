@@ -36,8 +36,12 @@ class Work:
         """What requests answered in one pass share: the model, the formulation, the lengths, the decoding (and
         where it samples, the seed it samples with)."""
         recipe, generation = self.job.recipe, self.job.recipe.eval.generation
+        # (seq2seq generation sorts its inputs by length, so its rows would reach the model in another order than
+        # their adapters' names: its adapters are not mixed)
+        alone = self.run.adapter if self.run.job.model.family == "seq2seq" else None
         return (id(self.run.base), type(self.run.form), generation, recipe.data.max_length,
-                recipe.data.max_target_length, recipe.training.seed if generation.strategy == "sample" else None)
+                recipe.data.max_target_length, recipe.training.seed if generation.strategy == "sample" else None,
+                alone)
 
 
 class Routed:
