@@ -273,13 +273,14 @@ def test_the_ultrafeedback_recipe_reads_the_hub_set_as_an_online_run_leaves_it(m
 @pytest.mark.xdist_group("smollm2")  # (a real checkpoint, converted once per session)
 def test_the_reference_losses_equal_trl_s_on_a_real_smollm2_batch(smollm2_checkpoint, tmp_path):
     """Three conversation pairs tokenized as a run does, SmolLM2 as the reference and a nudged copy as the policy:
-    the reference layer's DPO and IPO losses (reference/preference.py) against TRL's own `_compute_loss`, and its
-    ORPO loss against the one training computes with TRL's odds-ratio loss, each within 1e-6."""
+    the reference layer's DPO, IPO and KTO losses (reference/preference.py) against TRL's own `_compute_loss`, and
+    its ORPO loss against the one training computes with TRL's odds-ratio loss, each within 1e-6."""
     from types import SimpleNamespace
 
     import torch
     import transformers
     from trl.trainer.dpo_trainer import DataCollatorForPreference
+    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.job.resolve import resolve_job
@@ -309,6 +310,18 @@ def test_the_reference_losses_equal_trl_s_on_a_real_smollm2_batch(smollm2_checkp
             reference(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits, labels)]
         chosen_nll = -preference.sequence_logps(logits[:3], labels[:3]).sum() / lengths[:3].sum()
         means = logps[0] / lengths
+        # KTO on the same answers, unpaired (chosen good, rejected bad), each answer's KL one the next prompt's.
+        answers = [{"prompt_ids": p, "completion_ids": c, "label": good} for good, side in ((True, chosen),
+                   (False, rejected)) for p, c in zip(prompts, side)]
+        for example, other in zip(answers, answers[-1:] + answers[:-1]):
+            example["KL_completion_ids"] = other["completion_ids"]
+        unpaired = DataCollatorForUnpairedPreference(pad_token_id=job.model.processor.pad_token_id)(answers)
+        kto_logps = {}
+        for key, prefix in (("answer", ""), ("kl", "KL_")):
+            kto_labels = unpaired[f"{prefix}input_ids"].masked_fill(unpaired[f"{prefix}completion_mask"] == 0, -100)
+            kto_logps[key] = [preference.sequence_logps(model(
+                input_ids=unpaired[f"{prefix}input_ids"], attention_mask=unpaired[f"{prefix}attention_mask"]).logits,
+                kto_labels) for model in (policy, reference)]
         for model in (policy, reference):
             parity_preference.trl().add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
         library = {}
@@ -320,10 +333,17 @@ def test_the_reference_losses_equal_trl_s_on_a_real_smollm2_batch(smollm2_checkp
             library[loss] = trainer._compute_loss(policy, inputs, return_outputs=False)
         trainer.accelerator.num_processes = 1
         library["orpo"] = orpo_loss(trainer, policy, inputs)
+        kto = parity_preference.standin(
+            parity_preference.trl().KTO, policy, ref_model=reference, beta=0.1, loss_type="kto",
+            desirable_weight=1.0, undesirable_weight=1.33, calculate_KL=True, precompute_ref_logps=False,
+            args=SimpleNamespace(gradient_checkpointing_kwargs=None))
+        library["kto"] = kto._compute_loss(policy, dict(unpaired), return_outputs=False)
     ours = {"sigmoid": preference.dpo_loss(logps[0][:3], logps[0][3:], logps[1][:3], logps[1][3:], beta=0.1).mean(),
             "ipo": preference.ipo_loss(logps[0][:3], logps[0][3:], logps[1][:3], logps[1][3:], tau=0.1,
                                        chosen_lengths=lengths[:3], rejected_lengths=lengths[3:]).mean(),
-            "orpo": preference.orpo_loss(chosen_nll, means[:3], means[3:], lam=0.1)}
+            "orpo": preference.orpo_loss(chosen_nll, means[:3], means[3:], lam=0.1),
+            "kto": preference.kto_loss(*kto_logps["answer"], unpaired["label"], preference.kto_reference_point(
+                *kto_logps["kl"]), 0.1, 1.0, 1.33).mean()}
     for loss in ours:  # (relative: TRL returns float32, whose spacing near IPO's 24 is 2e-6)
         assert float(ours[loss]) == pytest.approx(float(library[loss]), rel=1e-6, abs=1e-6), loss
     assert abs(float(ours["sigmoid"]) - 0.6931) > 1e-3, "the policy differs from the reference: the check can fail"
