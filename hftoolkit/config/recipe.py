@@ -104,7 +104,7 @@ class Recipe(Section):
         if self.preference is not None and self.task != tasks.PREFERENCE:
             raise ValueError(f"the preference section says how preference pairs are learned, and the task is "
                              f"{self.task}: remove it, or set task to preference")
-        if self.preference is not None and self.preference.method == "kto" and self.training.batch_size < 2:
+        if self.preference is not None and self.preference.unpaired and self.training.batch_size < 2:
             raise ValueError("preference.method kto takes each answer's KL term against the other answers of its "
                              "batch, and training.batch_size is 1: set training.batch_size to 2 or more")
         if self.data.packing == "blocks" and self.task != tasks.CLM:

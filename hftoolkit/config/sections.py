@@ -255,11 +255,16 @@ class PreferenceSection(Section):
     desirable_weight: float = Field(1.0, gt=0, description="kto: the weight of the good answers' loss")
     undesirable_weight: float = Field(1.0, gt=0, description="kto: the weight of the bad answers' loss")
 
+    @property
+    def unpaired(self) -> bool:
+        """kto learns answers one at a time, each labelled good or bad; the other methods learn pairs."""
+        return self.method == "kto"
+
     @model_validator(mode="after")
     def _weights_are_kto_s(self):
         # (by value, not by the keys given: a recipe written back out, recipe.yaml, holds every key)
         weights = [key for key in ("desirable_weight", "undesirable_weight") if getattr(self, key) != 1.0]
-        if weights and self.method != "kto":
+        if weights and not self.unpaired:
             raise ValueError(f"preference.{weights[0]} weighs kto's good and bad answers, and the method is "
                              f"{self.method}: remove it, or set preference.method to kto")
         return self

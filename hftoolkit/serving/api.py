@@ -215,11 +215,9 @@ def _rendered(run: ServedRun, turns: list[dict]) -> str:
 
 
 def _check_input(run: ServedRun, texts: list[str], limits: Limits) -> None:
-    tokenizer = run.base.counter
-    counts = [len(tokenizer(text, add_special_tokens=False)["input_ids"]) for text in texts] \
-        if callable(tokenizer) else [0]
-    if max(counts) > limits.max_input_tokens:
-        raise Refused(400, f"the input is {max(counts)} tokens, over this server's limit of "
+    longest = max(_tokens(run, text) for text in texts)
+    if longest > limits.max_input_tokens:
+        raise Refused(400, f"the input is {longest} tokens, over this server's limit of "
                            f"{limits.max_input_tokens}", "context_length_exceeded", "messages")
 
 
@@ -261,14 +259,14 @@ async def _complete(run: ServedRun, given, body: Generating, kind: str, batcher:
                                  media_type="text/event-stream")
     records = await asyncio.wrap_future(batcher.submit(Work(run, [given], job)))
     text, stopped = _cut(records[0]["text"], stops)
-    finish = "stop" if stopped or _tokens(run, text) < job.max_new_tokens else "length"
+    written = _tokens(run, text)
+    finish = "stop" if stopped or written < job.max_new_tokens else "length"
     choice = {"index": 0, "finish_reason": finish}
     choice.update({"message": {"role": "assistant", "content": text}} if kind == "chat.completion"
                   else {"text": text, "logprobs": None})
     prompt = _tokens(run, _rendered(run, given) if isinstance(given, list) else given)
     return {"id": ident, "object": kind, "created": int(time.time()), "model": run.name, "choices": [choice],
-            "usage": {"prompt_tokens": prompt, "completion_tokens": _tokens(run, text),
-                      "total_tokens": prompt + _tokens(run, text)}}
+            "usage": {"prompt_tokens": prompt, "completion_tokens": written, "total_tokens": prompt + written}}
 
 
 async def _streamed(run: ServedRun, given, job, kind: str, ident: str, stops: list[str], batcher: Batcher):

@@ -54,15 +54,7 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
         unlabelled["eval"] = 0
         if evaluation is not None:
             evaluation, unlabelled["eval"] = mapped_labels(recipe, as_names(evaluation), "data.eval", d.eval or d.train)
-    if evaluation is None:
-        _check_not_empty(train, "data.train", d.train)
-        if len(train) < 2:
-            raise UserError(f"data.train: {d.train} has a single row, too few to hold out an eval split; add data")
-        parts = train.train_test_split(test_size=d.eval_fraction, seed=recipe.training.seed)
-        train, evaluation = parts["train"], parts["test"]
-    splits = {"train": (train, "data.train", d.train), "eval": (evaluation, "data.eval", d.eval or d.train)}
-    for ds, key, source in splits.values():
-        _check_not_empty(ds, key, source)
+    train, evaluation = _with_eval_split(recipe, train, evaluation)
     names = None
     if tasks.spec(recipe.task).labels in ("class", "tags"):
         train, evaluation, names = encode_labels(recipe, train, evaluation)
@@ -74,7 +66,7 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
         if limit[split] and len(ds) > limit[split]:
             ds = ds.shuffle(seed=recipe.training.seed).select(range(limit[split]))
         # (after the eval split is held out: a pair's two answers stay on one side)
-        out[split] = unpaired(ds) if kto(recipe) and "chosen" in ds.column_names else ds
+        out[split] = unpaired(ds) if _unpaired(recipe) and "chosen" in ds.column_names else ds
     if dropped is not None:
         dropped.update(counts)
         if unlabelled:
@@ -82,6 +74,20 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
         if identical:
             dropped["identical_pairs"] = identical
     return datasets.DatasetDict(out), names
+
+
+def _with_eval_split(recipe: Recipe, train, evaluation):
+    """(train, eval): data.eval_fraction of data.train held out where no eval source was read; neither empty."""
+    d = recipe.data
+    if evaluation is None:
+        _check_not_empty(train, "data.train", d.train)
+        if len(train) < 2:
+            raise UserError(f"data.train: {d.train} has a single row, too few to hold out an eval split; add data")
+        parts = train.train_test_split(test_size=d.eval_fraction, seed=recipe.training.seed)
+        train, evaluation = parts["train"], parts["test"]
+    for ds, key, source in ((train, "data.train", d.train), (evaluation, "data.eval", d.eval or d.train)):
+        _check_not_empty(ds, key, source)
+    return train, evaluation
 
 
 def _without_identical_pairs(recipe: Recipe, train, evaluation):
@@ -391,11 +397,11 @@ def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fal
 def labelled_answers(recipe: Recipe, ds) -> bool:
     """Whether `ds` holds kto's unpaired layout: a prompt, an answer (data.target_column) and its label, good or bad
     (data.label_column); kto reads pairs too, where the data has data.chosen_column."""
-    return kto(recipe) and recipe.data.chosen_column not in ds.column_names
+    return _unpaired(recipe) and recipe.data.chosen_column not in ds.column_names
 
 
-def kto(recipe: Recipe) -> bool:
-    return recipe.task == tasks.PREFERENCE and recipe.preference.method == "kto"
+def _unpaired(recipe: Recipe) -> bool:
+    return recipe.task == tasks.PREFERENCE and recipe.preference.unpaired
 
 
 def good_or_bad(ds, key: str, source: str):

@@ -78,7 +78,7 @@ def _sampling(recipe: Recipe, train) -> str:
     prepared: each answer's KL term is taken against its batch's neighbours); without a "length" column (images:
     all one size) the length sampler would decode every example to measure it."""
     t = recipe.training
-    if recipe.data.streaming or (recipe.preference is not None and recipe.preference.method == "kto"):
+    if recipe.data.streaming or (recipe.preference is not None and recipe.preference.unpaired):
         return "sequential"
     return "random" if t.sampling == "group_by_length" and "length" not in train.column_names else t.sampling
 

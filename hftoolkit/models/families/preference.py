@@ -48,7 +48,7 @@ class PreferencePairs:
                 self.answers.targets(job, tokenizer, batch["rejected"]))
 
     def collator(self, job: Job, tokenizer):
-        if job.recipe.preference.method == "kto":
+        if job.recipe.preference.unpaired:
             from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference as Collator
         else:
             from trl.trainer.dpo_trainer import DataCollatorForPreference as Collator
@@ -57,7 +57,7 @@ class PreferencePairs:
     def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         # kto scores answers one at a time, so no pair is ranked: its main metric is the mean reward of the good
         # answers minus that of the bad ones.
-        main = "reward_margin" if job.recipe.preference.method == "kto" else "reward_accuracy"
+        main = "reward_margin" if job.recipe.preference.unpaired else "reward_accuracy"
         return EvalMetrics(None, main, greater_is_better=True)
 
     def generate(self, job: Job, model, tokenizer, inputs: list) -> list[dict]:

@@ -293,8 +293,8 @@ def decoder_sequences(recipe, lengths: dict) -> tuple[int, int, int]:
     tokens = lengths["max_length"] + ((lengths.get("max_target_length") or 0) if answered else 0)
     if not _preference(recipe):
         return 1, 0, tokens
-    method = recipe.preference.method
-    return (1, 3, tokens) if method == "kto" else (2, 0 if method == "orpo" else 2, tokens)
+    p = recipe.preference
+    return (1, 3, tokens) if p.unpaired else (2, 0 if p.method == "orpo" else 2, tokens)
 
 
 def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, precision: str,
