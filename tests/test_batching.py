@@ -1,4 +1,5 @@
-"""The batch order: length buckets for training (reproducible by seed and epoch), eval shortest first."""
+"""The batch order: length buckets for training (reproducible by seed and epoch; one kind of example a batch where
+length follows the kind), eval shortest first."""
 
 from __future__ import annotations
 
@@ -52,6 +53,22 @@ def test_longest_batch_first_short_batch_last_and_batches_shuffled(lengths):
     assert sorted(lengths[i] for i in order[-8:]) == sorted(lengths)[:8], "the short batch stays last"
     longest = [max(lengths[i] for i in order[s:s + BATCH]) for s in range(BATCH, len(order) - 8, BATCH)]
     assert longest != sorted(longest) and longest != sorted(longest, reverse=True), "batches come in random order"
+
+
+def test_length_buckets_hold_one_kind_where_length_follows_the_kind_and_random_batches_both():
+    """Why random order is the default: short labels and long passages sorted by length never meet in a batch."""
+    rng = random.Random(1)
+    kinds = [rng.randrange(2) for _ in range(2000)]
+    lengths = [rng.randint(3, 12) if kind == 0 else rng.randint(30, 60) for kind in kinds]
+
+    def mixed_share(order):
+        batches = [order[i:i + BATCH] for i in range(0, len(order) - BATCH + 1, BATCH)]
+        return sum(len({kinds[i] for i in b}) == 2 for b in batches) / len(batches)
+
+    shuffled = list(range(len(lengths)))
+    rng.shuffle(shuffled)
+    assert mixed_share(list(LengthBucketSampler(lengths, BATCH, seed=0))) < 0.05
+    assert mixed_share(shuffled) == 1.0
 
 
 def test_shortest_first_returns_the_order_that_maps_results_back():

@@ -207,7 +207,41 @@ def test_an_instruction_run_packs_without_padding(tmp_path):
     sets = (*ON_GPT2, "training.max_steps=3", "data.max_eval_samples=8", "eval.generation.max_new_tokens=2",
             "training.batch_size=4", "data.max_length=64", "data.max_target_length=32")
     train_recipe(INSTRUCT, tmp_path / "padded", *sets, "data.packing=false")
-    train_recipe(INSTRUCT, tmp_path / "packed", *sets, "data.packing=true")
+    train_recipe(INSTRUCT, tmp_path / "packed", *sets, "data.packing=true", "training.sampling=group_by_length")
     padded, packed = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("padded", "packed"))
     assert packed["padding_fraction"] < padded["padding_fraction"]
     assert packed["padding_fraction"] < 0.1, "rows are full"
+
+
+def test_padding_free_is_the_default_on_a_model_that_packs_and_pads_nothing(tmp_path):
+    sets = (*ON_GPT2, "training.max_steps=3", "data.max_eval_samples=8", "eval.generation.max_new_tokens=2",
+            "training.batch_size=8")
+    train_recipe(INSTRUCT, tmp_path / "flat", *sets)
+    flat = json.loads((tmp_path / "flat" / "metrics.json").read_text())
+    manifest = json.loads((tmp_path / "flat" / "manifest.json").read_text())
+    assert manifest["batch_order"] == {"sampling": "random", "layout": "padding_free"}
+    assert flat["padding_fraction"] == 0 and flat["eval"]["loss"] > 0
+
+
+@pytest.mark.parametrize("model_type", ["llama", "gpt2"])
+def test_a_batch_in_one_row_has_the_loss_and_gradients_of_the_same_batch_padded(model_type):
+    import torch
+
+    from hftoolkit.models.families.packing import FlatCollator
+
+    model, examples = _tiny(model_type), _examples()
+    width = max(e["length"] for e in examples)
+    pad = lambda values, fill: [v + [fill] * (width - len(v)) for v in values]  # noqa: E731 (right padding)
+    padded = {"input_ids": torch.tensor(pad([e["input_ids"] for e in examples], 0)),
+              "labels": torch.tensor(pad([e["labels"] for e in examples], -100)),
+              "attention_mask": torch.tensor(pad([[1] * e["length"] for e in examples], 0))}
+    flat = FlatCollator(padded=None)([dict(e) for e in examples])
+    assert flat["input_ids"].shape == (1, sum(e["length"] for e in examples)) and "attention_mask" not in flat
+    grads = []
+    for batch in (padded, flat):
+        model.zero_grad()
+        loss = model(**batch).loss
+        loss.backward()
+        grads.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
+    assert grads[1][0] == pytest.approx(grads[0][0], abs=1e-5)
+    assert torch.allclose(grads[1][1], grads[0][1], atol=1e-5)

@@ -45,7 +45,7 @@ def test_every_shipped_recipe_validates(path):
 def test_defaults_fill_in(tmp_path):
     recipe = load_recipe(write(tmp_path, GOOD))
     assert recipe.lora.enabled and recipe.lora.targets == "auto"
-    assert recipe.training.sampling == "group_by_length"
+    assert recipe.training.sampling == "random"
     assert static_family(recipe.model.checkpoint, recipe.model.family) == "encoder"
 
 

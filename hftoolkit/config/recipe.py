@@ -109,7 +109,7 @@ class Recipe(Section):
                              "batch, and training.batch_size is 1: set training.batch_size to 2 or more")
         if self.data.packing == "blocks" and self.task != tasks.CLM:
             raise ValueError(f"data.packing blocks cuts concatenated texts, which only task clm trains on, and the "
-                             f"task is {self.task}: set data.packing to true (whole examples) or false")
+                             f"task is {self.task}: set data.packing to padding_free, true (whole examples) or false")
         problems = _training_rules(self)
         if problems:
             raise ValueError("; ".join(problems))

@@ -90,10 +90,13 @@ class DataSection(Section):
     max_length: int = Field(128, gt=0)
     max_target_length: int = Field(64, gt=0)
     source_prefix: str = ""
-    packing: bool | Literal["blocks"] | None = Field(
-        None, description="clm, instruction, translation, summarization on a decoder: true packs whole examples into "
-                          "full rows, attention never crossing from one into the next; blocks (clm only) cuts the "
-                          "concatenated texts into blocks of data.max_length; false pads; unset: blocks for clm")
+    packing: bool | Literal["blocks", "padding_free"] | None = Field(
+        None, description="clm, instruction, translation, summarization on a decoder: padding_free lays each "
+                          "batch's examples end to end in one row, attention kept within each, so batches pad "
+                          "nothing and keep training.sampling's order; true packs whole examples into full rows "
+                          "(best fit, fixed for the run); blocks (clm only) cuts the concatenated texts into blocks "
+                          "of data.max_length; false pads; unset: blocks for clm, padding_free for the others on a "
+                          "model type that packs, else false")
     mask_probability: float = Field(0.15, ge=0.1, le=0.3)
     max_train_samples: int | None = Field(None, gt=0)
     max_eval_samples: int | None = Field(None, gt=0)
@@ -165,9 +168,13 @@ class TrainingSection(Section):
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: "
                                                             "less memory, about a third more compute")
     compile: bool = Field(False, description="torch.compile the model (GPU-first; see README for CPU figures)")
-    sampling: Literal["group_by_length", "random", "sequential"] = Field(
-        "group_by_length", description="training batch order: similar lengths together (least padding), shuffled, "
-                                       "or the data's own order (the same global batches on any number of processes)")
+    sampling: Literal["random", "group_by_length", "sequential"] = Field(
+        "random", description="training batch order: random shuffles (each batch a sample of the whole set), "
+                              "group_by_length sorts the whole set by length (least padding, but each batch holds "
+                              "one length, so one kind of example where length follows the kind, and learns less "
+                              "per step), sequential keeps the data's own order (the same global batches on any "
+                              "number of processes). Decoder batches that lay their examples in one row "
+                              "(data.packing padding_free) pad nothing in any order")
     accelerate_config: str | None = Field(None, description="accelerate launcher config (recipes/accelerate/*.yaml) "
                                                             "that `hftoolkit train` launches with")
     save_on_each_node: bool = Field(False, description="on several machines, each machine's first process writes "

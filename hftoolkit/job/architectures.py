@@ -6,6 +6,8 @@ transformers release. Light at import: transformers is imported inside the funct
 
 from __future__ import annotations
 
+import functools
+
 from hftoolkit.config import tasks
 from hftoolkit.config.families import reads_text
 from hftoolkit.config.tasks import CAUSAL_LM, IMAGE_CLS, MASKED_LM, SEQ2SEQ_LM, SEQ_CLS, TOKEN_CLS
@@ -151,6 +153,7 @@ _MASK_FROM_POSITIONS = (r"(?:create_\w*causal_mask|mask_function)\((?:[^()]|\([^
 _STATE_ALONG_SEQUENCE = ("conv_state", "ssm_state", "recurrent_state", "linear_attn")
 
 
+@functools.cache
 def packs_by_positions(model_type: str) -> bool:
     """Whether the model type's causal LM keeps packed examples apart by their position ids alone.
 

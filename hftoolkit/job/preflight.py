@@ -325,11 +325,11 @@ def _name(item, row: int, split: str) -> str:
 
 
 def check_packing(s: Subject, found: Findings) -> None:
-    """data.packing true packs whole examples only where a decoder's formulation packs them (tasks.packed), on a
-    model type that keeps them apart by position ids (architectures.packs_by_positions); anywhere else it is
-    refused, never ignored."""
+    """data.packing true or padding_free packs whole examples only where a decoder's formulation packs them
+    (tasks.packed), on a model type that keeps them apart by position ids (architectures.packs_by_positions);
+    anywhere else it is refused, never ignored (unset, padding_free is taken only where it works)."""
     recipe, config = s.recipe, s.config
-    if recipe.data.packing is not True:
+    if recipe.data.packing not in (True, "padding_free"):
         return
     packs = tasks.packed()
     if recipe.task not in packs:  # no family packs these: known without the model

@@ -64,7 +64,7 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
         save_on_each_node=t.save_on_each_node,  # (args.should_save: who writes the run directory and checkpoints)
         **_eval_and_save_arguments(recipe, scorer),
         # Without a "length" column (images: all one size) the sampler would decode every example to measure it.
-        train_sampling_strategy=_sampling(recipe, encoded["train"]),
+        train_sampling_strategy=batch_order(recipe, encoded["train"]),
         # A stream's position is restored from the checkpoint (streaming.py): nothing to skip by reading.
         ignore_data_skip=recipe.data.streaming,
         remove_unused_columns=False,  # our collator drops "length"; the sampler needs it first
@@ -73,10 +73,10 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
     )
 
 
-def _sampling(recipe: Recipe, train) -> str:
-    """The train order: a stream is read in its own order, and so is kto's train set (shuffled once as it is
-    prepared: each answer's KL term is taken against its batch's neighbours); without a "length" column (images:
-    all one size) the length sampler would decode every example to measure it."""
+def batch_order(recipe: Recipe, train) -> str:
+    """The train order, as training.sampling names it: a stream is read in its own order, and so is kto's train
+    set (shuffled once as it is prepared: each answer's KL term is taken against its batch's neighbours); without a
+    "length" column (images: all one size) group_by_length would decode every example to measure it."""
     t = recipe.training
     if recipe.data.streaming or (recipe.preference is not None and recipe.preference.unpaired):
         return "sequential"

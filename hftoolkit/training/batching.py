@@ -1,20 +1,25 @@
 """The order examples are batched in: similar lengths together, so that batches pad little.
 
-Training with training.sampling=group_by_length (the default for text) draws its batches from
-`LengthBucketSampler`; the Trainer mixin that installs it is `LengthBatching`, at its end.
+Training with training.sampling group_by_length draws its batches from `LengthBucketSampler`; the Trainer mixin
+that installs it is `LengthBatching`, at its end, with the eval sets' order and collation.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 
 class LengthBucketSampler:
     """Indices in batches of nearly equal length, in an order drawn from seed + epoch.
 
     Examples are shuffled, sorted by length (ties keep their shuffled order), cut into batches, and the batches
-    shuffled, so each batch holds examples of nearly one length. transformers' own sampler only sorts within
-    "megabatches" of 50 batches, so it pads more; benchmarks/classification.py measures both. The order is drawn
-    from seed + epoch, not from the global torch RNG, whose state at the start of epoch 2 differs between an
-    uninterrupted run and a resumed one: a resumed run sees the same batches.
+    shuffled, so each batch holds examples of nearly one length. That pads least, and costs learning where length
+    follows the kind of example (short labels, long passages): each batch then holds one kind, and the steps pull
+    in turn towards each (benchmarks/learning.py measures it; random order is the default). transformers' own
+    sampler only sorts within "megabatches" of 50 batches, which at the batch sizes of a CPU run is nearly as
+    segregated and pads more. The order is drawn from seed + epoch, not from the global torch RNG, whose state at
+    the start of epoch 2 differs between an uninterrupted run and a resumed one: a resumed run sees the same
+    batches.
 
     The batch holding the longest example comes first, as in transformers' sampler, so a batch
     too large for memory fails at step 1 rather than hours in. A last, smaller batch stays last:
@@ -54,12 +59,40 @@ class LengthBatching:
     with the data. `evaluation.evaluate.shortest_first` sorts an eval set by length before the Trainer reads it;
     callers map results back with the order it returns."""
 
+    batch_order = "random"  # training.sampling as resolved (arguments.batch_order); set by build_trainer
+
     def _get_train_sampler(self, train_dataset=None):
         sampler = super()._get_train_sampler(train_dataset)
         if type(sampler).__name__ == "LengthGroupedSampler":
             seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
             return LengthBucketSampler(sampler.lengths, sampler.batch_size, seed)
         return sampler
+
+    def batch_order_record(self) -> dict:
+        """What manifest.json says of the train batches: their order, and how their examples are laid out."""
+        layout = getattr(getattr(self.data_collator, "collate", None), "layout", "padded")
+        return {"sampling": self.batch_order, "layout": layout}
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        with self._padded_collator():
+            return super().get_eval_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset):
+        with self._padded_collator():
+            return super().get_test_dataloader(test_dataset)
+
+    @contextlib.contextmanager
+    def _padded_collator(self):
+        """Eval batches padded, where training lays each batch in one row (data.packing padding_free): accelerate's
+        even batches over processes, and gather_for_metrics, count an eval batch by its rows."""
+        counter = self.data_collator
+        padded = getattr(getattr(counter, "collate", None), "padded", None)
+        if padded is not None:
+            self.data_collator = type(counter)(padded)  # (the loader keeps the collator it is built with)
+        try:
+            yield
+        finally:
+            self.data_collator = counter
 
     def _get_eval_sampler(self, eval_dataset):
         from torch.utils.data import SequentialSampler

@@ -1,5 +1,6 @@
-"""The training loss of a step as the mean over its labelled items, on any number of processes and accumulated
-micro-batches (`ItemNormalizedLoss`, a Trainer mixin)."""
+"""The loss as the mean over labelled items: a training step's over its items on any number of processes and
+accumulated micro-batches, and the eval loss over every item of the eval set (`ItemNormalizedLoss`, a Trainer
+mixin)."""
 
 from __future__ import annotations
 
@@ -17,15 +18,26 @@ class ItemNormalizedLoss:
     (tests/test_distributed.py compares 1 and 2 processes). Here every model is called without the count,
     so every model returns
     its mean over its own labelled items, and the mean is turned into that share of the step's sum.
+
+    The eval loss is the mean over every labelled item of the eval set (an answer's tokens, a class label), as
+    TRL and the Trainer's token-averaged losses define it: the Trainer's own figure is the mean over examples of
+    their batch's mean, which weighs a short example's tokens more, and so depends on how the set is batched
+    (eval batches run shortest first).
     """
+
+    _eval_sums = None  # [loss sum, items] over this process's eval batches, while an evaluation loop runs
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if not model.training:
-            # Eval: each batch's own mean, over its real rows only (gather_for_metrics then drops the
-            # duplicate rows and weighs each batch's mean by its real examples). The gathered item count
-            # would count the duplicates, and scale the mean by the process count.
-            inputs = self._without_padding_rows(inputs)
-            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
+            # Eval: each batch's own mean over its real rows (the gathered item count would count the rows
+            # accelerate repeats to fill the last step), added to the eval set's sums as that batch's sum.
+            inputs, real = self._without_padding_rows(inputs)
+            result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch=None)
+            if self._eval_sums is not None and real and "labels" in inputs:
+                items = self._labelled_items(inputs)
+                self._eval_sums[0] += (result[0] if return_outputs else result).detach().float() * items
+                self._eval_sums[1] += items
+            return result
         if (num_items_in_batch is None or "labels" not in inputs or self.label_smoother is not None
                 or self.compute_loss_func is not None or self.args.n_gpu > 1):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # these honour the count
@@ -39,8 +51,25 @@ class ItemNormalizedLoss:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())  # DDP averages: make it a sum
         return (loss, outputs) if return_outputs else loss
 
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
+        """The Trainer's loop, its loss replaced by the sum over every process's labelled items over their count."""
+        import torch
+
+        self._eval_sums = [torch.zeros((), device=self.args.device), torch.zeros((), device=self.args.device)]
+        try:
+            output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                             metric_key_prefix)
+            total, items = self.accelerator.reduce(torch.stack(self._eval_sums).double(), "sum").tolist()
+        finally:
+            self._eval_sums = None
+        if items > 0 and f"{metric_key_prefix}_loss" in output.metrics:
+            output.metrics[f"{metric_key_prefix}_loss"] = total / items
+        return output
+
     def _without_padding_rows(self, inputs):
-        """The last eval step with its padding rows' labels set to -100, so the loss leaves them out.
+        """(inputs, whether any row is real): the last eval step with its padding rows' labels set to -100, so the
+        loss leaves them out.
 
         To give every process a full batch, accelerate repeats the first examples at the end of the
         last step; gather_for_metrics keeps the first `remainder` rows of that step, in process
@@ -48,14 +77,14 @@ class ItemNormalizedLoss:
         """
         state = self.accelerator.gradient_state
         if self.args.world_size == 1 or not state.end_of_dataloader or state.remainder <= 0 or "labels" not in inputs:
-            return inputs
+            return inputs, True
         labels = inputs["labels"]
         real = min(max(state.remainder - self.args.process_index * len(labels), 0), len(labels))
-        if real in (0, len(labels)):  # all real, or all padding (dropped whole: any finite loss will do)
-            return inputs
+        if real in (0, len(labels)):  # all real, or all padding (left out of the sums: any finite loss will do)
+            return inputs, real > 0
         masked = labels.clone()
         masked[real:] = -100
-        return {**inputs, "labels": masked}
+        return {**inputs, "labels": masked}, True
 
     def _labelled_items(self, inputs):
         """Counted as the Trainer counts them: causal LMs predict from position 1 on."""

@@ -69,7 +69,7 @@ def trainer_base(job: Job):
             # Tokenized already, in TRL's layout (prompt_ids, chosen_ids and rejected_ids; kto: completion_ids and
             # label). KTO estimates its KL term from mismatched answers, each batch's rotated by one, as TRL does,
             # but over the batch of all processes (TRL: of each), so that processes train as one process would.
-            if method == "kto" and dataset_name == "train":  # (read in order: see arguments._sampling)
+            if method == "kto" and dataset_name == "train":  # (read in order: see arguments.batch_order)
                 dataset = dataset.shuffle(seed=args.seed)
             if method == "kto" and self.calculate_KL:
                 from accelerate import PartialState  # (the Trainer's accelerator is not built yet)

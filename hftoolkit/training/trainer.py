@@ -26,7 +26,7 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
     """The Trainer for `recipe`. `data` (the raw splits) lets eval during training score generated text."""
     from transformers import Trainer
 
-    from hftoolkit.training.arguments import training_arguments
+    from hftoolkit.training.arguments import batch_order, training_arguments
 
     t, args, strategy = job.recipe.training, training_arguments(job, run, model, encoded, scorer), strategy_of(job)
     scoring = tasks.spec(job.recipe.task).scoring
@@ -46,6 +46,7 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
             model=model, args=args, train_dataset=train,
             eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
             data_collator=counter, processing_class=processor, **extra)
+    trainer.batch_order = batch_order(job.recipe, encoded["train"])
     use_progress(trainer)  # one progress bar instead of the Trainer's tqdm bars and printed log dicts
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
     trainer.nonfinite_skippable = strategy.can_skip_nonfinite
@@ -109,5 +110,6 @@ def toolkit_trainer(base, *loss):
     """`base` (Trainer, Seq2SeqTrainer or TRL's preference trainer) with the non-finite guard, atomic checkpoints
     and length-bucketed batches; `loss` the mixin that scales the loss (ItemNormalizedLoss: a loss scale that holds
     on any number of processes), none where `base` computes a loss of its own."""
-    mixins = (*loss, NonFiniteGuard, AtomicCheckpoints, StreamPosition, LengthBatching, EvalDuringTraining)
+    # (the loss mixin after EvalDuringTraining: the eval loss is final before the metrics derived from it)
+    mixins = (NonFiniteGuard, AtomicCheckpoints, StreamPosition, LengthBatching, EvalDuringTraining, *loss)
     return type(f"Toolkit{base.__name__}", (*mixins, base), {})

@@ -233,7 +233,7 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
     trainer = progress.trainer = build_trainer(job, run, model, processor, encoded, counter, scorer, data=job.data)
     ran = strategy.record(trainer, job.precision)  # (a collective call: every process)
     if writer:
-        run.update_manifest(distributed=ran)
+        run.update_manifest(distributed=ran, batch_order=trainer.batch_order_record())
     _startup_done()
     setup_seconds = time.perf_counter() - started
     first_step = 0 if resume_from is None else int(CHECKPOINT.match(Path(resume_from).name).group(1))

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from hftoolkit.config import tasks
 from hftoolkit.errors import UserError
+from hftoolkit.job.architectures import packs_by_positions
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
 from hftoolkit.models import tokenized
@@ -48,11 +49,14 @@ def _padding_collator(job: Job, tokenizer):
 
 
 def _packing(job: Job) -> str:
-    """How the job packs: "blocks" (clm's fixed blocks), "rows" (whole examples, padding-free) or "none"."""
+    """How the job packs: "blocks" (clm's fixed blocks), "rows" (whole examples packed into full rows), "flat"
+    (each batch's examples in one row) or "none"."""
     packing = job.recipe.data.packing
     if packing is None:
-        return "blocks" if job.task == tasks.CLM else "none"
-    return "blocks" if packing == "blocks" else "rows" if packing else "none"
+        if job.task == tasks.CLM:
+            return "blocks"
+        return "flat" if job.task in tasks.packed() and packs_by_positions(job.model.model_type) else "none"
+    return {"blocks": "blocks", "padding_free": "flat", True: "rows"}.get(packing, "none")
 
 
 def _blocks(job: Job, tokenizer, dataset):
@@ -81,9 +85,13 @@ def _packed(job: Job, encoded):
 
 
 def _collator(job: Job, tokenizer):
-    """Packed rows (data.packing true) through packing.PackedCollator, else padded batches."""
-    if _packing(job) == "rows":
+    """Packed rows (data.packing true) through packing.PackedCollator, a batch in one row (padding_free) through
+    packing.FlatCollator, else padded batches."""
+    mode = _packing(job)
+    if mode == "rows":
         return packing.PackedCollator(tokenizer, flat=job.recipe.model.attention == "flash_attention_2")
+    if mode == "flat":
+        return packing.FlatCollator(_padding_collator(job, tokenizer))
     return _padding_collator(job, tokenizer)
 
 

@@ -1,4 +1,5 @@
-"""Padding-free packing (data.packing: true): whole examples packed into full rows, attention kept apart.
+"""Padding-free packing: whole examples packed into full rows (data.packing: true), or each batch's examples in
+one row (padding_free), attention kept apart.
 
 Position ids restart at 0 for every example of a row, and transformers 5 lets each token attend only within its
 own example (job/architectures.packs_by_positions says which model types do). Rows are filled best-fit, longest
@@ -49,6 +50,8 @@ class PackedCollator:
     """Batches of packed rows: each row flattened by DataCollatorWithFlattening (position ids restarting per
     example, no attention mask), the rows right-padded and stacked; or, for flash attention, one flat row."""
 
+    layout = "packed_rows"
+
     def __init__(self, tokenizer, flat: bool = False):
         from transformers import DataCollatorWithFlattening
 
@@ -73,6 +76,25 @@ class PackedCollator:
                 parts.append(torch.cat([b[key][0], pad.to(b[key].dtype)]))
             out[key] = torch.stack(parts)
         return out
+
+
+class FlatCollator:
+    """A batch of examples laid end to end in one row (data.packing: padding_free): input ids and labels
+    concatenated, position ids restarting per example, the first label of each example -100 so that no
+    example's loss reads the one before it; no attention mask, no padding. Eval batches are padded by `padded`
+    (training.batching.LengthBatching)."""
+
+    layout = "padding_free"  # (what manifest.json's batch_order says)
+
+    def __init__(self, padded):
+        from transformers import DataCollatorWithFlattening
+
+        self.flatten = DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
+        self.padded = padded
+
+    def __call__(self, examples: list[dict]) -> dict:
+        return self.flatten([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples],
+                            return_tensors="pt")
 
 
 def split_row(row: dict) -> list[dict]:

@@ -128,6 +128,9 @@ def check_machines(plan: LaunchPlan) -> list[str]:
     if not 0 <= plan.machine_rank < m:
         problems.append(f"--machine-rank {plan.machine_rank}: the machines of a {m}-machine run are numbered 0 to "
                         f"{m - 1}: give each machine its own rank, 0 on the main machine")
+    if plan.main_process_port is not None and not 1 <= plan.main_process_port <= 65535:
+        problems.append(f"--main-process-port {plan.main_process_port}: a TCP port is 1 to 65535: name a free port "
+                        "on machine 0, the same on every machine")
     if not plan.main_process_ip:
         problems.append(f"--main-process-ip: {m} machines meet at machine 0's address, and none was given: pass the "
                         "address the other machines reach machine 0 at (the same on every machine)")
