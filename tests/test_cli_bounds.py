@@ -1,4 +1,5 @@
-"""Every numeric option of the CLI has a range, and a value outside it is refused in one line before any work."""
+"""Every numeric option of the CLI has a range, and a value outside it is refused in one line before any work.
+(Ports' upper bound is a callback's, so --help shows no "<=": tests/test_cli_help.py.)"""
 
 from __future__ import annotations
 
@@ -35,11 +36,10 @@ def test_every_numeric_option_has_a_range():
     unbounded = [(c, o) for c, o, low, _ in options if low is None and (c, o) not in SCHEMA_CHECKED | {
         ("plan", "--gpu-memory")}]  # (--gpu-memory: refused in plan's own sentence, below)
     assert not unbounded, f"numeric options without a lower bound: {unbounded}"
-    ports = {(c, o): high for c, o, _, high in options if (c, o) in PORTS}
-    assert set(ports.values()) == {65535}, ports
 
 
 @pytest.mark.parametrize("args", [("serve", "{run}", "--port", "70000"),
+                                  ("serve", "{run}", "--port", "65536"),
                                   ("serve", "{run}", "--port", "-1"),
                                   ("train", "{recipe}", "--main-process-port", "70000"),
                                   ("train", "{recipe}", "--num-processes", "0"),

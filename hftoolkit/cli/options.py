@@ -29,3 +29,11 @@ NumMachinesOption = Annotated[int | None, typer.Option(
     "--num-machines", min=1, metavar="M", help="Train on M machines, each running this same command with its "
                                                "own --machine-rank; --num-processes then counts the processes "
                                                "of all machines together.")]
+
+
+def tcp_port(value: int | None) -> int | None:
+    """An option's callback: a port above 65535 refused (the range in the option's min and help says the floor;
+    click's full range would print as "0<=x<=65535" in --help)."""
+    if value is not None and value > 65535:
+        raise typer.BadParameter(f"{value} is above 65535, the highest TCP port")
+    return value

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from hftoolkit.cli.options import QuietOption, VerboseOption
+from hftoolkit.cli.options import QuietOption, VerboseOption, tcp_port
 from hftoolkit.errors import UserError
 
 API_KEY_VARIABLE = "HFTOOLKIT_API_KEY"
@@ -21,7 +21,8 @@ def serve(
         "folder, or NAME=RUN_DIR. Adapter runs on one base share one copy of it."))],
     host: Annotated[str, typer.Option(metavar="ADDRESS", help=(
         f"Address to listen on. Any but loopback needs an API key in {API_KEY_VARIABLE}."))] = "127.0.0.1",
-    port: Annotated[int, typer.Option(min=0, max=65535, metavar="N", help="Port (0: any free one).")] = 8000,
+    port: Annotated[int, typer.Option(min=0, metavar="N", callback=tcp_port,
+                                          help="Port, up to 65535 (0: any free one).")] = 8000,
     max_batch: Annotated[int, typer.Option(min=1, metavar="N", help=(
         "The most inputs answered in one forward pass."))] = 8,
     max_wait_ms: Annotated[float, typer.Option(min=0, metavar="MS", help=(

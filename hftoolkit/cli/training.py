@@ -18,6 +18,7 @@ from hftoolkit.cli.options import (
     QuietOption,
     SetOption,
     VerboseOption,
+    tcp_port,
 )
 from hftoolkit.errors import UserError
 
@@ -42,8 +43,8 @@ def train(
     main_process_ip: Annotated[str | None, typer.Option(
         "--main-process-ip", metavar="IP", help="Machine 0's address as every machine reaches it.")] = None,
     main_process_port: Annotated[int | None, typer.Option(
-        "--main-process-port", min=1, max=65535, metavar="PORT", help="A free port on machine 0, the same on every "
-                                                                      "machine (default 29500).")] = None,
+        "--main-process-port", min=1, metavar="PORT", callback=tcp_port,
+        help="A free port on machine 0 (up to 65535), the same on every machine (default 29500).")] = None,
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
     quiet: QuietOption = False,
