@@ -14,8 +14,9 @@ Two jobs, each side trained one after the other in one run with the same model, 
 Every side saves its adapter at checkpoints along the way; this script loads each (base + adapter, peft) and
 computes the held-out loss itself on the same rows and tokens: the mean over the answer's tokens (the mean over
 examples of the label's cross-entropy for SST-2, with its accuracy). Printed per side: train seconds, the final
-held-out loss over the seeds (mean and spread), and the train seconds each side took to reach a target loss (by
-`trl sft`'s final loss on the mixed job, hftoolkit's default's on SST-2), read off its checkpoints.
+held-out loss over the seeds (mean and spread), each tool's own eval loss on the same held-out rows (hftoolkit's
+and TRL's eval), and the train seconds each side took to reach a target loss (`trl sft`'s final loss on the
+mixed job, hftoolkit's default's on SST-2), read off its checkpoints.
 
     python benchmarks/learning.py --data-dir ../shared/data [--job mixed|sst2|both] [--seeds 3] [--steps 60]
         [--no-trl] [--output learning.json]
@@ -102,10 +103,10 @@ MIXED_SIDES = {"hftoolkit": [], "hftoolkit random, padded": ["data.packing=false
 SST2_SIDES = {"hftoolkit": [], "hftoolkit group_by_length": ["training.sampling=group_by_length"]}
 
 
-def hftoolkit_mixed(args, base: Path, train: Path, side: list[str], seed: int, out: Path) -> dict:
+def hftoolkit_mixed(args, base: Path, train: Path, heldout: Path, side: list[str], seed: int, out: Path) -> dict:
     sets = [f"model.checkpoint={base}", "model.gguf_file=null", "model.revision=null", "lora.r=8",
             "lora.alpha=16", "lora.dropout=0", "lora.targets=[q_proj,v_proj]", f"data.train={train}",
-            "data.eval_fraction=0.01", "data.max_length=128", "data.max_target_length=64",
+            f"data.eval={heldout}", "data.max_length=128", "data.max_target_length=64",
             f"training.max_steps={args.steps}", "training.batch_size=8", "training.learning_rate=0.001",
             "training.warmup_ratio=0", "training.scheduler=linear", f"training.seed={seed}",
             f"training.save_steps={args.every}", f"training.keep_last={args.steps}", "eval.max_predictions=0",
@@ -127,11 +128,14 @@ def trl_mixed(args, base: Path, data: Path, seed: int, out: Path) -> dict:
                "--per_device_train_batch_size", "8", "--learning_rate", "1e-3", "--lr_scheduler_type", "linear",
                "--warmup_steps", "0", "--use_peft", "--lora_r", "8", "--lora_alpha", "16", "--lora_dropout", "0",
                "--lora_target_modules", "q_proj", "v_proj", "--seed", str(seed), "--save_strategy", "steps",
-               "--save_steps", str(args.every), "--report_to", "none", "--logging_steps", "10", "--use_cpu", "true"]
+               "--save_steps", str(args.every), "--report_to", "none", "--logging_steps", "10", "--use_cpu", "true",
+               "--dataset_test_split", "test", "--eval_strategy", "steps", "--eval_steps", str(args.steps),
+               "--per_device_eval_batch_size", "8"]
     status = run(command, out.with_suffix(".log"))
-    runtime = re.findall(r"'train_runtime': '?([0-9.]+)", out.with_suffix(".log").read_text(errors="replace"))
+    log = out.with_suffix(".log").read_text(errors="replace")
+    runtime, own = (re.findall(rf"'{key}': '?([0-9.]+)", log) for key in ("train_runtime", "eval_loss"))
     return {"status": status, "train_seconds": float(runtime[-1]) if runtime else None, "steps": args.steps,
-            "adapters": checkpoints(out)}
+            "own_eval_loss": float(own[-1]) if own else None, "adapters": checkpoints(out)}
 
 
 def answer_loss(base: Path, adapter: Path, rows: list[dict]) -> dict:
@@ -148,9 +152,9 @@ def answer_loss(base: Path, adapter: Path, rows: list[dict]) -> dict:
     total, count = 0.0, 0
     with torch.no_grad():
         for row in rows:
-            prompt = tokenizer.apply_chat_template([{"role": "user", "content": row["text"]}],
-                                                   add_generation_prompt=True, tokenize=True)
-            prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+            text = tokenizer.apply_chat_template([{"role": "user", "content": row["text"]}],
+                                                 add_generation_prompt=True, tokenize=False)
+            prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
             answer = tokenizer(row["target"], add_special_tokens=False)["input_ids"] + close
             ids = torch.tensor([prompt + answer])
             logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
@@ -263,16 +267,18 @@ def mixed_job(args, tmp: Path) -> dict:
     rows = mixed_rows(args.data_dir)
     heldout, train_rows = rows[:90], rows[90:]
     train = write_jsonl(tmp / "mixed-train.jsonl", train_rows)
+    heldout_file = write_jsonl(tmp / "mixed-heldout.jsonl", heldout)
     (tmp / "trl-data").mkdir()
-    write_jsonl(tmp / "trl-data" / "train.jsonl",
-                [{"prompt": [{"role": "user", "content": r["text"]}],
-                  "completion": [{"role": "assistant", "content": r["target"]}]} for r in train_rows])
+    for name, part in (("train", train_rows), ("test", heldout)):
+        write_jsonl(tmp / "trl-data" / f"{name}.jsonl",
+                    [{"prompt": [{"role": "user", "content": r["text"]}],
+                      "completion": [{"role": "assistant", "content": r["target"]}]} for r in part])
     sides: dict[str, list[dict]] = {}
     for seed in range(args.seeds):  # the sides interleaved within a seed: machine noise falls on all alike
         for number, (name, side) in enumerate(MIXED_SIDES.items()):
             print(f"mixed, seed {seed}: {name}", flush=True)
             sides.setdefault(name, []).append(
-                hftoolkit_mixed(args, base, train, side, seed, tmp / f"mixed-{number}-{seed}"))
+                hftoolkit_mixed(args, base, train, heldout_file, side, seed, tmp / f"mixed-{number}-{seed}"))
         if args.trl:
             print(f"mixed, seed {seed}: trl sft", flush=True)
             sides.setdefault("trl sft", []).append(trl_mixed(args, base, tmp / "trl-data", seed, tmp / f"trl-{seed}"))
