@@ -91,9 +91,9 @@ class DataSection(Section):
     max_target_length: int = Field(64, gt=0)
     source_prefix: str = ""
     packing: bool | Literal["blocks", "padding_free"] | None = Field(
-        None, description="clm, instruction, translation, summarization on a decoder: padding_free lays each "
-                          "batch's examples end to end in one row, attention kept within each, so batches pad "
-                          "nothing and keep training.sampling's order; true packs whole examples into full rows "
+        None, description="clm, instruction, translation, summarization on a decoder: padding_free packs each "
+                          "batch's examples into a few rows, attention kept within each, so batches pad little "
+                          "and keep training.sampling's order; true packs whole examples into full rows "
                           "(best fit, fixed for the run); blocks (clm only) cuts the concatenated texts into blocks "
                           "of data.max_length; false pads; unset: blocks for clm, padding_free for the others on a "
                           "model type that packs, else false")
@@ -173,8 +173,8 @@ class TrainingSection(Section):
                               "group_by_length sorts the whole set by length (least padding, but each batch holds "
                               "one length, so one kind of example where length follows the kind, and learns less "
                               "per step), sequential keeps the data's own order (the same global batches on any "
-                              "number of processes). Decoder batches that lay their examples in one row "
-                              "(data.packing padding_free) pad nothing in any order")
+                              "number of processes). Decoder batches packed into rows "
+                              "(data.packing padding_free) pad little in any order")
     accelerate_config: str | None = Field(None, description="accelerate launcher config (recipes/accelerate/*.yaml) "
                                                             "that `hftoolkit train` launches with")
     save_on_each_node: bool = Field(False, description="on several machines, each machine's first process writes "
