@@ -5,9 +5,12 @@ and v_proj, batches of 8, builtin:instructions) in this process, once per precis
 --warmup+1 to --warmup+--steps (forward, backward, optimizer and data loading: the profiler starts and stops at a
 step's start). Prints each precision's seconds per step (the profiled steps' wall time without the profiler's
 own, from a second, unprofiled pass over as many steps), matmul_fraction as metrics.json reports it, and the
-profile's top operators by self CPU time. `--tiny` runs the same on init:gpt2.
+profile's top operators by self CPU time. `--tiny` runs the same on init:gpt2. `--layouts padding_free,false`
+times each precision under each data.packing instead, unprofiled, `--repeats` times each (the best and the spread):
+what packing.ATTENTION_FLOP_COST is set by.
 
     python benchmarks/decoder_step.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--top 15] [--tiny]
+    python benchmarks/decoder_step.py --layouts padding_free,false [--repeats 3]
 """
 
 from __future__ import annotations
@@ -82,6 +85,8 @@ def main() -> None:
     parser.add_argument("--precisions", default="fp32,bf16")
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--tiny", action="store_true")
+    parser.add_argument("--layouts", help="data.packing values to time against each other, unprofiled")
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import torch
 
@@ -89,6 +94,8 @@ def main() -> None:
 
     sets = checkpoint_sets(args.tiny)
     print(f"CPU: {cpu_record()}; torch threads: {torch.get_num_threads()}")
+    if args.layouts:
+        return time_layouts(sets, args)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precisions.split(","):
@@ -103,6 +110,27 @@ def main() -> None:
                                                 max_name_column_width=48))
     if "fp32" in rows and "bf16" in rows:
         print(f"bf16 / fp32 step time: {rows['bf16']['seconds_per_step'] / rows['fp32']['seconds_per_step']:.3f}")
+
+
+def time_layouts(sets: list[str], args) -> None:
+    """Seconds a step for each precision and data.packing, the repeats interleaved so that load falls on all."""
+    import statistics
+
+    layouts, precisions = args.layouts.split(","), args.precisions.split(",")
+    times: dict = {(p, layout): [] for p in precisions for layout in layouts}
+    padding: dict = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for precision, layout in times:
+                out = Path(tmp) / f"{precision}-{layout}-{repeat}"
+                seconds, metrics, _ = train_steps([*sets, f"data.packing={layout}"], precision, args.steps,
+                                                  args.warmup, False, out)
+                times[precision, layout].append(seconds / args.steps)
+                padding[precision, layout] = metrics.get("padding_fraction")
+    print("\n| precision | data.packing | best s a step | spread | padding |\n|---|---|---|---|---|")
+    for (precision, layout), seconds in times.items():
+        spread = statistics.stdev(seconds) if len(seconds) > 1 else 0.0
+        print(f"| {precision} | {layout} | {min(seconds):.3f} | {spread:.3f} | {padding[precision, layout]} |")
 
 
 if __name__ == "__main__":

@@ -213,21 +213,22 @@ def test_an_instruction_run_packs_without_padding(tmp_path):
     assert packed["padding_fraction"] < 0.1, "rows are full"
 
 
-def test_padding_free_is_the_default_on_a_model_that_packs_and_pads_nothing(tmp_path):
+def test_padding_free_is_the_default_on_a_model_that_packs_and_pads_less(tmp_path):
     sets = (*ON_GPT2, "training.max_steps=3", "data.max_eval_samples=8", "eval.generation.max_new_tokens=2",
             "training.batch_size=8")
     train_recipe(INSTRUCT, tmp_path / "flat", *sets)
-    flat = json.loads((tmp_path / "flat" / "metrics.json").read_text())
+    train_recipe(INSTRUCT, tmp_path / "padded", *sets, "data.packing=false")
+    flat, padded = (json.loads((tmp_path / name / "metrics.json").read_text()) for name in ("flat", "padded"))
     manifest = json.loads((tmp_path / "flat" / "manifest.json").read_text())
     assert manifest["batch_order"] == {"sampling": "random", "layout": "padding_free"}
-    assert flat["padding_fraction"] < 0.1 and flat["eval"]["loss"] > 0
+    assert flat["padding_fraction"] < padded["padding_fraction"] and flat["eval"]["loss"] > 0
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])
 def test_a_batch_packed_into_rows_has_the_loss_and_gradients_of_the_same_batch_padded(model_type):
     import torch
 
-    from hftoolkit.models.families.packing import ROW_PADDING, FlatCollator
+    from hftoolkit.models.families.packing import FlatCollator, attention_break_even
 
     model, examples = _tiny(model_type), _examples(16)
     width = max(e["length"] for e in examples)
@@ -235,11 +236,13 @@ def test_a_batch_packed_into_rows_has_the_loss_and_gradients_of_the_same_batch_p
     padded = {"input_ids": torch.tensor(pad([e["input_ids"] for e in examples], 0)),
               "labels": torch.tensor(pad([e["labels"] for e in examples], -100)),
               "attention_mask": torch.tensor(pad([[1] * e["length"] for e in examples], 0))}
-    flat = FlatCollator(_Tokenizer(), padded=None)([dict(e) for e in examples])
+    break_even = attention_break_even(model.config)
+    flat = FlatCollator(_Tokenizer(), padded=None, break_even=break_even)([dict(e) for e in examples])
     total = sum(e["length"] for e in examples)
     rows, row_width = flat["input_ids"].shape
     assert 1 < rows < len(examples) and row_width < total and "attention_mask" not in flat
-    assert 1 - total / (rows * row_width) <= ROW_PADDING < 1 - total / (len(examples) * width)
+    cost = lambda rows, width: rows * width * (1 + width / break_even)  # noqa: E731 (rows_of's measure)
+    assert rows * row_width < len(examples) * width and cost(rows, row_width) < cost(1, total)
     assert int(flat["labels"].ne(-100).sum()) == sum(sum(x != -100 for x in e["labels"][1:]) for e in examples)
     grads = []
     for batch in (padded, flat):
@@ -249,3 +252,21 @@ def test_a_batch_packed_into_rows_has_the_loss_and_gradients_of_the_same_batch_p
         grads.append((loss.item(), torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])))
     assert grads[1][0] == pytest.approx(grads[0][0], abs=1e-5)
     assert torch.allclose(grads[1][1], grads[0][1], atol=1e-5)
+
+
+def test_rows_are_as_long_as_attention_lets_them_pay():
+    from hftoolkit.models.families.packing import attention_break_even, rows_of
+
+    def widths(lengths, **kwargs):
+        return sorted(sum(lengths[i] for i in row) for row in rows_of(lengths, **kwargs))
+
+    tail = [400] + [30] * 7
+    assert widths(tail) == [610]  # attention free (flash attention's kernel): one row, no padding
+    assert widths(tail, break_even=50) == [210, 400]  # dear attention: rows no longer than the longest example
+    assert widths(tail, break_even=3000) == [610]  # cheap attention: the long tail shares a row
+    assert widths([64] * 8, break_even=3000) == [64] * 8  # nothing to gain from longer rows
+    llama_7b = type("Config", (), {"hidden_size": 4096, "intermediate_size": 11008, "num_attention_heads": 32,
+                                   "num_key_value_heads": 32, "hidden_act": "silu"})
+    smollm2 = type("Config", (), {"hidden_size": 576, "intermediate_size": 1536, "num_attention_heads": 9,
+                                  "num_key_value_heads": 3, "hidden_act": "silu"})
+    assert attention_break_even(llama_7b) > 5 * attention_break_even(smollm2) > 5 * 500

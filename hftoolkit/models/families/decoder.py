@@ -91,7 +91,8 @@ def _collator(job: Job, tokenizer):
     if mode == "rows":
         return packing.PackedCollator(tokenizer, flat=one_row)
     if mode == "flat":
-        return packing.FlatCollator(tokenizer, _padding_collator(job, tokenizer), flat=one_row)
+        return packing.FlatCollator(tokenizer, _padding_collator(job, tokenizer), flat=one_row,
+                                     break_even=packing.attention_break_even(job.model.config))
     return _padding_collator(job, tokenizer)
 
 

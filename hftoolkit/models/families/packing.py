@@ -84,34 +84,56 @@ class PackedCollator:
 class FlatCollator(PackedCollator):
     """A batch of examples packed into rows (data.packing: padding_free, `rows_of`): position ids restarting per
     example, the first label of each example -100 so that no example's loss reads the one before it; no attention
-    mask, and little padding. Rows, not one row for the batch: attention over a row costs its length squared. For
-    flash attention, whose kernel reads each example's bounds from the position ids, one row. Eval batches are
-    padded by `padded` (training.batching.LengthBatching)."""
+    mask, and little padding. Rows, not one row for the batch: attention over a row costs its length squared (its
+    block-diagonal mask is computed in full), so rows are as long as `break_even` makes them pay. For flash
+    attention, whose kernel reads each example's bounds from the position ids, one row. Eval batches are padded by
+    `padded` (training.batching.LengthBatching)."""
 
     layout = "padding_free"
 
-    def __init__(self, tokenizer, padded, flat: bool = False):
+    def __init__(self, tokenizer, padded, flat: bool = False, break_even: float = float("inf")):
         super().__init__(tokenizer, flat)
-        self.padded = padded
+        self.padded, self.break_even = padded, break_even
 
     def __call__(self, examples: list[dict]) -> dict:
         examples = [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in examples]
-        rows = rows_of([len(e["input_ids"]) for e in examples])
+        rows = rows_of([len(e["input_ids"]) for e in examples], self.break_even)
         return self.collate([[examples[i] for i in row] for row in rows])
 
 
-# The padding a batch's rows may keep: the shortest rows that pad less than this are taken.
-ROW_PADDING = 0.1
+# What a FLOP of attention over a masked row costs against one of a matrix product: torch's kernels compute the
+# mask's every block and run below the matmuls' rate (benchmarks/decoder_step.py --layouts measures the two layouts).
+ATTENTION_FLOP_COST = 4
 
 
-def rows_of(lengths: list[int]) -> list[list[int]]:
-    """The batch's examples best-fit into rows as short as pad under ROW_PADDING: rows of the longest example's
-    length, else twice it, and so on (one row for the whole batch pads nothing)."""
+def attention_break_even(config) -> float:
+    """The row length at which a token's attention costs as much as its layer's linear products: per token, the
+    products cost 2 x the layer's weights in FLOPs, and attention over a row of L tokens 4 x hidden x L (scores and
+    values), each FLOP ATTENTION_FLOP_COST times dearer."""
+    get = lambda *names, default=0: next((getattr(config, n) for n in names if getattr(config, n, None)), default)  # noqa: E731
+    hidden = get("hidden_size", "n_embd", "d_model")
+    heads = get("num_attention_heads", "n_head")
+    kv = get("num_key_value_heads", default=heads) * hidden // max(1, heads)
+    gated = getattr(config, "hidden_act", None) in ("silu", "swish")  # (llama's MLP and its kin: three products)
+    weights = hidden * (2 * hidden + 2 * kv) + (3 if gated else 2) * hidden * get("intermediate_size", "n_inner",
+                                                                                   default=4 * hidden)
+    return weights / (2 * hidden * ATTENTION_FLOP_COST) if hidden else float("inf")
+
+
+def rows_of(lengths: list[int], break_even: float = float("inf")) -> list[list[int]]:
+    """The batch's examples best-fit into the rows that cost least: rows of the longest example's length, twice it,
+    and so on up to one row for the whole batch; the rows are padded to the longest, and a row of width W costs
+    W x (1 + W / break_even) (its tokens' linear products and their attention)."""
     capacity, total = max(lengths, default=0), sum(lengths)
+    best, best_cost = None, float("inf")
     while True:
         rows = _best_fit(lengths, capacity)
-        if capacity >= total or len(rows) * capacity - total <= ROW_PADDING * len(rows) * capacity:
-            return rows
+        width = max(sum(lengths[i] for i in row) for row in rows) if rows else 0
+        cost = len(rows) * width * (1 + width / break_even)
+        if cost < best_cost:
+            best, best_cost = rows, cost
+        if capacity >= total:
+            return best
         capacity *= 2
 
 
