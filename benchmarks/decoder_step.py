@@ -7,10 +7,12 @@ step's start). Prints each precision's seconds per step (the profiled steps' wal
 own, from a second, unprofiled pass over as many steps), matmul_fraction as metrics.json reports it, and the
 profile's top operators by self CPU time. `--tiny` runs the same on init:gpt2. `--layouts padding_free,false`
 times each precision under each data.packing instead, unprofiled, `--repeats` times each (the best and the spread):
-what packing.ATTENTION_FLOP_COST is set by.
+what packing.ATTENTION_FLOP_COST is set by. `--attention fp32,bf16` times bf16 steps with attention computed in
+each (job/hardware.attention_in_fp32 decides it for a run).
 
     python benchmarks/decoder_step.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--top 15] [--tiny]
     python benchmarks/decoder_step.py --layouts padding_free,false [--repeats 3]
+    python benchmarks/decoder_step.py --precisions fp32,bf16 --attention fp32,bf16 [--repeats 3]
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--layouts", help="data.packing values to time against each other, unprofiled")
+    parser.add_argument("--attention", help="for bf16: attention dtypes to time against each other (fp32,bf16)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import torch
@@ -94,8 +97,8 @@ def main() -> None:
 
     sets = checkpoint_sets(args.tiny)
     print(f"CPU: {cpu_record()}; torch threads: {torch.get_num_threads()}")
-    if args.layouts:
-        return time_layouts(sets, args)
+    if args.layouts or args.attention:
+        return time_variants(sets, args)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for precision in args.precisions.split(","):
@@ -112,25 +115,47 @@ def main() -> None:
         print(f"bf16 / fp32 step time: {rows['bf16']['seconds_per_step'] / rows['fp32']['seconds_per_step']:.3f}")
 
 
-def time_layouts(sets: list[str], args) -> None:
-    """Seconds a step for each precision and data.packing, the repeats interleaved so that load falls on all."""
+def time_variants(sets: list[str], args) -> None:
+    """Seconds a step for each precision, data.packing and (bf16 only) attention dtype, unprofiled; the repeats
+    interleaved so that whatever else loads the machine falls on all of them."""
+    import itertools
     import statistics
 
-    layouts, precisions = args.layouts.split(","), args.precisions.split(",")
-    times: dict = {(p, layout): [] for p in precisions for layout in layouts}
+    from hftoolkit.training import trainer
+
+    layouts = args.layouts.split(",") if args.layouts else [None]
+    attentions = args.attention.split(",") if args.attention else [None]
+    variants = [(p, layout, a if p == "bf16" else None)
+                for p, layout, a in itertools.product(args.precisions.split(","), layouts, attentions)]
+    variants = list(dict.fromkeys(variants))
+    times: dict = {v: [] for v in variants}
     padding: dict = {}
+    chosen = trainer.attention_in_fp32
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for precision, layout in times:
-                out = Path(tmp) / f"{precision}-{layout}-{repeat}"
-                seconds, metrics, _ = train_steps([*sets, f"data.packing={layout}"], precision, args.steps,
-                                                  args.warmup, False, out)
-                times[precision, layout].append(seconds / args.steps)
-                padding[precision, layout] = metrics.get("padding_fraction")
-    print("\n| precision | data.packing | best s a step | spread | padding |\n|---|---|---|---|---|")
-    for (precision, layout), seconds in times.items():
+            for precision, layout, attention in variants:
+                out = Path(tmp) / f"{precision}-{layout}-{attention}-{repeat}"
+                extra = [f"data.packing={layout}"] if layout else []
+                if attention is not None:  # (build_trainer asks attention_in_fp32)
+                    trainer.attention_in_fp32 = lambda a=attention: a == "fp32"
+                    _undo_attention()
+                try:
+                    seconds, metrics, _ = train_steps([*sets, *extra], precision, args.steps, args.warmup, False, out)
+                finally:
+                    trainer.attention_in_fp32 = chosen
+                times[precision, layout, attention].append(seconds / args.steps)
+                padding[precision, layout, attention] = metrics.get("padding_fraction")
+    print("\n| precision | data.packing | attention | best s a step | spread | padding |\n|---|---|---|---|---|---|")
+    for (precision, layout, attention), seconds in times.items():
         spread = statistics.stdev(seconds) if len(seconds) > 1 else 0.0
-        print(f"| {precision} | {layout} | {min(seconds):.3f} | {spread:.3f} | {padding[precision, layout]} |")
+        print(f"| {precision} | {layout or 'default'} | {attention or 'default'} | {min(seconds):.3f} | "
+              f"{spread:.3f} | {padding[precision, layout, attention]} |")
+
+
+def _undo_attention() -> None:
+    from hftoolkit.patches.transformers_5 import attention_in_fp32_on_cpu
+
+    attention_in_fp32_on_cpu(enabled=False)
 
 
 if __name__ == "__main__":

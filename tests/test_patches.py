@@ -45,3 +45,40 @@ def test_the_version_check_fails_outside_the_range():
     from types import SimpleNamespace
 
     assert not in_range(SimpleNamespace(LIBRARY="accelerate", VERSIONS=">=0.1,<0.2"))
+
+
+def test_attention_under_cpu_bf16_autocast_runs_in_fp32_while_the_patch_is_on(monkeypatch):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hftoolkit.patches.transformers_5 import attention_in_fp32_on_cpu
+
+    seen = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, k, v, **kw: seen.append(_dtype_computed_in(q)) or sdpa(q, k, v, **kw))
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=50, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                         num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa"))
+    ids = torch.randint(0, 50, (2, 9))
+    reference = model(ids, labels=ids).loss
+    losses = {}
+    try:
+        for enabled in (True, False):
+            attention_in_fp32_on_cpu(enabled)
+            seen.clear()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                losses[enabled] = model(ids, labels=ids).loss
+            assert seen == [torch.float32 if enabled else torch.bfloat16]
+    finally:
+        attention_in_fp32_on_cpu(False)
+    seen.clear()
+    assert model(ids, labels=ids).loss == reference and seen == [torch.float32]  # outside autocast: as it was
+    assert all(abs(loss.item() - reference.item()) < 0.05 for loss in losses.values())
+
+
+def _dtype_computed_in(tensor):
+    """The dtype an op computes `tensor` in: autocast's, where autocast is on (it casts inside the op)."""
+    import torch
+
+    return torch.get_autocast_dtype("cpu") if torch.is_autocast_enabled("cpu") else tensor.dtype

@@ -24,6 +24,14 @@ def cpu_bf16_features() -> list[str]:
     return [name for name in BF16_MATRIX_FEATURES if _cpu_capabilities().get(name)]
 
 
+def attention_in_fp32() -> bool:
+    """Whether bf16 training on this machine computes attention in fp32 (patches/transformers_5.py): on a CPU
+    without AMX tiles, whose attention kernels are faster in fp32 (benchmarks/decoder_step.py --attention)."""
+    import torch
+
+    return not torch.cuda.is_available() and not _cpu_capabilities().get("amx_bf16")
+
+
 def cpu_record() -> dict:
     """The CPU behind a CPU run's precision, for metrics.json, manifest.json and `doctor`."""
     import platform

@@ -10,7 +10,9 @@ from pathlib import Path
 
 from hftoolkit.config import tasks
 from hftoolkit.evaluation.evaluate import shortest_first
+from hftoolkit.job.hardware import attention_in_fp32
 from hftoolkit.job.spec import Job
+from hftoolkit.patches.transformers_5 import attention_in_fp32_on_cpu
 from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.training.batching import LengthBatching
 from hftoolkit.training.checkpoints import AtomicCheckpoints
@@ -29,6 +31,8 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
     from hftoolkit.training.arguments import batch_order, training_arguments
 
     t, args, strategy = job.recipe.training, training_arguments(job, run, model, encoded, scorer), strategy_of(job)
+    if job.precision == "bf16" and attention_in_fp32():
+        attention_in_fp32_on_cpu()
     scoring = tasks.spec(job.recipe.task).scoring
     train = encoded["train"]
     if job.recipe.data.streaming:  # its position is saved with each checkpoint (streaming.py)
