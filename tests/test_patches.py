@@ -77,6 +77,28 @@ def test_attention_under_cpu_bf16_autocast_runs_in_fp32_while_the_patch_is_on(mo
     assert all(abs(loss.item() - reference.item()) < 0.05 for loss in losses.values())
 
 
+def test_an_additive_attention_mask_is_computed_with_the_query_while_the_patch_is_on():
+    """T5 hands sdpa its position bias as a float mask, in bf16 under autocast: it must go to fp32 with the query."""
+    import torch
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    from hftoolkit.patches.transformers_5 import attention_in_fp32_on_cpu
+
+    torch.manual_seed(0)
+    model = T5ForConditionalGeneration(T5Config(vocab_size=40, d_model=16, d_kv=4, d_ff=32, num_layers=1,
+                                                num_heads=4, decoder_start_token_id=0, dropout_rate=0.0,
+                                                attn_implementation="sdpa"))
+    ids = torch.randint(1, 40, (2, 7))
+    reference = model(input_ids=ids, labels=ids).loss
+    try:
+        attention_in_fp32_on_cpu(True)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+    finally:
+        attention_in_fp32_on_cpu(False)
+    assert abs(loss.item() - reference.item()) < 0.05
+
+
 def _dtype_computed_in(tensor):
     """The dtype an op computes `tensor` in: autocast's, where autocast is on (it casts inside the op)."""
     import torch

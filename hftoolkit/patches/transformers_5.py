@@ -37,10 +37,18 @@ def _fp32_on_cpu_autocast(module, query, key, value, attention_mask, **kwargs):
 
     if query.device.type == "cpu" and torch.is_autocast_enabled("cpu") \
             and torch.get_autocast_dtype("cpu") == torch.bfloat16:
+        # (an additive mask, or T5's position bias, is added to the scores: it must come in the query's dtype)
+        attention_mask, kwargs = _in_fp32(attention_mask), {k: _in_fp32(v) for k, v in kwargs.items()}
         with torch.autocast("cpu", enabled=False):
             return sdpa_attention_forward(module, query.float(), key.float(), value.float(), attention_mask,
                                           **kwargs)
     return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
+
+
+def _in_fp32(value):
+    import torch
+
+    return value.float() if isinstance(value, torch.Tensor) and value.is_floating_point() else value
 
 
 def still_needed() -> list[str]:
