@@ -44,6 +44,9 @@ IMPORTS = {  # what a training process imports before its model (hftoolkit's tra
              "import hftoolkit.workflows.train, hftoolkit.models.loading",
     "deepspeed": "import torch, transformers, peft, accelerate, datasets, evaluate, deepspeed; transformers.Trainer; "
                  "import hftoolkit.workflows.train, hftoolkit.models.loading; import deepspeed.ops.adam",
+    "trl": "import torch, transformers, peft, accelerate, datasets, evaluate; transformers.Trainer; "
+           "import hftoolkit.workflows.train, hftoolkit.models.loading; import hftoolkit.training.preference; "
+           "from trl import DPOTrainer, DPOConfig; from trl.trainer.dpo_trainer import DataCollatorForPreference",
 }
 
 
@@ -139,25 +142,28 @@ def meta_model(recipe):
 
 def planned(recipe_path: Path, sets: list[str], launch: str) -> dict:
     from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.hardware import resolve_precision
     from hftoolkit.training.strategies.devices import this_machine
     from hftoolkit.training.strategies.plan import model_shape, plan_memory, plan_time
 
     recipe = load_recipe(recipe_path, sets)
-    shape = model_shape(meta_model(recipe))
+    model = meta_model(recipe)
+    shape = model_shape(model)
     lengths = {"max_length": recipe.data.max_length, "max_target_length": recipe.data.max_target_length or 0,
                "max_new_tokens": recipe.eval.generation.max_new_tokens}
-    precision = "fp32" if recipe.training.precision == "auto" else recipe.training.precision
+    precision = resolve_precision(recipe.training.precision, model.config.model_type)
     spread, device = spread_for(launch), this_machine()
     memory = plan_memory(shape, recipe, spread, device, precision, lengths)
     timing = plan_time(shape, recipe, spread, device, precision, lengths, None, None)
     return {"memory": memory.as_dict(), "time": timing.as_dict(), "parameters": shape["parameters"],
-            "trainable": shape["trainable"]}
+            "trainable": shape["trainable"], "precision": precision}
 
 
 # ------------------------------------------------------------------------------------------------------- the grid
 
 ENC, DEC, S2S = RECIPES / "encoder-classification.yaml", RECIPES / "decoder-clm.yaml", \
     RECIPES / "seq2seq-translation-t5.yaml"
+PREF = RECIPES / "decoder-preference.yaml"
 FULL = ["lora.enabled=false", "training.optimizer=adamw"]
 QLORA = ["model.quantization=4bit", "model.double_quant=true"]
 
@@ -178,6 +184,7 @@ def grid(ck: dict) -> list[tuple]:
         ("enc-full-ddp", ENC, e + FULL + ["training.batch_size=128"], "ddp"),
         ("enc-lora-ddp", ENC, e + ["training.batch_size=128"], "ddp"),
         ("enc-full-fsdp", ENC, e + FULL + ["training.batch_size=128"], "fsdp"),
+        ("enc-lora-fsdp", ENC, e + ["training.batch_size=128"], "fsdp"),
         ("enc-full-zero2", ENC, e + FULL + ["training.batch_size=128"], "zero2"),
         ("enc-full-zero3", ENC, e + FULL + ["training.batch_size=128"], "zero3"),
         ("enc-lora-zero2", ENC, e + ["training.batch_size=128"], "zero2"),
@@ -189,6 +196,7 @@ def grid(ck: dict) -> list[tuple]:
         ("dec-4bit-b16", DEC, d + QLORA + ["training.batch_size=16"], "single"),
         ("dec-full-ddp", DEC, d + FULL + ["training.batch_size=32"], "ddp"),
         ("dec-full-fsdp", DEC, d + FULL + ["training.batch_size=32"], "fsdp"),
+        ("dec-lora-fsdp", DEC, d + ["training.batch_size=32"], "fsdp"),
         ("dec-full-zero2", DEC, d + FULL + ["training.batch_size=32"], "zero2"),
         ("dec-full-zero3", DEC, d + FULL + ["training.batch_size=32"], "zero3"),
         ("s2s-lora-b32", S2S, s + ["training.batch_size=32"], "single"),
@@ -207,27 +215,102 @@ def grid(ck: dict) -> list[tuple]:
                  ("smollm2-full-b4", DEC, m + FULL + ["training.batch_size=4"], "single"),
                  ("smollm2-4bit-b4", DEC, m + QLORA + ["training.batch_size=4"], "single"),
                  ("smollm2-full-fsdp", DEC, m + FULL + ["training.batch_size=4"], "fsdp")]
+
+
+    rows += [(f"recipe:{path.stem}", path, [], "single") for path in offline_recipes()]
     return rows
+
+
+RECIPE_STEPS = 40  # a shipped recipe's rows: its own batch, lengths and precision, this many steps
+
+
+def offline_recipes() -> list[Path]:
+    """The shipped recipes that train offline: a tiny init: model on a builtin data set."""
+    from hftoolkit.config.recipe import load_recipe
+
+    found = []
+    for path in sorted(RECIPES.glob("*.yaml")):
+        recipe = load_recipe(path, [])
+        if recipe.model.checkpoint.startswith("init:") and str(recipe.data.train).startswith("builtin:"):
+            found.append(path)
+    return found
 
 
 QUICK = ("enc-lora-b32", "enc-full-b64", "dec-full-b32", "enc-full-ddp", "enc-full-zero2", "s2s-full-b32")
 
 
+# A run's optimizer steps timed where the Trainer ends each one (CallbackHandler.on_step_end), written when it ends
+# training: a sitecustomize on the runs' PYTHONPATH (every process of a launch inherits it) patches the handler as
+# transformers.trainer_callback is first imported, so the run imports nothing it would not import anyway.
+STEP_HOOK = """
+import importlib.abc, importlib.util, json, os, sys, time
+_times = []
+def _patch(module):
+    handler = module.CallbackHandler
+    step_end, train_end = handler.on_step_end, handler.on_train_end
+    def on_step_end(self, *args, **kwargs):
+        _times.append(time.perf_counter())
+        return step_end(self, *args, **kwargs)
+    def on_train_end(self, *args, **kwargs):
+        with open(os.path.join(os.environ["HFTOOLKIT_STEP_TIMES"], f"{os.getpid()}.json"), "w") as f:
+            json.dump(_times, f)
+        return train_end(self, *args, **kwargs)
+    handler.on_step_end, handler.on_train_end = on_step_end, on_train_end
+class _Finder(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name != "transformers.trainer_callback":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        run = spec.loader.exec_module
+        def exec_module(module):
+            run(module)
+            _patch(module)
+        spec.loader.exec_module = exec_module
+        return spec
+if os.environ.get("HFTOOLKIT_STEP_TIMES"):
+    sys.meta_path.insert(0, _Finder())
+"""
+STEPS = 8  # a row's optimizer steps: the first one warms up, the median of the others is the step
+
+
+def step_seconds(folder: Path) -> dict:
+    """The median time between the ends of consecutive optimizer steps after the first, of the slowest process (a
+    step waits for every process), with the fastest and slowest such interval: the spread within the run."""
+    medians, lows, highs = [], [], []
+    for path in folder.glob("*.json"):
+        ends = json.loads(path.read_text())
+        gaps = sorted(b - a for a, b in zip(ends[1:], ends[2:]))
+        if gaps:
+            medians.append(gaps[len(gaps) // 2] if len(gaps) % 2 else sum(gaps[len(gaps) // 2 - 1:][:2]) / 2)
+            lows.append(gaps[0])
+            highs.append(gaps[-1])
+    if not medians:
+        return {}
+    return {"step_median": round(max(medians), 4), "step_min": round(max(lows), 4), "step_max": round(max(highs), 4)}
+
+
 def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict | None = None,
-          accelerate_config: Path | None = None) -> dict:
-    """One real run of 3 steps, no eval: every process's peak (MiB, VmHWM, from manifest.json's "plan"; peak_mb
-    the largest, which the plan must cover) and the train seconds."""
+          accelerate_config: Path | None = None, steps: int = STEPS, precision: str = "fp32") -> dict:
+    """One real run of `steps` steps, no eval: every process's peak (MiB, VmHWM, from manifest.json's "plan"; peak_mb
+    the largest, which the plan must cover), the train seconds and the steady step (`step_seconds`)."""
     config, n, _ = SPREADS[launch]
     cmd = [sys.executable, "-m", "hftoolkit", "train", str(recipe), "--output", str(out),
-           "--set", "training.max_steps=3", "--set", "training.precision=fp32", "--set", "eval.max_predictions=0"]
+           "--set", f"training.max_steps={steps}", "--set", f"training.precision={precision}",
+           "--set", "eval.max_predictions=0"]
     for s in sets:
         cmd += ["--set", s]
     if n > 1:
         cmd += ["--num-processes", str(n)]
     if config:
         cmd += ["--accelerate-config", str(accelerate_config or ACCEL / config)]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "ACCELERATE_USE_CPU": "true",
-           **(env_extra or {})}
+    hook, times = out.parent / "step-hook", out.parent / f"{out.name}-steps"
+    hook.mkdir(parents=True, exist_ok=True)
+    (hook / "sitecustomize.py").write_text(STEP_HOOK)
+    shutil.rmtree(times, ignore_errors=True)
+    times.mkdir(parents=True)
+    env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1",
+           "ACCELERATE_USE_CPU": "true", "HFTOOLKIT_STEP_TIMES": str(times), **(env_extra or {})}
     shutil.rmtree(out, ignore_errors=True)  # (a rerun replaces the row's run)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -237,7 +320,7 @@ def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict
     peaks = json.loads((out / "manifest.json").read_text()).get("plan", {}).get("measured_peak_mb") \
         or [metrics["peak_memory_mb"]]
     return {"peak_mb": max(peaks), "peaks_mb": peaks, "train_seconds": metrics["train_seconds"],
-            "wall_seconds": round(time.perf_counter() - start, 1)}
+            "wall_seconds": round(time.perf_counter() - start, 1), **step_seconds(times)}
 
 
 def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict | None = None) -> list[dict]:
@@ -245,27 +328,38 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
     (a plan.json's rows by name) nothing is trained: the measured figures are taken from there and planned again."""
     results, start = [], time.perf_counter()
     for name, recipe, sets, launch in rows:
+        steps = RECIPE_STEPS if name.startswith("recipe:") else STEPS
+        precision = "auto" if name.startswith("recipe:") else "fp32"
         if measured_before is not None:
             if name not in measured_before:
                 continue
-            measured = {k: measured_before[name][k] for k in ("peak_mb", "peaks_mb", "train_seconds", "wall_seconds",
-                                                               "failed", "skipped") if k in measured_before[name]}
+            measured = {k: measured_before[name][k] for k in MEASURED if k in measured_before[name]}
         elif time.perf_counter() - start > budget:
             results.append({"name": name, "launch": launch, "skipped": "over the time budget"})
             continue
         else:
-            measured = train(recipe, sets, launch, out / "runs" / name)
+            measured = train(recipe, sets, launch, out / "runs" / name.replace(":", "-"), steps=steps,
+                             precision=precision)
         row = {"name": name, "launch": launch, **measured}
         if "peak_mb" in measured:
-            plan = planned(recipe, sets + ["training.max_steps=3", "training.precision=fp32"], launch)
+            plan = planned(recipe, sets + [f"training.max_steps={steps}", f"training.precision={precision}"], launch)
             peak = plan["memory"]["peak"] / MiB
             step = plan["time"]["step_seconds"]
             row.update(planned_mb=round(peak, 1), error=round(peak / measured["peak_mb"] - 1, 4),
                        items_mb={k: round(v / MiB, 1) for k, v in plan["memory"]["items"].items()},
-                       planned_step=step and round(step, 3), measured_step=round(measured["train_seconds"] / 3, 3))
+                       planned_step=step and round(step, 5), measured_step=measured.get("step_median"),
+                       precision=plan["precision"], time_items=plan["time"].get("items"))
+            if step and measured.get("step_median"):
+                row["step_ratio"] = round(step / measured["step_median"], 3)
         print(_line(row), flush=True)
         results.append(row)
     return results
+
+
+MEASURED = ("peak_mb", "peaks_mb", "train_seconds", "wall_seconds", "failed", "skipped", "step_median", "step_min",
+            "step_max")
+HEADER = ("| run | launch | planned MiB | measured MiB | error | planned step s | measured step s (min-max) | "
+          "planned / measured |\n|---|---|---|---|---|---|---|---|")
 
 
 def _line(row: dict) -> str:
@@ -273,8 +367,10 @@ def _line(row: dict) -> str:
         return f"| {row['name']} | {row['launch']} | {row.get('failed') or row.get('skipped')} |"
     peaks = row.get("peaks_mb") or [row["peak_mb"]]
     measured = " / ".join(f"{p:.0f}" for p in peaks) if max(peaks) > 1.05 * min(peaks) else f"{row['peak_mb']:.0f}"
+    spread = f" ({row['step_min']}-{row['step_max']})" if "step_min" in row else ""
+    ratio = f"{row['step_ratio']:.2f}" if row.get("step_ratio") else "-"
     return (f"| {row['name']} | {row['launch']} | {row['planned_mb']:.0f} | {measured} | "
-            f"{100 * row['error']:+.1f}% | {row['planned_step']} | {row['measured_step']} |")
+            f"{100 * row['error']:+.1f}% | {row['planned_step']} | {row['measured_step']}{spread} | {ratio} |")
 
 
 # -------------------------------------------------------------------------------------- other estimators, LLaMA-7B
@@ -382,18 +478,122 @@ def llama_7b() -> list[dict]:
 def calibration_run(out: Path) -> dict:
     """The resident set a training run holds besides its model: the tiny init:bert quickstart model (a fraction
     of a MiB of weights), one row a step, on one process, 4-bit (bitsandbytes' import brings torch's compiler
-    stack) and under ZeRO-2: measured peak minus planned states."""
+    stack) and under ZeRO-2; and the tiny init:gpt2 preference recipe, one pair a step (what TRL's trainer brings):
+    measured peak minus planned states."""
     found = {}
-    for launch, runtime in (("single", "torch"), ("single", "bitsandbytes"), ("zero2", "deepspeed")):
+    for launch, runtime in (("single", "torch"), ("single", "bitsandbytes"), ("zero2", "deepspeed"),
+                            ("single", "trl")):
         sets = ["training.batch_size=2" if launch == "zero2" else "training.batch_size=1", "data.max_length=16"]
         sets += QLORA if runtime == "bitsandbytes" else []
-        measured = train(ENC, sets, launch, out / "runs" / f"calibration-{runtime}")
+        recipe = PREF if runtime == "trl" else ENC
+        sets += ["data.max_target_length=8"] if runtime == "trl" else []
+        measured = train(recipe, sets, launch, out / "runs" / f"calibration-{runtime}")
         if "peak_mb" not in measured:
             found[runtime] = measured
             continue
-        items = planned(ENC, sets + ["training.max_steps=3"], launch)["memory"]["items"]
+        items = planned(recipe, sets + [f"training.max_steps={STEPS}"], launch)["memory"]["items"]
         found[runtime] = round(measured["peak_mb"] - (sum(items.values()) - items["runtime"]) / MiB, 1)
     return found
+
+
+def optimizer_calibration(parameters: int = 2**22, tensors: int = 64) -> dict:
+    """plan.py's CPU_OPTIMIZER_SECONDS: one thread's seconds per trainable parameter of what the Trainer does to the
+    gradients once a step (clip_grad_norm_, the optimizer's step, zero_grad), per optimizer, the best of a few."""
+    import torch
+
+    torch.set_num_threads(1)
+    found = {}
+    makers = {"adamw": lambda ps: torch.optim.AdamW(ps, foreach=True),
+              "adamw_fused": lambda ps: torch.optim.AdamW(ps, fused=True),
+              "sgd": lambda ps: torch.optim.SGD(ps, lr=1e-3)}
+    for name, make in makers.items():
+        params = [torch.nn.Parameter(torch.randn(parameters // tensors)) for _ in range(tensors)]
+        optimizer, times = make(params), []
+        for _ in range(6):
+            for q in params:
+                q.grad = torch.randn_like(q)
+            start = time.perf_counter()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            optimizer.step()
+            optimizer.zero_grad()
+            times.append(time.perf_counter() - start)
+        found[name] = min(times[1:]) / parameters
+    return found
+
+
+GLOO_CODE = """
+import os, sys, time, json, torch, torch.distributed as dist
+torch.set_num_threads(1)
+dist.init_process_group("gloo", rank=int(sys.argv[1]), world_size=2, init_method="tcp://127.0.0.1:" + sys.argv[2])
+found = {}
+for size in (1024, 2**24):
+    full = torch.zeros(size // 4)
+    ops = {"all_reduce": lambda: dist.all_reduce(full),
+           "all_gather": lambda: dist.all_gather_into_tensor(full, full[: full.numel() // 2]),
+           "reduce_scatter": lambda: dist.reduce_scatter_tensor(full[: full.numel() // 2], full)}
+    for op, run in ops.items():
+        times = []
+        for _ in range(7 if size > 1024 else 50):
+            dist.barrier()
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        found[f"{op}-{size}"] = min(times[1:])
+if int(sys.argv[1]) == 0:
+    print(json.dumps(found))
+dist.destroy_process_group()
+"""
+
+
+def gloo_calibration() -> dict:
+    """plan.py's GLOO_SECONDS and GLOO_BYTES_PER_SECOND: two CPU processes, one thread each, time each collective
+    the strategies use on 1 KiB (its latency) and on 16 MiB (bytes of the full tensor per second past the latency)."""
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = str(sock.getsockname()[1])
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-c", GLOO_CODE, str(rank), port], stdout=subprocess.PIPE, text=True,
+                              env=env) for rank in (0, 1)]
+    found = json.loads(procs[0].communicate(timeout=300)[0].strip().splitlines()[-1])
+    procs[1].wait(timeout=60)
+    result = {}
+    for op in ("all_reduce", "all_gather", "reduce_scatter"):
+        latency, big = found[f"{op}-1024"], found[f"{op}-{2**24}"]
+        result[op] = {"seconds": latency, "bytes_per_second": 2**24 / max(big - latency, 1e-9)}
+    return result
+
+
+def overhead_calibration(out: Path) -> dict:
+    """plan.py's CPU_STEP_SECONDS: the steady step of the tiny init:bert model (a fraction of a MiB of weights) one
+    row a step, LoRA, fp32, one thread, less what the plan counts besides (its products, its optimizer)."""
+    from hftoolkit.training.strategies import plan as model
+
+    sets = ["training.batch_size=1", "data.max_length=16"]
+    measured = train(ENC, sets, "single", out / "runs" / "calibration-overhead", steps=40)
+    if "step_median" not in measured:
+        return measured
+    planned_step = planned(ENC, sets, "single")["time"]["step_seconds"]
+    return {"measured_step": measured["step_median"], "spread": [measured["step_min"], measured["step_max"]],
+            "overhead": round(measured["step_median"] - (planned_step - model.CPU_STEP_SECONDS), 5)}
+
+
+def activation_calibration(grid_rows: list[dict]) -> dict:
+    """plan.py's CPU_ACTIVATION_SECONDS: over the grid's one-process rows without checkpointing, the measured step
+    less every other planned item, over the bytes of activations the plan says the step writes; their median."""
+    from hftoolkit.training.strategies import plan as model
+
+    found = {}
+    for row in grid_rows:
+        items = row.get("time_items") or {}
+        if row["launch"] != "single" or "gc" in row["name"] or not items.get("element-wise") \
+                or not row.get("measured_step"):
+            continue
+        written = items["element-wise"] / model.CPU_ACTIVATION_SECONDS
+        found[row["name"]] = (row["measured_step"] - (row["planned_step"] - items["element-wise"])) / written
+    ordered = sorted(found.values())
+    return {"median": ordered and ordered[len(ordered) // 2], "rows": {k: f"{v:.3g}" for k, v in found.items()}}
 
 
 HEAP_ROWS = ("enc-full-b64", "dec-full-b32", "dec-lora-b8")  # full fine-tuning and LoRA
@@ -456,6 +656,7 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "plan")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "hftoolkit-plan-bench",
                         help="checkpoints and run directories (kept, so that checkpoints are built once)")
+    parser.add_argument("--calibrate-only", action="store_true", help="the calibrations, no grid")
     parser.add_argument("--replan", type=Path, help="a plan.json: plan its measured rows again, train nothing")
     parser.add_argument("--heap", action="store_true",
                         help="measure CPU_HEAP_RETAINED and ZERO3_KEPT_COPIES first (8 runs)")
@@ -464,15 +665,24 @@ def main() -> None:
     before = json.loads(args.replan.read_text()) if args.replan else None
     if before:
         report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained",
-                                           "zero3_kept") if k in before}
+                                           "zero3_kept", "optimizer_seconds_per_parameter", "gloo", "step_overhead")
+                  if k in before}
     else:
         report = {"runtime_imports_mib": {r: round(measure_runtime(r) / MiB, 1) for r in IMPORTS}}
         print("runtime after imports (MiB):", report["runtime_imports_mib"], flush=True)
         report["runtime_in_a_run_mib"] = calibration_run(args.work)
+        report["optimizer_seconds_per_parameter"] = optimizer_calibration()
+        report["gloo"] = gloo_calibration()
+        report["step_overhead"] = overhead_calibration(args.work)
     print("runtime in a run, tiny model (MiB):", report["runtime_in_a_run_mib"], flush=True)
+    for key in ("optimizer_seconds_per_parameter", "gloo", "step_overhead"):
+        print(f"{key}:", report.get(key), flush=True)
     ck_folder = args.work / "checkpoints"
     ck = {arch: scaled_checkpoint(arch, 512, 8, 8, 2048, ck_folder) for arch in ("bert", "gpt2", "t5")}
     ck.update(minilm=minilm(), smollm2=None if args.quick and not args.only else smollm2())
+    if args.calibrate_only:
+        (args.out / "calibration.json").write_text(json.dumps(report, indent=1, default=str))
+        return
     rows = grid(ck)
     if args.heap:
         report["heap_retained"] = heap_calibration(rows, args.work)
@@ -481,9 +691,10 @@ def main() -> None:
         print("ZeRO-3 gathered copies kept:", report["zero3_kept"], flush=True)
     wanted = set(filter(None, args.only.split(","))) or (set(QUICK) if args.quick else None)
     rows = [r for r in rows if wanted is None or r[0] in wanted]
-    print("| run | launch | planned MiB | measured MiB | error | planned step s | measured step s |\n"
-          "|---|---|---|---|---|---|---|", flush=True)
+    print(HEADER, flush=True)
     report["grid"] = run_grid(rows, args.work, args.budget, before and {r["name"]: r for r in before["grid"]})
+    report["activation_seconds_per_byte"] = activation_calibration(report["grid"])
+    print("element-wise seconds per activation byte:", report["activation_seconds_per_byte"], flush=True)
     report["estimators"] = compare_estimators()
     for row in report["estimators"]:
         print(json.dumps(row))
@@ -494,7 +705,11 @@ def main() -> None:
     (args.out / "plan.md").write_text("\n".join(_line(r) for r in report["grid"]) + "\n")
     errors = [abs(r["error"]) for r in report["grid"] if "error" in r and isinstance(r["error"], float)]
     if errors:
-        print(f"{len(errors)} runs; within 15%: {sum(e <= 0.15 for e in errors)}; worst {max(errors):.1%}")
+        print(f"memory: {len(errors)} runs; within 15%: {sum(e <= 0.15 for e in errors)}; worst {max(errors):.1%}")
+    ratios = [r["step_ratio"] for r in report["grid"] if r.get("step_ratio")]
+    if ratios:
+        print(f"step: {len(ratios)} runs; within 25%: {sum(0.75 <= x <= 1.25 for x in ratios)}; "
+              f"planned / measured from {min(ratios):.2f} to {max(ratios):.2f}")
 
 
 if __name__ == "__main__":

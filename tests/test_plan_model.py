@@ -159,7 +159,10 @@ def test_time_follows_the_flops_convention(gpt2):
     plan = plan_time(gpt2, full("training.max_steps=10"), SINGLE, GPUS["a100-80gb"], "bf16", LENGTHS, None, 100)
     tokens = 8 * 32
     per_token = 6 * gpt2["non_embedding"] + 3 * 4 * gpt2["layers"] * 32 * gpt2["hidden"]
-    assert plan.flops_per_step == tokens * per_token
+    head = 3 * 2 * gpt2["hidden"] * gpt2["vocab"]  # the tied head trains: forward, input and weight gradients
+    assert plan.flops_per_step == tokens * (per_token + head)
+    assert set(plan.items) == {"products", "vocabulary"}
+    assert plan.step_seconds == pytest.approx(sum(plan.items.values()))
     assert plan.rate == 312e12 * 0.4 and plan.train_seconds == pytest.approx(10 * plan.step_seconds)
     assert plan.eval_seconds > 0
     unknown = plan_time(gpt2, full(), SINGLE, device_with_memory(16), "bf16", LENGTHS, 100, 10)
@@ -228,3 +231,48 @@ def test_the_trainers_freed_gradients_share_memory_with_the_activations(gpt2):
     zero2 = plan_memory(gpt2, full("training.batch_size=64"), Spread("zero2", 2, 2, False, True, True, "deepspeed"),
                         None, "fp32", LENGTHS).items
     assert zero2["gradients freed"] == 0, "DeepSpeed keeps its gradient partitions"
+
+
+CPU = Device("cpu", "cpu", 64 * 2**30, {})
+
+
+def test_a_cpu_step_counts_its_fixed_work_optimizer_and_vocabulary_besides_the_products(gpt2):
+    from hftoolkit.training.strategies.plan import CPU_STEP_SECONDS
+
+    plan = plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None)
+    assert set(plan.items) == {"products", "vocabulary", "element-wise", "optimizer", "communication", "overhead"}
+    assert plan.step_seconds == pytest.approx(sum(plan.items.values()))
+    assert plan.items["overhead"] == CPU_STEP_SECONDS and plan.step_seconds > CPU_STEP_SECONDS, \
+        "a tiny model's step is the Trainer's work, not its few FLOPs"
+    lora = model_shape(meta(__import__("transformers").GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000,
+                                                                  n_positions=128), lora=True))
+    adapted = plan_time(lora, recipe("decoder-clm.yaml"), SINGLE, CPU, "fp32", LENGTHS, None, None)
+    assert adapted.items["optimizer"] < plan.items["optimizer"], "the optimizer steps the trained parameters only"
+    assert adapted.items["vocabulary"] < plan.items["vocabulary"], "a frozen head computes no weight gradient"
+    checkpointed = plan_time(gpt2, full("training.gradient_checkpointing=true"), SINGLE, CPU, "fp32", LENGTHS, None,
+                             None)
+    assert checkpointed.items["element-wise"] > plan.items["element-wise"], "the forward pass runs twice"
+
+
+def test_a_prompted_decoder_projects_onto_the_vocabulary_only_where_its_answer_is(gpt2):
+    def vocabulary(prompt: int, answer: int) -> float:
+        lengths = {"max_length": prompt, "max_target_length": answer, "max_new_tokens": 8}
+        instruction = full("task=instruction")
+        plan = plan_time(gpt2, instruction, SINGLE, CPU, "fp32", lengths, None, None)
+        return plan.items["vocabulary"] * plan.rate  # (its FLOPs: the matmul rate differs with the batch's size)
+
+    assert vocabulary(64, 8) == pytest.approx(vocabulary(8, 8)), "the prompt's positions make no logits"
+    assert vocabulary(8, 32) == pytest.approx(4 * vocabulary(8, 8))
+    clm = plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None)
+    assert clm.items["vocabulary"] * clm.rate == pytest.approx(vocabulary(8, 32)), "a text predicts everywhere"
+
+
+def test_processes_pay_for_their_collectives_and_sharded_optimizers_step_their_shard(gpt2):
+    items = {name: plan_time(gpt2, full(), spread, CPU, "fp32", LENGTHS, None, None).items
+             for name, spread in (("single", SINGLE), ("ddp", Spread("ddp", 2, 2, False, False, False)),
+                                  ("zero2", Spread("zero2", 2, 2, False, True, True, "deepspeed")),
+                                  ("fsdp", Spread("fsdp", 2, 2, True, True, True)))}
+    assert items["single"]["communication"] == 0 and items["ddp"]["communication"] > 0
+    assert items["fsdp"]["communication"] > items["ddp"]["communication"], "parameters gathered twice a step"
+    assert items["zero2"]["optimizer"] == pytest.approx(items["single"]["optimizer"] / 2)
+    assert items["ddp"]["optimizer"] == items["single"]["optimizer"], "DDP steps every parameter on every process"

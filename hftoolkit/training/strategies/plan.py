@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from hftoolkit.config import tasks
 from hftoolkit.training.strategies.devices import Device
@@ -36,6 +36,19 @@ ZERO3_LIVE_PARAMETERS, ZERO3_KEPT_COPIES = 1e9, 1.82
 CUDA_RUNTIME_BYTES = {"torch": 512 * 2**20 + 32 * 2**20, "deepspeed": 640 * 2**20 + 32 * 2**20}
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+# A CPU step's time besides its products, measured by benchmarks/plan.py on one thread: the fixed work of a step
+# (`overhead_calibration`: the steady step of a model of a fraction of a MiB, one row a step, less its planned
+# items); the Trainer's clipping, optimizer step and zero_grad per trainable parameter (`optimizer_calibration`);
+# gloo's (latency s, bytes of the full tensor per s) per collective between two processes (`gloo_calibration`).
+CPU_STEP_SECONDS = 0.0045
+CPU_OPTIMIZER_SECONDS = {"adamw": 5.6e-9, "adamw_fused": 1.9e-9, "sgd": 1.1e-9}
+GLOO = {"all_reduce": (1.6e-4, 1.8e9), "all_gather": (1.4e-4, 1.4e9), "reduce_scatter": (2.5e-4, 0.85e9)}
+DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+# Seconds per byte of activations a step writes, for its element-wise work: measured by benchmarks/plan.py
+# (`activation_calibration`: the median over its one-process rows of the step less every other planned item, over
+# the planned activations). Checkpointing's second forward pass does the forward's share of it again.
+CPU_ACTIVATION_SECONDS, CHECKPOINTED_WORK = 1.3e-9, 1.5
 
 
 @dataclass(frozen=True)
@@ -70,6 +83,7 @@ class TimePlan:
     eval_seconds: float | None
     flops_per_step: float
     rate: float | None
+    items: dict = field(default_factory=dict)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -148,7 +162,20 @@ def model_shape(model) -> dict:
             counts["quantizable_rows"] += module.weight.shape[1 if conv1d else 0]
     base, dims = counts["parameters"] - counts["adapter"], _dims(model.config)
     return {**counts, "base": base, "non_embedding": base - counts["embedding"],
-            "block": _block_parameters(model), **dims, "lora_saved": _lora_saved(model, dims)}
+            "block": _block_parameters(model), **dims, "lora_saved": _lora_saved(model, dims),
+            **_head(model, embedding)}
+
+
+def _head(model, embedding: set) -> dict:
+    """The language-model head: its parameters where they count among the non-embedding ones (an untied head), and
+    whether its weight trains (full fine-tuning, tied or not)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    out = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    weight = getattr(out, "weight", None)
+    if weight is None:
+        return {"head": 0, "head_trained": False}
+    untied = id(weight) not in embedding and not _tied_head(model)
+    return {"head": weight.numel() if untied else 0, "head_trained": bool(weight.requires_grad)}
 
 
 def _tied_head(model) -> set:
@@ -351,10 +378,43 @@ def _strategy_buffers(shape: dict, recipe, spread: Spread, states: dict) -> floa
 
 # --------------------------------------------------------------------------------------------------------- time
 
-def _flops_per_token(shape: dict, lora: bool, tokens: int) -> float:
-    """Training FLOPs per token (hftoolkit.training.throughput's convention): 6N, or 4N under LoRA, plus attention."""
+def logit_positions(shape: dict, recipe, lengths: dict) -> tuple[int, int]:
+    """(positions a row projects onto the vocabulary with gradients, positions projected without) for a task scored
+    by a language-model head; (0, 0) otherwise. A causal LM's next-token loss makes logits only where a label is
+    predicted (training/loss.py: a prompted example's answer, all of a text but its last token); TRL's preference
+    trainers project every position of each sequence, the reference's without gradients; an encoder's masked LM and a
+    seq2seq decoder make their own loss at every position (of the text, of the target)."""
+    if tasks.spec(recipe.task).scoring not in ("loss", "generation", "preference") or shape["image_tokens"]:
+        return 0, 0
+    if shape["seq2seq"]:
+        return lengths.get("max_target_length") or lengths["max_length"], 0
+    trained, scored, tokens = decoder_sequences(recipe, lengths)
+    if _preference(recipe):
+        return trained * tokens, scored * tokens
+    if recipe.task in tasks.prompted():
+        return lengths.get("max_target_length") or 0, 0
+    return tokens, 0
+
+
+def _flops_per_token(shape: dict, lora: bool, tokens: int, through: float = 1.0) -> float:
+    """Training FLOPs per token (hftoolkit.training.throughput's convention): 6N, or 4N under LoRA, plus attention.
+    N leaves out a language-model head (its positions are counted by `logit_positions`); `through`: the share of N a
+    token passes through (a seq2seq model's token passes through one of its two stacks)."""
     attention = 4 * shape["layers"] * tokens * shape["hidden"] * (2 if lora else 3)
-    return (4 if lora else 6) * shape["non_embedding"] + attention
+    return (4 if lora else 6) * (shape["non_embedding"] - shape.get("head", 0)) * through + attention
+
+
+def _stack_share(shape: dict, lengths: dict) -> float:
+    """The mean share of a seq2seq model's parameters its source and target tokens pass through: an encoder layer
+    holds four width-square products and the feed-forward's, a decoder layer four more for its cross-attention."""
+    if not shape["seq2seq"]:
+        return 1.0
+    h, i = shape["hidden"], shape["intermediate"]
+    encoder = shape["encoder_layers"] * (4 * h * h + 2 * h * i)
+    decoder = shape["decoder_layers"] * (8 * h * h + 2 * h * i)
+    source = lengths["max_length"]
+    target = lengths.get("max_target_length") or source
+    return (source * encoder + target * decoder) / max(1, (source + target) * (encoder + decoder))
 
 
 def _rate(shape: dict, device: Device | None, precision: str, tokens: int, processes_per_machine: int) -> float | None:
@@ -382,7 +442,9 @@ def _steps(recipe, train_rows: int | None) -> int | None:
 
 def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precision: str, lengths: dict,
               train_rows: int | None, eval_rows: int | None) -> TimePlan:
-    """Seconds per optimizer step, for the training and for one evaluation (loss pass plus generation)."""
+    """Seconds per optimizer step, itemized (the layers' products, the vocabulary projection, the optimizer, the
+    processes' communication, the per-step work of Python and the Trainer), for the training and for one evaluation
+    (loss pass plus generation)."""
     lora = recipe.lora.enabled
     source = shape["image_tokens"] or lengths["max_length"]
     tokens = source + (lengths.get("max_target_length") or source if shape["seq2seq"] else 0)
@@ -391,18 +453,70 @@ def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precis
     if not shape["seq2seq"] and not shape["image_tokens"]:
         trained, scored, tokens = decoder_sequences(recipe, lengths)
         source = tokens
-    flops = trained * rows * tokens * _flops_per_token(shape, lora, tokens)  # with checkpointing the forward runs
-    flops *= (1 + 2 / (4 if lora else 6)) if recipe.training.gradient_checkpointing else 1  # twice: 2 of 6 (4)
-    flops += scored * rows * tokens * (2 * shape["non_embedding"] + 4 * shape["layers"] * tokens * shape["hidden"])
-    per_process = flops / spread.processes
+    share = _stack_share(shape, lengths)
+    # (with checkpointing the forward runs twice: 2 of 6, or of 4)
+    flops = trained * rows * tokens * _flops_per_token(shape, lora, tokens, share)
+    flops *= (1 + 2 / (4 if lora else 6)) if recipe.training.gradient_checkpointing else 1
+    flops += scored * rows * tokens * (2 * (shape["non_embedding"] - shape.get("head", 0))
+                                       + 4 * shape["layers"] * tokens * shape["hidden"])
+    # The head's product: forward and the input's gradient, and the weight's where the head (or its tied
+    # embeddings) trains; the reference's positions forward only.
+    projected, referenced = logit_positions(shape, recipe, lengths)
+    width = 2 * shape["hidden"] * shape["vocab"]
+    vocabulary = rows * width * (projected * (3 if shape.get("head_trained") else 2) + referenced)
     rate = _rate(shape, device, precision, max(1, trained * rows // spread.processes) * source,
                  spread.processes_per_machine)
     if rate is None:
-        return TimePlan(None, None, None, flops, None)
-    step = per_process / rate
+        return TimePlan(None, None, None, flops + vocabulary, None)
+    items = {"products": flops / spread.processes / rate, "vocabulary": vocabulary / spread.processes / rate}
+    if device.kind == "cpu":
+        items.update(_cpu_items(shape, recipe, spread, precision, lengths))
+    step = sum(items.values())
     steps = _steps(recipe, train_rows)
     return TimePlan(step, None if steps is None else steps * step,
-                    _eval_seconds(shape, recipe, spread, lengths, eval_rows, rate), flops, rate)
+                    _eval_seconds(shape, recipe, spread, lengths, eval_rows, rate), flops + vocabulary, rate,
+                    items)
+
+
+def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dict) -> dict:
+    """A CPU step's seconds besides its products: the element-wise work (norms, activations, softmax, dropout,
+    dtype casts and their gradients: memory-bound, so in proportion to the activations they write, allocated again
+    by checkpointing's second forward pass), the optimizer over the trainable parameters a process updates, the
+    collectives of the strategy over gloo, and the step's fixed work (the data loader, the Trainer's callbacks and
+    logging, autograd's bookkeeping)."""
+    batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
+    written = sum(_activations(shape, recipe, batch, precision, lengths, False, False))
+    written *= recipe.training.gradient_accumulation * (CHECKPOINTED_WORK if recipe.training.gradient_checkpointing
+                                                         else 1)
+    sharded = spread.shards_optimizer and spread.processes > 1
+    updated = shape["trainable"] / (spread.processes if sharded else 1)
+    return {"element-wise": written * CPU_ACTIVATION_SECONDS,
+            "optimizer": updated * CPU_OPTIMIZER_SECONDS.get(recipe.training.optimizer, CPU_OPTIMIZER_SECONDS["adamw"]),
+            "communication": _communication_seconds(shape, recipe, spread), "overhead": CPU_STEP_SECONDS}
+
+
+def _communication_seconds(shape: dict, recipe, spread: Spread) -> float:
+    """Seconds a step spends in gloo's collectives, one after the other with the products (on a CPU they share its
+    cores). Each collective costs its latency and its full tensor's bytes over the measured rate. DDP all-reduces the
+    gradients in buckets; FSDP gathers every wrapped layer's parameters in the forward pass and again in the
+    backward, and reduce-scatters their gradients; ZeRO-2 reduce-scatters the gradients and gathers the updated
+    parameters; ZeRO-3 gathers and reduces as FSDP does."""
+    n = spread.processes
+    if n < 2:
+        return 0.0
+    grads = 4 * shape["trainable"]  # (fp32 gradients: the Trainer's autocast keeps fp32 parameters)
+    weights, _ = _weight_bytes(shape, recipe)
+
+    def cost(op: str, count: int, total: float) -> float:
+        latency, rate = GLOO[op]
+        return count * latency + total / rate
+
+    if spread.name == "ddp":
+        return cost("all_reduce", max(1, math.ceil(grads / DDP_BUCKET_BYTES)), grads)
+    units = shape["layers"] + 1  # each transformer block wrapped, and the root with the rest
+    if spread.shards_parameters:
+        return cost("all_gather", 2 * units, 2 * weights) + cost("reduce_scatter", units, grads)
+    return cost("reduce_scatter", units, grads) + cost("all_gather", units, grads)
 
 
 def _eval_seconds(shape: dict, recipe, spread: Spread, lengths: dict, eval_rows: int | None,
