@@ -478,20 +478,21 @@ def llama_7b() -> list[dict]:
 def calibration_run(out: Path) -> dict:
     """The resident set a training run holds besides its model: the tiny init:bert quickstart model (a fraction
     of a MiB of weights), one row a step, on one process, 4-bit (bitsandbytes' import brings torch's compiler
-    stack) and under ZeRO-2; and the tiny init:gpt2 preference recipe, one pair a step (what TRL's trainer brings):
-    measured peak minus planned states."""
+    stack) and under ZeRO-2; and the tiny init:gpt2 preference recipe at its lengths, one pair a step (what TRL's
+    trainer brings): measured peak minus planned states."""
     found = {}
     for launch, runtime in (("single", "torch"), ("single", "bitsandbytes"), ("zero2", "deepspeed"),
                             ("single", "trl")):
-        sets = ["training.batch_size=2" if launch == "zero2" else "training.batch_size=1", "data.max_length=16"]
+        sets = ["training.batch_size=2" if launch == "zero2" else "training.batch_size=1"]
+        sets += [] if runtime.startswith("trl") else ["data.max_length=16"]
         sets += QLORA if runtime == "bitsandbytes" else []
-        recipe = PREF if runtime == "trl" else ENC
-        sets += ["data.max_target_length=8"] if runtime == "trl" else []
+        recipe = PREF if runtime.startswith("trl") else ENC
+        sets += [f"training.max_steps={STEPS}", "training.precision=fp32"]
         measured = train(recipe, sets, launch, out / "runs" / f"calibration-{runtime}")
         if "peak_mb" not in measured:
             found[runtime] = measured
             continue
-        items = planned(recipe, sets + [f"training.max_steps={STEPS}"], launch)["memory"]["items"]
+        items = planned(recipe, sets, launch)["memory"]["items"]
         found[runtime] = round(measured["peak_mb"] - (sum(items.values()) - items["runtime"]) / MiB, 1)
     return found
 
@@ -596,6 +597,34 @@ def activation_calibration(grid_rows: list[dict]) -> dict:
     return {"median": ordered and ordered[len(ordered) // 2], "rows": {k: f"{v:.3g}" for k, v in found.items()}}
 
 
+def trl_calibration(out: Path, early: int = 10) -> dict:
+    """plan.py's CPU_RUNTIME_BYTES["trl-bf16"] and TRL_BF16_PER_LENGTH: the preference recipe as shipped under bf16
+    after `early` and after RECIPE_STEPS steps (a batch length met per step, its pairs being of many lengths): the
+    growth per length met, and what is left at none, less the planned states."""
+    from hftoolkit.training.strategies import plan as model
+
+    found = {}
+    for steps in (early, RECIPE_STEPS):
+        measured = train(PREF, [], "single", out / "runs" / f"trl-bf16-{steps}", steps=steps, precision="bf16")
+        if "peak_mb" not in measured:
+            return measured
+        items = planned(PREF, [f"training.max_steps={steps}", "training.precision=bf16"], "single")["memory"]["items"]
+        found[steps] = measured["peak_mb"] - (sum(items.values()) - items["runtime"]) / MiB
+    per_length = (found[RECIPE_STEPS] - found[early]) / (RECIPE_STEPS - early)
+    return {"per_length_mib": round(per_length, 2), "base_mib": round(found[early] - early * per_length, 1),
+            "peaks_less_states_mib": found, "planned_per_length_mib": model.TRL_BF16_PER_LENGTH / MiB}
+
+
+def onednn_calibration(out: Path) -> dict:
+    """Where TRL's bf16 growth goes: the preference recipe under bf16 with oneDNN's primitive cache at its default
+    and at 0 (then no kernel is kept, and each is compiled again at every use)."""
+    cached = train(PREF, [], "single", out / "runs" / "onednn-cached", steps=RECIPE_STEPS, precision="bf16")
+    uncached = train(PREF, [], "single", out / "runs" / "onednn-uncached", {"ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0"},
+                     steps=RECIPE_STEPS, precision="bf16")
+    return {"cached_mb": cached.get("peak_mb"), "uncached_mb": uncached.get("peak_mb"),
+            "cached_step": cached.get("step_median"), "uncached_step": uncached.get("step_median")}
+
+
 HEAP_ROWS = ("enc-full-b64", "dec-full-b32", "dec-lora-b8")  # full fine-tuning and LoRA
 FIXED_MMAP = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # glibc's initial threshold, fixed: freed blocks go back at once
 
@@ -665,7 +694,8 @@ def main() -> None:
     before = json.loads(args.replan.read_text()) if args.replan else None
     if before:
         report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained",
-                                           "zero3_kept", "optimizer_seconds_per_parameter", "gloo", "step_overhead")
+                                           "zero3_kept", "optimizer_seconds_per_parameter", "gloo", "step_overhead",
+                                           "trl_bf16", "onednn")
                   if k in before}
     else:
         report = {"runtime_imports_mib": {r: round(measure_runtime(r) / MiB, 1) for r in IMPORTS}}
@@ -674,8 +704,10 @@ def main() -> None:
         report["optimizer_seconds_per_parameter"] = optimizer_calibration()
         report["gloo"] = gloo_calibration()
         report["step_overhead"] = overhead_calibration(args.work)
+        report["trl_bf16"] = trl_calibration(args.work)
+        report["onednn"] = onednn_calibration(args.work)
     print("runtime in a run, tiny model (MiB):", report["runtime_in_a_run_mib"], flush=True)
-    for key in ("optimizer_seconds_per_parameter", "gloo", "step_overhead"):
+    for key in ("optimizer_seconds_per_parameter", "gloo", "step_overhead", "trl_bf16", "onednn"):
         print(f"{key}:", report.get(key), flush=True)
     ck_folder = args.work / "checkpoints"
     ck = {arch: scaled_checkpoint(arch, 512, 8, 8, 2048, ck_folder) for arch in ("bert", "gpt2", "t5")}

@@ -21,9 +21,14 @@ from hftoolkit.training.strategies.plan_memory import optimizer_bytes as _optimi
 from hftoolkit.training.strategies.plan_memory import weight_bytes as _weight_bytes
 
 # What a CPU process of a run holds besides its model: measured by benchmarks/plan.py (`calibration_run`: the
-# VmHWM of a 3-step run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
-# A quantized model's process also imports bitsandbytes, which brings in torch's compiler stack.
-CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20, "bitsandbytes": 631 * 2**20}
+# VmHWM of a short run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
+# A quantized model's process also imports bitsandbytes, which brings in torch's compiler stack. A preference run
+# is TRL's trainer: in fp32 it holds what the torch stack holds; under bf16 autocast on a CPU its pairs, of many
+# lengths, make oneDNN compile and keep kernels for each batch length it meets: "trl-bf16" and TRL_BF16_PER_LENGTH
+# are measured by benchmarks/plan.py (`trl_calibration`: the preference recipe after two step counts).
+CPU_RUNTIME_BYTES = {"torch": 597 * 2**20, "deepspeed": 643 * 2**20, "bitsandbytes": 631 * 2**20,
+                     "trl-bf16": 641 * 2**20}
+TRL_BF16_PER_LENGTH = 7.55 * 2**20
 # The fraction of what a step allocates and frees that glibc's heap keeps resident (docs/architecture.md): measured by
 # benchmarks/plan.py (`heap_calibration`: runs trained with the default and with a fixed mmap threshold).
 CPU_HEAP_RETAINED = 0.55
@@ -328,8 +333,10 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
                 lengths: dict) -> MemoryPlan:
     """Peak bytes per process of a training step (or of loading, on a CPU, when that is larger)."""
     cuda = device is None or device.kind == "cuda"
-    quantized = not cuda and spread.runtime == "torch" and recipe.model.quantization != "none"
-    runtime = (CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES)["bitsandbytes" if quantized else spread.runtime]
+    runtime = (CUDA_RUNTIME_BYTES if cuda else CPU_RUNTIME_BYTES)[_runtime(recipe, spread, cuda, precision)]
+    if _runtime(recipe, spread, cuda, precision) == "trl-bf16":  # a length per step at most, up to the longest pair
+        bound = lengths["max_length"] + (lengths.get("max_target_length") or 0)
+        runtime += TRL_BF16_PER_LENGTH * min(bound, recipe.training.max_steps or bound)
     states = _model_states(shape, recipe, spread, precision)
     batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
     activations, logits = _activations(shape, recipe, batch, precision, lengths, cuda)
@@ -357,6 +364,16 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     if device is not None:
         available = device.memory if cuda else device.memory // max(1, spread.processes_per_machine)
     return MemoryPlan(items, peak, None if available is None else peak <= available, available)
+
+
+def _runtime(recipe, spread: Spread, cuda: bool, precision: str) -> str:
+    """Which measured runtime a process holds: DeepSpeed's, bitsandbytes' for a quantized model on a CPU, TRL's
+    under bf16 autocast on a CPU, else the torch stack's."""
+    if cuda or spread.runtime != "torch":
+        return spread.runtime
+    if recipe.model.quantization != "none":
+        return "bitsandbytes"
+    return "trl-bf16" if _preference(recipe) and precision != "fp32" else "torch"
 
 
 def _strategy_buffers(shape: dict, recipe, spread: Spread, states: dict) -> float:
