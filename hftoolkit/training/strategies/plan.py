@@ -17,7 +17,8 @@ from hftoolkit.training.strategies.devices import Device
 from hftoolkit.training.strategies.plan_memory import WEIGHT_BYTES
 from hftoolkit.training.strategies.plan_memory import loading_bytes as _loading_bytes
 from hftoolkit.training.strategies.plan_memory import lora_saved as _lora_saved
-from hftoolkit.training.strategies.plan_memory import optimizer_bytes as _optimizer_bytes
+from hftoolkit.training.strategies.plan_memory import model_states as _states
+from hftoolkit.training.strategies.plan_memory import stack_bytes as _stack
 from hftoolkit.training.strategies.plan_memory import weight_bytes as _weight_bytes
 
 # What a CPU process of a run holds besides its model: measured by benchmarks/plan.py (`calibration_run`: the
@@ -221,68 +222,6 @@ def _block_parameters(model) -> int:
 
 # ------------------------------------------------------------------------------------------------------- memory
 
-def _model_states(shape: dict, recipe, spread: Spread, precision: str) -> dict:
-    """Weights, adapter, gradients, optimizer and master weights per process, divided where the strategy shards."""
-    weights, _ = _weight_bytes(shape, recipe)
-    deepspeed = spread.runtime == "deepspeed"
-    half = recipe.model.dtype in ("bfloat16", "float16") or (deepspeed and precision != "fp32")
-    if deepspeed and precision != "fp32" and recipe.model.quantization == "none":
-        weights = shape["base"] * 2  # DeepSpeed casts the module to the training precision
-    lora = recipe.lora.enabled
-    trainable_base = shape["trainable"] - (shape["adapter"] if lora else 0)
-    grad_bytes = 2 if half else 4
-    gradients = shape["adapter"] * 4 * lora + trainable_base * grad_bytes
-    master = 0.0
-    if deepspeed:  # an fp32 partition of the trainable parameters, and of their gradients for a half model
-        master = 4 * shape["trainable"]
-        gradients += 4 * shape["trainable"] if half else 0
-    n = spread.processes
-    return {
-        "weights": weights / n if spread.shards_parameters else weights,
-        "adapter": shape["adapter"] * 4 / (n if spread.shards_parameters else 1) if lora else 0,
-        "gradients": gradients / n if spread.shards_gradients else gradients,
-        "optimizer": _optimizer_bytes(shape, recipe.training.optimizer) / (n if spread.shards_optimizer else 1),
-        "master weights": master / (n if spread.shards_optimizer else 1),
-    }
-
-
-def _layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int = 0, matrix: bool = False,
-                 frozen: float = 0.0) -> float:
-    """What autograd keeps for one transformer layer over `batch` rows of `tokens` tokens, at `e` bytes an element.
-    Of the width: the attention's input, q, k, v, its output and that output made contiguous for the output
-    projection, the norms' inputs and the feed-forward's input (about ten; a python RMSNorm also keeps its
-    normalized input). Of the feed-forward's width: what the activation keeps (a fused GELU its input, whose output
-    the next product keeps; GPT-2's tanh GELU, written in python, five; a gated SiLU four). A 1-byte mask per
-    dropout. `matrix`: the attention probabilities are kept (eager attention, or dropout on a CPU, where torch's
-    attention falls back to the plain products), and their dropped-out copy. `keys`: a seq2seq decoder layer's
-    cross-attention over that many encoder tokens. `frozen`: bytes per token that frozen products and LoRA's
-    adapters change (see plan_memory.lora_saved)."""
-    h, i, a = shape["hidden"], shape["intermediate"], shape["heads"]
-    rows, rms, dropout = batch * tokens, shape["norm"] == "rms", shape["dropout"]
-    kv = 2 * h * shape["kv_heads"] / max(1, a)  # k and v: narrower under grouped-query attention
-    total = e * rows * ((8 + 2 * rms) * h + kv + shape["wide_tensors"] * i) + (rows * (3 * h + i * shape["ffn_dropout"])
-                                                                            if dropout else 0) + rows * frozen
-    if matrix:
-        total += batch * a * tokens * tokens * (2 * e + 1 if dropout else e)
-    if keys:
-        total += e * (rows * (4 + rms) * h + 2 * batch * keys * h) + (rows * h if dropout else 0)
-        if matrix:
-            total += batch * a * tokens * keys * (2 * e + 1 if dropout else e)
-    return total
-
-
-def _stack(shape: dict, batch: int, tokens: int, layers: int, e: int, checkpointing: bool, keys: int = 0,
-           matrix: bool = False, frozen: float = 0.0) -> float:
-    """A stack of layers: all of them, or with checkpointing one saved input per layer plus the layer being
-    recomputed in the backward pass, whose activations and their gradients are then live together."""
-    if not layers:
-        return 0.0
-    one = _layer_bytes(shape, batch, tokens, e, keys, matrix, frozen)
-    if checkpointing:
-        return layers * e * batch * tokens * shape["hidden"] + 2 * one
-    return layers * one
-
-
 def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict, cuda: bool,
                  checkpointing: bool | None = None) -> tuple[float, float]:
     """(activations, logits and loss buffers) of one forward and backward over a process's micro-batch; with the
@@ -337,7 +276,7 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     if _runtime(recipe, spread, cuda, precision) == "trl-bf16":  # a length per step at most, up to the longest pair
         bound = lengths["max_length"] + (lengths.get("max_target_length") or 0)
         runtime += TRL_BF16_PER_LENGTH * min(bound, recipe.training.max_steps or bound)
-    states = _model_states(shape, recipe, spread, precision)
+    states = _states(shape, recipe, spread, precision)
     batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
     activations, logits = _activations(shape, recipe, batch, precision, lengths, cuda)
     # torch's for-each AdamW (optimizer adamw) makes a temporary the size of its second moments in the step, when

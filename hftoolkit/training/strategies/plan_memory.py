@@ -1,5 +1,6 @@
 """The bytes of single items of a memory plan (training/strategies/plan.py): the base weights as held, quantized
-or not, the optimizer's states and the resident set of loading; apart, so that plan.py stays readable."""
+or not, the model states as a strategy spreads them, the optimizer's states, a layer's activations and the resident
+set of loading; apart, so that plan.py stays readable."""
 
 from __future__ import annotations
 
@@ -109,3 +110,65 @@ def _adapters(module) -> list[tuple[int, float]]:
     if not isinstance(ranks, dict) or not hasattr(module, "lora_dropout"):
         return []
     return [(r, getattr(module.lora_dropout[k], "p", 0.0)) for k, r in ranks.items()]
+
+
+def model_states(shape: dict, recipe, spread, precision: str) -> dict:
+    """Weights, adapter, gradients, optimizer and master weights per process, divided where the strategy shards."""
+    weights, _ = weight_bytes(shape, recipe)
+    deepspeed = spread.runtime == "deepspeed"
+    half = recipe.model.dtype in ("bfloat16", "float16") or (deepspeed and precision != "fp32")
+    if deepspeed and precision != "fp32" and recipe.model.quantization == "none":
+        weights = shape["base"] * 2  # DeepSpeed casts the module to the training precision
+    lora = recipe.lora.enabled
+    trainable_base = shape["trainable"] - (shape["adapter"] if lora else 0)
+    grad_bytes = 2 if half else 4
+    gradients = shape["adapter"] * 4 * lora + trainable_base * grad_bytes
+    master = 0.0
+    if deepspeed:  # an fp32 partition of the trainable parameters, and of their gradients for a half model
+        master = 4 * shape["trainable"]
+        gradients += 4 * shape["trainable"] if half else 0
+    n = spread.processes
+    return {
+        "weights": weights / n if spread.shards_parameters else weights,
+        "adapter": shape["adapter"] * 4 / (n if spread.shards_parameters else 1) if lora else 0,
+        "gradients": gradients / n if spread.shards_gradients else gradients,
+        "optimizer": optimizer_bytes(shape, recipe.training.optimizer) / (n if spread.shards_optimizer else 1),
+        "master weights": master / (n if spread.shards_optimizer else 1),
+    }
+
+
+def layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int = 0, matrix: bool = False,
+                 frozen: float = 0.0) -> float:
+    """What autograd keeps for one transformer layer over `batch` rows of `tokens` tokens, at `e` bytes an element.
+    Of the width: the attention's input, q, k, v, its output and that output made contiguous for the output
+    projection, the norms' inputs and the feed-forward's input (about ten; a python RMSNorm also keeps its
+    normalized input). Of the feed-forward's width: what the activation keeps (a fused GELU its input, whose output
+    the next product keeps; GPT-2's tanh GELU, written in python, five; a gated SiLU four). A 1-byte mask per
+    dropout. `matrix`: the attention probabilities are kept (eager attention, or dropout on a CPU, where torch's
+    attention falls back to the plain products), and their dropped-out copy. `keys`: a seq2seq decoder layer's
+    cross-attention over that many encoder tokens. `frozen`: bytes per token that frozen products and LoRA's
+    adapters change (see plan_memory.lora_saved)."""
+    h, i, a = shape["hidden"], shape["intermediate"], shape["heads"]
+    rows, rms, dropout = batch * tokens, shape["norm"] == "rms", shape["dropout"]
+    kv = 2 * h * shape["kv_heads"] / max(1, a)  # k and v: narrower under grouped-query attention
+    total = e * rows * ((8 + 2 * rms) * h + kv + shape["wide_tensors"] * i) + (rows * (3 * h + i * shape["ffn_dropout"])
+                                                                            if dropout else 0) + rows * frozen
+    if matrix:
+        total += batch * a * tokens * tokens * (2 * e + 1 if dropout else e)
+    if keys:
+        total += e * (rows * (4 + rms) * h + 2 * batch * keys * h) + (rows * h if dropout else 0)
+        if matrix:
+            total += batch * a * tokens * keys * (2 * e + 1 if dropout else e)
+    return total
+
+
+def stack_bytes(shape: dict, batch: int, tokens: int, layers: int, e: int, checkpointing: bool, keys: int = 0,
+           matrix: bool = False, frozen: float = 0.0) -> float:
+    """A stack of layers: all of them, or with checkpointing one saved input per layer plus the layer being
+    recomputed in the backward pass, whose activations and their gradients are then live together."""
+    if not layers:
+        return 0.0
+    one = layer_bytes(shape, batch, tokens, e, keys, matrix, frozen)
+    if checkpointing:
+        return layers * e * batch * tokens * shape["hidden"] + 2 * one
+    return layers * one
