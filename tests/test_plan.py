@@ -39,6 +39,11 @@ def test_a_plan_names_every_strategy_itemized_and_the_cheapest_that_fits():
     assert single["peak"] == sum(single["items"].values()) and single["fits"] is True
     assert planned["cheapest_fit"] == "single" and rows["ddp"]["processes"] == 2
     assert rows["single"]["time"]["step_seconds"] > 0 and rows["single"]["time"]["train_seconds"] > 0
+    time = rows["single"]["time"]
+    assert time["step_seconds"] == pytest.approx(sum(time["items"].values()))
+    assert time["items"]["overhead"] > 0 and time["items"]["element-wise"] > time["items"]["products"], \
+        "a tiny model's step is its element-wise and fixed work more than its FLOPs"
+    assert rows["ddp"]["time"]["items"]["communication"] > 0 == time["items"]["communication"]
 
 
 def test_a_decoder_plans_prompt_and_answer_and_a_preference_step_its_pairs_and_reference_pass():

@@ -70,6 +70,14 @@ def show(planned) -> None:
             items.add_row(item, _gib(count))
         items.add_row("peak", _gib(chosen.memory.peak))
         console.print(items)
+    if chosen.time is not None and chosen.time.items:
+        step = Table(title=f"{_on(chosen)}: a step's time")
+        step.add_column("item")
+        step.add_column("ms", justify="right")
+        for item, seconds in chosen.time.items.items():
+            step.add_row(item, f"{seconds * 1000:,.1f}")
+        step.add_row("step", f"{chosen.time.step_seconds * 1000:,.1f}")
+        console.print(step)
     table = Table(title="every strategy")
     for column in ("strategy", "processes", "peak GiB / process", "fits", "step", "run"):
         table.add_column(column, justify="left" if column in ("strategy", "fits") else "right")
