@@ -188,5 +188,6 @@ def test_a_run_records_its_plan_beside_what_it_measured(tmp_path):
     assert record["peak_error"][0] == pytest.approx(record["planned_peak_mb"] / record["measured_peak_mb"][0] - 1,
                                                     abs=1e-3)
     assert record["planned_step_seconds"] > 0 and record["measured_step_seconds"] > 0
+    assert record["planned_step_seconds"] == pytest.approx(sum(record["planned_step_items_s"].values()), abs=1e-3)
     report = run_cli("compare", run, "--output", tmp_path / "report")
     assert "(plan " in (tmp_path / "report" / "report.md").read_text(), report.output

@@ -239,14 +239,15 @@ def planned_job(job: Job, check: bool = True) -> Job:
 
 def planned_record(job: Job) -> dict:
     """manifest.json's "plan" as the run starts: the strategy, the device, and the planned peak per process
-    (itemized, MiB) and step time."""
+    (itemized, MiB) and step time (itemized, seconds)."""
     planned = job.plan
     memory, time = planned.memory, planned.time
     return {"strategy": planned.name, "processes": planned.processes,
             "planned_peak_mb": _mb(memory.peak) if memory else None,
             "planned_items_mb": {k: _mb(v) for k, v in memory.items.items()} if memory else None,
             "available_mb": _mb(memory.available) if memory else None,
-            "planned_step_seconds": _round(time.step_seconds) if time else None}
+            "planned_step_seconds": _round(time.step_seconds) if time else None,
+            "planned_step_items_s": {k: round(v, 5) for k, v in time.items.items()} if time else None}
 
 
 def measured_record(job: Job, step_seconds: float | None) -> dict:
