@@ -522,6 +522,20 @@ def optimizer_calibration(parameters: int = 2**22, tensors: int = 64) -> dict:
     return found
 
 
+def copy_calibration() -> float:
+    """plan.py's CPU_COPY_BYTES_PER_SECOND: one thread's rate copying a 64 MiB tensor, the best of a few."""
+    import torch
+
+    torch.set_num_threads(1)
+    source = torch.randn(2**24)
+    target, times = torch.empty_like(source), []
+    for _ in range(8):
+        start = time.perf_counter()
+        target.copy_(source)
+        times.append(time.perf_counter() - start)
+    return source.numel() * 4 / min(times[1:])
+
+
 GLOO_CODE = """
 import os, sys, time, json, torch, torch.distributed as dist
 torch.set_num_threads(1)
@@ -695,7 +709,7 @@ def main() -> None:
     if before:
         report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained",
                                            "zero3_kept", "optimizer_seconds_per_parameter", "gloo", "step_overhead",
-                                           "trl_bf16", "onednn")
+                                           "trl_bf16", "onednn", "copy_bytes_per_second")
                   if k in before}
     else:
         report = {"runtime_imports_mib": {r: round(measure_runtime(r) / MiB, 1) for r in IMPORTS}}
@@ -703,11 +717,13 @@ def main() -> None:
         report["runtime_in_a_run_mib"] = calibration_run(args.work)
         report["optimizer_seconds_per_parameter"] = optimizer_calibration()
         report["gloo"] = gloo_calibration()
+        report["copy_bytes_per_second"] = copy_calibration()
         report["step_overhead"] = overhead_calibration(args.work)
         report["trl_bf16"] = trl_calibration(args.work)
         report["onednn"] = onednn_calibration(args.work)
     print("runtime in a run, tiny model (MiB):", report["runtime_in_a_run_mib"], flush=True)
-    for key in ("optimizer_seconds_per_parameter", "gloo", "step_overhead", "trl_bf16", "onednn"):
+    for key in ("optimizer_seconds_per_parameter", "gloo", "copy_bytes_per_second", "step_overhead", "trl_bf16",
+                "onednn"):
         print(f"{key}:", report.get(key), flush=True)
     ck_folder = args.work / "checkpoints"
     ck = {arch: scaled_checkpoint(arch, 512, 8, 8, 2048, ck_folder) for arch in ("bert", "gpt2", "t5")}

@@ -51,6 +51,9 @@ CPU_STEP_SECONDS = 0.0045
 CPU_OPTIMIZER_SECONDS = {"adamw": 5.6e-9, "adamw_fused": 1.9e-9, "sgd": 1.1e-9}
 GLOO = {"all_reduce": (1.6e-4, 1.8e9), "all_gather": (1.4e-4, 1.4e9), "reduce_scatter": (2.5e-4, 0.85e9)}
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
+# FSDP2 copies each gathered buffer out, twice a step, and each gradient in: six copies of the full weights a step,
+# at one thread's copy rate (benchmarks/plan.py, `copy_calibration`).
+FSDP2_COPIES, CPU_COPY_BYTES_PER_SECOND = 6, 6.7e9
 # Seconds per byte of activations a step writes, for its element-wise work: measured by benchmarks/plan.py
 # (`activation_calibration`: the median over its one-process rows of the step less every other planned item, over
 # the planned activations). Checkpointing's second forward pass does the forward's share of it again.
@@ -293,7 +296,7 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
         # same freed blocks serve both, the larger counts; ZeRO-3 keeps its gathered ones (the two add up).)
         allocated = _activations(shape, recipe, batch, precision, lengths, cuda, False)[0]
         if spread.shards_parameters and spread.processes > 1:
-            gathered = (6 if spread.runtime == "torch" else 3) * states["weights"] * spread.processes
+            gathered = (FSDP2_COPIES if spread.runtime == "torch" else 3) * states["weights"] * spread.processes
             allocated = max(allocated, gathered) if spread.runtime == "torch" else allocated + gathered
         items["heap"] = 0.0 if os.environ.get("MALLOC_MMAP_THRESHOLD_") else CPU_HEAP_RETAINED * allocated
         items["loading"] = max(0.0, _loading_bytes(shape, recipe, spread) - sum(items.values()) + runtime)
@@ -455,8 +458,8 @@ def _communication_seconds(shape: dict, recipe, spread: Spread) -> float:
     """Seconds a step spends in gloo's collectives, one after the other with the products (on a CPU they share its
     cores). Each collective costs its latency and its full tensor's bytes over the measured rate. DDP all-reduces the
     gradients in buckets; FSDP gathers every wrapped layer's parameters in the forward pass and again in the
-    backward, and reduce-scatters their gradients; ZeRO-2 reduce-scatters the gradients and gathers the updated
-    parameters; ZeRO-3 gathers and reduces as FSDP does."""
+    backward, and reduce-scatters their gradients (FSDP2 copying each in and out); ZeRO-2 reduce-scatters the
+    gradients and gathers the updated parameters; ZeRO-3 gathers and reduces as FSDP does."""
     n = spread.processes
     if n < 2:
         return 0.0
@@ -471,7 +474,8 @@ def _communication_seconds(shape: dict, recipe, spread: Spread) -> float:
         return cost("all_reduce", max(1, math.ceil(grads / DDP_BUCKET_BYTES)), grads)
     units = shape["layers"] + 1  # each transformer block wrapped, and the root with the rest
     if spread.shards_parameters:
-        return cost("all_gather", 2 * units, 2 * weights) + cost("reduce_scatter", units, grads)
+        copies = FSDP2_COPIES * weights / CPU_COPY_BYTES_PER_SECOND if spread.runtime == "torch" else 0.0
+        return cost("all_gather", 2 * units, 2 * weights) + cost("reduce_scatter", units, grads) + copies
     return cost("reduce_scatter", units, grads) + cost("all_gather", units, grads)
 
 
