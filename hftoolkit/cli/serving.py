@@ -26,9 +26,11 @@ def serve(
     max_batch: Annotated[int, typer.Option(min=1, metavar="N", help=(
         "The most inputs answered in one forward pass."))] = 8,
     max_wait_ms: Annotated[float, typer.Option(min=0, metavar="MS", help=(
-        "How long a request waits for others to share its batch."))] = 10.0,
+        "How long a batch waits for more requests while the server answers concurrent clients (a lone request, "
+        "and greedy decoder generation, which is batched continuously, never wait)."))] = 10.0,
     max_tokens: Annotated[int, typer.Option(min=1, metavar="N", help=(
-        "The most new tokens a request may ask for."))] = 1024,
+        "The most new tokens a request may ask for (continuous batching keeps room for --max-batch requests of "
+        "that many)."))] = 1024,
     max_input_tokens: Annotated[int, typer.Option(min=1, metavar="N", help=(
         "The longest input a request may send, in tokens."))] = 4096,
     max_body_bytes: Annotated[int, typer.Option(min=1, metavar="N", help="The largest request body.")] = 1 << 20,
@@ -56,7 +58,7 @@ def serve(
 
     with console.capture(verbosity=console.verbosity_from_flags(verbose, quiet), explain_loading=False):
         served = load_runs(run_names(runs), max_batch, progress=console.phase)
-    batcher = Batcher(max_batch, max_wait_ms / 1000)
+    batcher = Batcher(max_batch, max_wait_ms / 1000, max_tokens)
     app = build_app(served, batcher, Limits(max_body_bytes, max_input_tokens, max_tokens), api_key)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=300))
     announce(server, len(served))

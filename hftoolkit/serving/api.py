@@ -288,7 +288,7 @@ async def _streamed(run: ServedRun, given, job, kind: str, ident: str, stops: li
 
     if kind == "chat.completion":
         yield event(None, role=True)
-    written, pieces = "", iter(streamer)
+    written, pieces, stopped = "", iter(streamer), False
     strips = run.task != tasks.CLM  # (the formulations strip their answers; clm continues the text as written)
     while (piece := await asyncio.to_thread(next, pieces, None)) is not None:
         if not written and strips:
@@ -301,7 +301,7 @@ async def _streamed(run: ServedRun, given, job, kind: str, ident: str, stops: li
             break
     try:
         await asyncio.wrap_future(future)
-        finish = "stop" if _tokens(run, written) < job.max_new_tokens else "length"
+        finish = "stop" if stopped or _tokens(run, written) < job.max_new_tokens else "length"
     except Exception as err:  # (after the stream began, an error is the last event)
         yield "data: " + json.dumps(error_body(str(err)[:300], "generation_failed", kind="server_error")) + "\n\n"
         return

@@ -133,9 +133,20 @@ def _base_key(recipe, adapter: Path) -> tuple:
 
     m = recipe.model
     files = sorted(adapter.glob("*token*")) + sorted(adapter.glob("*vocab*"))
-    processor = hashlib.sha256(b"".join(f.read_bytes() for f in files)).hexdigest()
+    processor = hashlib.sha256(b"".join(_processor_bytes(f) for f in files)).hexdigest()
     return (m.checkpoint, m.revision, m.gguf_file, m.quantization, m.dtype, recipe.task,
             tuple(recipe.data.label_names or ()), processor)
+
+
+def _processor_bytes(file: Path) -> bytes:
+    """A processor file as it bears on answers: tokenizer.json without the truncation and padding settings the
+    tokenizer last ran with when it was saved (state of the moment, which two runs of one base save differently)."""
+    if file.name != "tokenizer.json":
+        return file.read_bytes()
+    import json
+
+    saved = json.loads(file.read_text())
+    return json.dumps({k: v for k, v in saved.items() if k not in ("truncation", "padding")}, sort_keys=True).encode()
 
 
 def merged_model(folder: Path, recipe):
