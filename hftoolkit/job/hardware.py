@@ -25,11 +25,11 @@ def cpu_bf16_features() -> list[str]:
 
 
 def attention_in_fp32() -> bool:
-    """Whether bf16 training on this machine computes attention in fp32 (patches/transformers_5.py): on a CPU
-    without AMX tiles, whose attention kernels are faster in fp32 (benchmarks/decoder_step.py --attention)."""
+    """Whether bf16 training on this machine computes attention in fp32 (patches/transformers_5.py): on a CPU,
+    whose attention kernels are faster in fp32, AMX tiles or not (benchmarks/decoder_step.py --attention)."""
     import torch
 
-    return not torch.cuda.is_available() and not _cpu_capabilities().get("amx_bf16")
+    return not torch.cuda.is_available()
 
 
 def cpu_record() -> dict:

@@ -4,8 +4,8 @@
   `should_save`, which save_on_each_node makes true on every machine's first process), so under
   training.save_on_each_node the other machines' checkpoints would hold no weights. peft's save_pretrained (LoRA)
   honours is_main_process; `save_on_each_machine` makes a full model do the same.
-- Under bf16 autocast, torch casts attention's inputs to bf16, and on a CPU without AMX tiles its attention
-  kernels are slower in bf16 than in fp32 (the matrix products are faster: AVX-512 BF16 dot products).
+- Under bf16 autocast, torch casts attention's inputs to bf16, and on a CPU its attention kernels are slower in
+  bf16 than in fp32, with AMX tiles or without (the matrix products are faster in bf16).
   `attention_in_fp32_on_cpu` wraps the "sdpa" entry of transformers' AttentionInterface so that, there, attention
   runs in fp32; its output goes on in bf16 through the next product as before.
 """
