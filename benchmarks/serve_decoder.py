@@ -170,7 +170,7 @@ def main() -> None:
         print(f"{name:<42} {f['requests']:>8} {f['errors']:>6} {f['requests_per_second']:>6.2f} "
               f"{f['tokens_per_second']:>6.1f} {f['p50_s'] or float('nan'):>6.2f} {f['p99_s'] or float('nan'):>6.2f}")
     if args.output:
-        args.output.write_text(json.dumps({"args": {**vars(args), "output": str(args.output)}, **figures}, indent=1))
+        args.output.write_text(json.dumps({"args": vars(args), **figures}, indent=1, default=str))
 
 
 if __name__ == "__main__":
