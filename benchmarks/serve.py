@@ -81,17 +81,31 @@ def load(url: str, models: list[str], clients: int, seconds: float) -> dict:
                     latencies.append(time.perf_counter() - started) if ok else None
                     errors[0] += not ok
 
+    elapsed = run_clients(client, clients)
+    p50, p99 = percentiles(latencies)
+    return {"clients": clients, "requests": len(latencies), "errors": errors[0], "seconds": round(elapsed, 1),
+            "requests_per_second": round(len(latencies) / elapsed, 2),
+            "p50_ms": None if p50 is None else round(1000 * p50, 1),
+            "p99_ms": None if p99 is None else round(1000 * p99, 1)}
+
+
+def run_clients(client, clients: int) -> float:
+    """Seconds `clients` threads took to run `client(k)` each, k = 0 .. clients - 1."""
     started = time.perf_counter()
     threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    elapsed, ordered = time.perf_counter() - started, sorted(latencies)
-    return {"clients": clients, "requests": len(latencies), "errors": errors[0], "seconds": round(elapsed, 1),
-            "requests_per_second": round(len(latencies) / elapsed, 2),
-            "p50_ms": round(1000 * ordered[len(ordered) // 2], 1) if ordered else None,
-            "p99_ms": round(1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 1) if ordered else None}
+    return time.perf_counter() - started
+
+
+def percentiles(latencies: list[float]) -> tuple[float | None, float | None]:
+    """(p50, p99) of `latencies`, None where there are none."""
+    ordered = sorted(latencies)
+    if not ordered:
+        return None, None
+    return ordered[len(ordered) // 2], ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))]
 
 
 def warm(url: str, models: list[str]) -> None:

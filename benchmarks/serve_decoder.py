@@ -27,6 +27,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from serve import percentiles, run_clients  # noqa: E402 (the one way both serving benchmarks load a server)
+
 QUESTIONS = ["What is 2 plus 3?", "Name a colour.", "Reverse the words: red green blue", "Say hello in French.",
              "Is this review positive or negative? a warm, funny film", "Count to five.",
              "Give a synonym of quick.", "What is the capital of France?"]
@@ -108,18 +112,12 @@ def load(server: Server, clients: int, requests: int, max_tokens: int, seconds: 
                     else:
                         errors.append(answer.text[:200])
 
-    started = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    elapsed, ordered = time.perf_counter() - started, sorted(latencies)
+    elapsed = run_clients(client, clients)
+    p50, p99 = percentiles(latencies)
     return {"requests": len(latencies), "errors": len(errors), "first_error": errors[0] if errors else None,
             "seconds": round(elapsed, 1), "requests_per_second": round(len(latencies) / elapsed, 2),
             "tokens_per_second": round(tokens[0] / elapsed, 1),
-            "p50_s": round(ordered[len(ordered) // 2], 2) if ordered else None,
-            "p99_s": round(ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))], 2) if ordered else None}
+            "p50_s": None if p50 is None else round(p50, 2), "p99_s": None if p99 is None else round(p99, 2)}
 
 
 def servers(run: Path, merged: Path, clients: int, static: bool) -> dict[str, tuple[list[str], int, str]]:
