@@ -48,7 +48,7 @@ def recipe(path: Path, steps: int, streaming: bool) -> dict:
 
 
 def worker(path: str, rows: int, steps: int, streaming: bool, out: str) -> None:
-    from hftoolkit import console
+    from hftoolkit.base import console
     from hftoolkit.config.recipe import validate_recipe
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation

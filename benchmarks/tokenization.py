@@ -34,7 +34,7 @@ def checkpoint() -> str:
 
 
 def worker(data_dir: str, processes: int) -> None:
-    from hftoolkit import console
+    from hftoolkit.base import console
     from hftoolkit.config.recipe import validate_recipe
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation

@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.training import checkpoints
 
 

@@ -1,4 +1,4 @@
-"""What a user sees: the toolkit's lines on the console, the libraries' noise in train.log (hftoolkit/console.py,
+"""What a user sees: the toolkit's lines on the console, the libraries' noise in train.log (hftoolkit/base/console.py,
 library_output.py, models/load_report.py, training/progress.py)."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import warnings
 
 import pytest
 
-from hftoolkit import console
-from hftoolkit.console import Verbosity
-from hftoolkit.errors import UserError
+from hftoolkit.base import console
+from hftoolkit.base.console import Verbosity
+from hftoolkit.base.errors import UserError
 from hftoolkit.training import progress
 
 NOISE = ("a transformers warning", "FutureWarning: an old argument", "{'loss': '0.6982'}")
@@ -194,7 +194,7 @@ def test_progress_replaces_the_trainers_printers(capfd, tmp_path):
 def test_progress_on_a_terminal_is_one_bar_left_at_its_last_state():
     from rich.console import Console
 
-    from hftoolkit.library_output import ANSI
+    from hftoolkit.base.library_output import ANSI
 
     screen = io.StringIO()
     bar = progress.StepProgress(Console(file=screen, force_terminal=True, width=100), total=4)

@@ -205,7 +205,7 @@ def test_conversations_on_an_encoder_decoder_are_refused_with_every_problem_at_o
 def test_a_template_that_rewrites_earlier_turns_is_refused_in_one_line(smol_tokenizer):
     import copy
 
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
     from hftoolkit.sources.conversations import encode
 
     tok = copy.deepcopy(smol_tokenizer)

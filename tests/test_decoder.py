@@ -169,7 +169,7 @@ def test_packing_cuts_exact_blocks_with_eos_between_documents():
 def test_packing_longer_than_the_eval_text_is_a_clear_error():
     from datasets import Dataset
 
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
 
     job = _job("data.max_length=500")
     with pytest.raises(UserError, match="lower data.max_length"):

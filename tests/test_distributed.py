@@ -353,7 +353,7 @@ def test_a_sharding_launch_that_accelerate_sets_up_as_ddp_stops_instead_of_train
 
     from accelerate.utils import DistributedType
 
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
     from hftoolkit.training.strategies import strategy_for
     from hftoolkit.training.strategies.launch import plan_from_environment
 

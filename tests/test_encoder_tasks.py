@@ -130,7 +130,7 @@ def test_first_subword_carries_the_word_label_and_the_rest_are_ignored():
 def test_tagging_rejects_plain_text_and_mismatched_tags():
     from datasets import Dataset
 
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
 
     job, encoder, tokenizer = recipe_parts(TAGGING)
     with pytest.raises(UserError, match="list of words"):
@@ -328,8 +328,8 @@ def test_real_minilm_fine_tunes_through_the_sst2_recipe(tmp_path):
 
 @pytest.mark.skipif(not (SST2_DATA / "dev.tsv").is_file(), reason=f"SST-2 data not found at {SST2_DATA}")
 def test_a_wrong_eval_text_column_is_named_in_the_error():
+    from hftoolkit.base.errors import UserError
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.errors import UserError
     from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(SST2, [*SST2_LOCAL, "data.eval_text_column=sentence"])

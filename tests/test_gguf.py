@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.sources import gguf
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]

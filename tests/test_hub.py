@@ -224,7 +224,7 @@ def test_wrong_config_or_split_lists_what_exists(hf_home, args, expected):
 def test_dataset_missing_from_the_cache_offline_is_one_line(hf_home):
     import datasets
 
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
     from hftoolkit.sources import hub
 
     with pytest.raises(UserError) as info, hub.explained("data.train", "hftoolkit-test/not-cached", "dataset"):

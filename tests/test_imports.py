@@ -1,5 +1,5 @@
-"""The package's import graph has no cycles: each module's imports, at module level and inside functions
-(which run too), point one way. `if TYPE_CHECKING:` imports are left out: they never run."""
+"""The package's import graph has no cycles: each module's imports, at module level, inside functions (which run
+too) and under `if TYPE_CHECKING:` (a reader and a type checker follow them), point one way."""
 
 from __future__ import annotations
 
@@ -17,12 +17,8 @@ def module_name(path: Path) -> str:
 def imports_of(path: Path, modules: set[str]) -> set[str]:
     """The hftoolkit modules `path` imports (a `from package import submodule` counts as the submodule)."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = {id(node) for stmt in ast.walk(tree) if isinstance(stmt, ast.If)
-               and "TYPE_CHECKING" in ast.unparse(stmt.test) for node in ast.walk(stmt)}
     found = set()
     for node in ast.walk(tree):
-        if id(node) in skipped:
-            continue
         if isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
@@ -80,12 +76,10 @@ def test_modeling_does_not_import_data():
 # `reference` stands apart: the course's mechanisms in plain torch, importing nothing of the toolkit.
 LAYERS = ("base", "config", "metrics", "sources", "job", "patches", "models", "evaluation", "runs", "training",
           "workflows", "serving", "cli")
-BASE = {"hftoolkit", "hftoolkit.errors", "hftoolkit.console", "hftoolkit.library_output", "hftoolkit.memory",
-        "hftoolkit.processes", "hftoolkit.text_width"}
 
 
 def layer_of(module: str) -> str:
-    if module in BASE:
+    if module == "hftoolkit":
         return "base"
     if module == "hftoolkit.__main__":
         return "cli"

@@ -159,7 +159,7 @@ def test_a_pickle_that_would_run_code_is_refused_before_the_run_starts_in_one_li
 
 
 def test_a_folder_holding_one_gguf_file_is_that_file_and_two_are_named(tmp_path):
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
     from hftoolkit.sources.gguf import gguf_source, installed_smollm2
 
     one = tmp_path / "one"

@@ -64,7 +64,7 @@ def test_integer_labels_beyond_names_that_fit_them_stay_positions(tmp_path):
 
 
 def test_a_label_outside_the_names_says_how_to_map_it(tmp_path):
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
 
     with pytest.raises(UserError) as err:
         _load(_reviews(tmp_path / "reviews.csv"), "data.label_names=[1, 2, 3, 4]")
@@ -82,7 +82,7 @@ def test_label_map_merges_classes_and_drops_null_rows_counted(tmp_path):
 
 
 def test_label_map_names_a_value_it_leaves_out(tmp_path):
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
 
     with pytest.raises(UserError) as err:
         _load(_reviews(tmp_path / "reviews.csv"), "data.label_map={1: negative, 5: positive}")

@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.models import lora
 
 

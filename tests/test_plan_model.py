@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.training.strategies.devices import GPUS, Device, device_named, device_with_memory
 from hftoolkit.training.strategies.plan import (
     CPU_HEAP_RETAINED,

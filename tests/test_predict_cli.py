@@ -133,8 +133,8 @@ def test_the_recipe_text_column_is_the_default_and_a_missing_one_names_the_colum
 
 def test_sentence_pairs_come_from_the_run_pair_column_or_pair_column(tmp_path):
     """What a run trained on pairs reads from a table (the rows then go through parse_inputs as first<TAB>second)."""
+    from hftoolkit.base.errors import UserError
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.errors import UserError
     from hftoolkit.workflows.predict import parse_inputs, table_inputs
 
     table = _write_table(tmp_path / "pairs.jsonl", [{"idx": 0, "premise": "a cat sat", "hypothesis": "a cat"},

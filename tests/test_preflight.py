@@ -246,8 +246,8 @@ def test_train_reports_the_full_run_folder_and_every_missing_column_at_once(tmp_
 
 
 def test_a_relative_data_path_is_read_from_the_current_folder_and_a_missing_one_shown_whole(tmp_path, monkeypatch):
+    from hftoolkit.base.errors import UserError
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.errors import UserError
     from hftoolkit.sources.data import load_data
 
     (tmp_path / "data").mkdir()

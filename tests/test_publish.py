@@ -14,8 +14,8 @@ import pytest
 from huggingface_hub import ModelCard, constants
 from huggingface_hub.repocard_data import model_index_to_eval_results
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config.recipe import recipe_to_yaml, validate_recipe
-from hftoolkit.errors import UserError
 from hftoolkit.runs import publish
 from hftoolkit.runs.card import check_card
 from tests.conftest import run_cli

@@ -417,8 +417,8 @@ def test_split_of_a_local_data_set_is_refused_with_the_fix(tmp_path):
 
 
 def test_a_text_pair_column_on_a_single_text_task_is_refused(tmp_path):
+    from hftoolkit.base.errors import UserError
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.errors import UserError
     from hftoolkit.sources.data import load_data
 
     recipe = load_recipe(RECIPES / "seq2seq-translation-t5.yaml", ["data.text_pair_column=other"])
@@ -427,8 +427,8 @@ def test_a_text_pair_column_on_a_single_text_task_is_refused(tmp_path):
 
 
 def test_regression_labels_that_are_not_numbers_are_named(tmp_path):
+    from hftoolkit.base.errors import UserError
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.errors import UserError
     from hftoolkit.sources.data import load_data
 
     data = tmp_path / "pairs.csv"

@@ -75,7 +75,7 @@ def test_each_variant_in_one_process_counts_its_own_peak_memory():
     import mmap
     import resource
 
-    from hftoolkit.memory import reset_peak_memory
+    from hftoolkit.base.memory import reset_peak_memory
 
     # Mapped directly, not through malloc: after other tests, malloc may hand back freed memory that is still
     # resident, so the block would neither raise the peak nor lower the resident set when freed.
@@ -94,7 +94,7 @@ def test_memory_an_earlier_variant_freed_is_not_counted_in_the_next_peak():
     import ctypes
     import resource
 
-    from hftoolkit.memory import reset_peak_memory
+    from hftoolkit.base.memory import reset_peak_memory
 
     libc = ctypes.CDLL(None)
     libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]

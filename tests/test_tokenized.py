@@ -47,7 +47,7 @@ def lowercase_flipped(tmp_path: Path) -> Path:
 
 @pytest.mark.slow
 def test_a_second_run_reuses_the_tokenized_data_and_a_new_max_length_or_tokenizer_does_not(tmp_path, monkeypatch):
-    from hftoolkit import console
+    from hftoolkit.base import console
 
     monkeypatch.setattr(console, "PROGRESS_AFTER", 0.0)  # (off a terminal, short work shows no progress lines)
     data = reviews(tmp_path)

@@ -323,7 +323,7 @@ MEMORY_SCRIPT = """
 import sys
 from pathlib import Path
 from hftoolkit.config.recipe import load_recipe
-from hftoolkit.memory import resident_peak_kb, reset_peak_memory
+from hftoolkit.base.memory import resident_peak_kb, reset_peak_memory
 from hftoolkit.workflows.train import train
 
 for checkpointing in ("true", "false"):  # each variant's own peak: the count starts again before each

@@ -208,8 +208,8 @@ def test_image_paths_in_a_column_and_unreadable_bytes(tmp_path):
     """An image column of file paths works; a truncated file is named when drawn; bad bytes are named by row."""
     import datasets
 
+    from hftoolkit.base.errors import UserError
     from hftoolkit.config.recipe import validate_recipe
-    from hftoolkit.errors import UserError
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation
 

@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from hftoolkit.base.ranks import under_launcher
 from hftoolkit.cli.evaluation import eval_, predict
 from hftoolkit.cli.helpformat import Command
 from hftoolkit.cli.plan import plan
@@ -19,7 +20,6 @@ from hftoolkit.cli.rundirs import compare, list_run_dirs, merge, push
 from hftoolkit.cli.serving import serve
 from hftoolkit.cli.tools import doctor, init_model, parity
 from hftoolkit.cli.training import bench, sweep, train
-from hftoolkit.processes import under_launcher
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -81,7 +81,8 @@ def main() -> None:
     exit handler has run, the process ends without the interpreter's teardown: freeing the modules torch,
     transformers and datasets import is slow and comes after the results are written (README, Performance has
     the time); the handlers that flush logs and remove temporary files still run."""
-    from hftoolkit.processes import Stopped, die_with_parent, is_main_process, record_reason, stop_on_signals
+    from hftoolkit.base.lifecycle import Stopped, die_with_parent, record_reason, stop_on_signals
+    from hftoolkit.base.ranks import is_main_process
 
     status = [0]
     atexit.register(_end_now, status)  # registered first, so it runs after every library's handler

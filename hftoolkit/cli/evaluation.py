@@ -9,9 +9,9 @@ from typing import Annotated, Literal
 
 import typer
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.cli import stdout
 from hftoolkit.cli.options import JsonOption, QuietOption, SetOption, VerboseOption
-from hftoolkit.errors import UserError
 
 
 def eval_(
@@ -42,7 +42,7 @@ def eval_(
     """Score a trained run again (metrics.json updated), or a recipe's base checkpoint with no training and no
     adapter; --split scores another split (a run directory keeps it under metrics.json's "splits");
     --benchmark runs lm-evaluation-harness tasks (metrics.json's "benchmarks")."""
-    from hftoolkit import console
+    from hftoolkit.base import console
     from hftoolkit.workflows import evaluate as evaluation
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
@@ -75,7 +75,7 @@ def eval_(
 def _eval_run(target: Path, split: str | None, options, verbosity) -> tuple[dict, dict]:
     """`eval RUN_DIR`: (metrics.json, what the results table shows) once its eval split is scored again, another
     split, or benchmarks."""
-    from hftoolkit import console
+    from hftoolkit.base import console
     from hftoolkit.runs.rundir import RunDirectory
     from hftoolkit.workflows import evaluate as evaluation
 
@@ -142,7 +142,7 @@ def predict(
     quiet: QuietOption = False,
 ):
     """Predict with a trained run: label and probability, or generated text, per input."""
-    from hftoolkit import console
+    from hftoolkit.base import console
     from hftoolkit.workflows.predict import predict as run_predict
 
     verbosity = console.verbosity_from_flags(verbose, quiet)

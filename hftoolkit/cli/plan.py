@@ -27,9 +27,9 @@ def plan(
                        ] = False,
 ):
     """Plan a run's memory and time before launching it: per process, itemized, for every strategy."""
-    from hftoolkit import console
+    from hftoolkit.base import console
+    from hftoolkit.base.errors import UserError
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.errors import UserError
     from hftoolkit.training.strategies.devices import device_named, device_with_memory, this_machine
     from hftoolkit.training.strategies.launch import Machines, check_machines, plan_from_config
     from hftoolkit.workflows.plan import plan_recipe

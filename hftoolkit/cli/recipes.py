@@ -25,7 +25,7 @@ def validate(
     verbose: VerboseOption = False,
 ):
     """Check recipes without loading any model; lists every problem at once."""
-    from hftoolkit import console
+    from hftoolkit.base import console
     from hftoolkit.config import tasks
     from hftoolkit.config.families import static_family
     from hftoolkit.config.recipe import RecipeError, load_recipe

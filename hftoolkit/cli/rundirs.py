@@ -8,9 +8,9 @@ from typing import Annotated
 
 import typer
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.cli import stdout
 from hftoolkit.cli.options import QuietOption, VerboseOption
-from hftoolkit.errors import UserError
 
 
 def list_run_dirs(
@@ -56,7 +56,7 @@ def merge(
     quiet: QuietOption = False,
 ):
     """Fold the LoRA adapter into the base weights; the result loads with the Auto classes, no peft."""
-    from hftoolkit import console
+    from hftoolkit.base import console
     from hftoolkit.workflows.merge import merge_run
 
     verbosity = console.verbosity_from_flags(verbose, quiet)

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.cli.options import QuietOption, VerboseOption, tcp_port
-from hftoolkit.errors import UserError
 
 API_KEY_VARIABLE = "HFTOOLKIT_API_KEY"
 INSTALL = "pip install 'hftoolkit[serve]'"
@@ -39,8 +39,8 @@ def serve(
 ):
     """Serve trained runs over HTTP with the OpenAI API: /v1/models, /v1/chat/completions, /v1/completions (also
     streamed), /v1/classifications, /health."""
-    from hftoolkit import console
-    from hftoolkit.processes import Stopped
+    from hftoolkit.base import console
+    from hftoolkit.base.lifecycle import Stopped
 
     api_key = os.environ.get(API_KEY_VARIABLE) or None
     if not _loopback(host) and api_key is None:

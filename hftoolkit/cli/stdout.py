@@ -54,7 +54,7 @@ def print_rows(rows: list[dict]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hftoolkit.text_width import fit_rows
+    from hftoolkit.base.text_width import fit_rows
 
     console, table = Console(), Table()
     shown = fit_rows([{c: row[c] for c in TERMINAL_COLUMNS if c in row} for row in rows], console.width,
@@ -69,7 +69,7 @@ def print_rows(rows: list[dict]) -> None:
 def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, shown: dict | None = None) -> None:
     """What train and eval end with on standard output: metrics.json's content as one JSON object (--json), the
     path written alone (--quiet), or the results table and the path."""
-    from hftoolkit.console import Verbosity
+    from hftoolkit.base.console import Verbosity
 
     if as_json:
         typer.echo(json.dumps(metrics, indent=2, ensure_ascii=False))
@@ -94,7 +94,7 @@ def print_metrics(metrics: dict) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hftoolkit.text_width import short_path
+    from hftoolkit.base.text_width import short_path
 
     console = Console()  # a long checkpoint path shortened to its last folders: the title stays on a line or two
     room = console.width - len(f"{metrics['name']} ({metrics['task']}, )") - 4

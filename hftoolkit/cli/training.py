@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.cli import stdout
 from hftoolkit.cli.options import (
     AccelerateConfigOption,
@@ -20,7 +21,6 @@ from hftoolkit.cli.options import (
     VerboseOption,
     tcp_port,
 )
-from hftoolkit.errors import UserError
 
 
 def train(
@@ -50,7 +50,7 @@ def train(
     quiet: QuietOption = False,
 ):
     """Fine-tune a model as the recipe says and write a run directory."""
-    from hftoolkit import console
+    from hftoolkit.base import console
     from hftoolkit.config.recipe import load_recipe
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
@@ -70,7 +70,7 @@ def train(
             # refused in one line, before any launch
             check_run_folder(run_dir, overwrite, resume, strategy_for(plan).sharding)
         raise typer.Exit(relaunch.relaunch(plan, sys.argv[1:], run_dir))
-    from hftoolkit.processes import is_main_process
+    from hftoolkit.base.ranks import is_main_process
 
     metrics = run_training(parsed, run_dir, command=relaunch.command_line(), overwrite=overwrite, resume=resume,
                            verbosity=verbosity, launch=plan, memory_check=not skip_memory_check)
@@ -110,8 +110,8 @@ def sweep(
 ):
     """Train every combination of the grid values and compare them in one report. Re-running the same command
     skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
-    from hftoolkit import console
-    from hftoolkit.processes import is_main_process
+    from hftoolkit.base import console
+    from hftoolkit.base.ranks import is_main_process
     from hftoolkit.training import relaunch
     from hftoolkit.workflows.sweep import sweep as run_sweep
 
@@ -139,7 +139,7 @@ def bench(
 ):
     """The course's comparison, offline: sentiment classification with an encoder, a decoder and an
     encoder-decoder, translation with T5, BART and a decoder, and image classification with ViT; one report."""
-    from hftoolkit import console
+    from hftoolkit.base import console
     from hftoolkit.cli.recipes import RECIPES_DIR
     from hftoolkit.runs.report import load_run, summary_rows
     from hftoolkit.workflows.across_families import bench as run_bench
@@ -155,6 +155,6 @@ def bench(
 
 
 def _say_report(report: Path, verbosity) -> None:
-    from hftoolkit.console import Verbosity
+    from hftoolkit.base.console import Verbosity
 
     typer.echo(str(report) if verbosity == Verbosity.QUIET else f"report: {report} and {report.with_suffix('.html')}")

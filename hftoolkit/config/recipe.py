@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.families import model_rules, static_family
 from hftoolkit.config.sections import (
@@ -28,7 +29,6 @@ from hftoolkit.config.sections import (
     Section,
     TrainingSection,
 )
-from hftoolkit.errors import UserError
 
 # Names users bring from TrainingArguments, peft and the HF example scripts -> the recipe key that says the same.
 # An unknown key found here is answered with our key, wherever in the recipe it was written.

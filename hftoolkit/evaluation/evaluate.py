@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import time
 
-from hftoolkit import console
+from hftoolkit.base import console
 from hftoolkit.config import tasks
 from hftoolkit.evaluation.generation import generate_everywhere
 from hftoolkit.job.spec import Job

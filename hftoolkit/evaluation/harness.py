@@ -13,8 +13,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
-from hftoolkit.errors import UserError
 
 # The shipped tasks: package data, so a wheel install has them, and apart from the recipes, which they are not.
 SHIPPED_TASKS = Path(__file__).resolve().with_name("harness_tasks")

@@ -367,7 +367,7 @@ def check_conversations(s: Subject, found: Findings) -> None:
         return
     if processor is None:
         return
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
     from hftoolkit.sources.conversations import cut_counts
 
     size = found.lengths.get("max_length", recipe.data.max_length)

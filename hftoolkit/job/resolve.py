@@ -10,10 +10,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.families import model_rules, reads_text
 from hftoolkit.config.recipe import Recipe, RecipeError
-from hftoolkit.errors import UserError
 from hftoolkit.job.hardware import hardware_problems, resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
 

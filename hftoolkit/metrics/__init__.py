@@ -43,7 +43,7 @@ def load_metric(name: str):
     import evaluate
 
     if name not in available():
-        from hftoolkit.errors import UserError
+        from hftoolkit.base.errors import UserError
 
         raise UserError(f"eval.metrics: unknown metric {name!r}; shipped metrics: {', '.join(available())}")
     return evaluate.load(str(HERE / name))

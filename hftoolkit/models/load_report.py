@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 
-from hftoolkit.console import explains_loading, note, warn, watch_loading_with
+from hftoolkit.base.console import explains_loading, note, warn, watch_loading_with
 
 
 def explain_in_captures() -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.models.lora import apply_lora, head_modules
 from hftoolkit.patches.peft_0_21 import bitsandbytes_hidden
@@ -168,7 +168,7 @@ def _release_checkpoint_memory(model) -> None:
     """
     from itertools import chain
 
-    from hftoolkit.memory import release_freed_memory
+    from hftoolkit.base.memory import release_freed_memory
 
     for tensor in chain(model.parameters(), model.buffers()):
         if tensor.dtype.is_floating_point:  # (quantized weights are integer tensors, made in memory)

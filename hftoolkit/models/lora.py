@@ -7,7 +7,7 @@ when no table knew the type. Imports torch and peft inside the functions that ne
 
 from __future__ import annotations
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.job.spec import Job
 
 # LoRA's default targets (the attention's query and value projections, as in the LoRA paper) for the model
@@ -64,7 +64,7 @@ def targets(model, job: Job, head: list[str] = ()) -> list[str]:
     if asked == "all-linear":
         return linears_outside(model, list(head))
     if asked == "auto":
-        from hftoolkit import console
+        from hftoolkit.base import console
 
         chosen, note = auto_targets(model)
         if note:

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hftoolkit import console
+from hftoolkit.base import console
 from hftoolkit.job.spec import Job
 from hftoolkit.sources.locations import cache_root
 

@@ -9,9 +9,9 @@ from huggingface_hub import EvalResult, ModelCard, ModelCardData
 from huggingface_hub.repocard import REGEX_YAML_BLOCK
 from huggingface_hub.utils import validate_repo_id
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
-from hftoolkit.errors import UserError
 
 # The Hub's display names of pipeline tags (huggingface.js packages/tasks/src/pipelines.ts) that are not the tag's
 # words capitalized.

@@ -12,7 +12,7 @@ import os
 from datetime import datetime
 from pathlib import Path
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.runs.summary import DASH, format_seconds, format_value, load_run
 
 RUN_MARKERS = ("manifest.json", "metrics.json")
@@ -106,7 +106,7 @@ def print_runs(runs: list[dict], root: Path) -> None:
     if not runs:
         console.print(Text(f"no runs were found under {root}"), soft_wrap=True)
         return
-    from hftoolkit.text_width import fit_rows
+    from hftoolkit.base.text_width import fit_rows
 
     rows = fit_rows(table_rows(runs, root), console.width, drop=FIT_DROP, shorten=("run", "checkpoint"))
     table = Table(title=Text(f"{len(rows)} run(s) under {root}, newest first"))

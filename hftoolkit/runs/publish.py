@@ -13,8 +13,8 @@ from huggingface_hub import CommitOperationAdd, HfApi, get_token
 from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config.recipe import Recipe, load_recipe
-from hftoolkit.errors import UserError
 from hftoolkit.runs.card import _first_line, _hub_errors, _hub_validate, check_card, model_card
 from hftoolkit.runs.rundir import RunDirectory
 

@@ -312,7 +312,7 @@ CELL_LENGTH = 40
 
 
 def _cell(column: str, value: str) -> str:
-    from hftoolkit.text_width import short_path
+    from hftoolkit.base.text_width import short_path
 
     esc = html.escape
     if len(value) <= CELL_LENGTH or column == "main metric":

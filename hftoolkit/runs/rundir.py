@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from hftoolkit import __version__
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 
 # The status of a run whose weights were saved and whose eval pass (or what follows it) then failed.
 TRAINED_EVAL_FAILED = "trained, eval failed"

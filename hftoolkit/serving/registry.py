@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
-from hftoolkit.errors import UserError
 
 # What a run's requests ask of it: text generation (completions; chat too where the formulation reads
 # conversations) or records of labels, values or tags.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 
 IGNORE_INDEX = -100
 ANSWER = "assistant"

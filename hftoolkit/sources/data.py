@@ -10,9 +10,9 @@ import gzip
 import hashlib
 from pathlib import Path
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe, RecipeError
-from hftoolkit.errors import UserError
 from hftoolkit.sources.labels import as_names, encode_labels, float_labels, mapped_labels
 from hftoolkit.sources.locations import expand, is_path_like
 

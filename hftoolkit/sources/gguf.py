@@ -16,7 +16,7 @@ import tempfile
 from functools import lru_cache
 from pathlib import Path
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.sources.locations import expand, is_path_like
 
 MAGIC = b"GGUF"

@@ -13,7 +13,7 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 
 NOT_CACHED = {"LocalEntryNotFoundError", "OfflineModeIsEnabled", "ConnectError", "ConnectTimeout",
               "TimeoutException", "ConnectionError"}  # builtin ConnectionError covers requests' and datasets' own
@@ -204,7 +204,7 @@ def download_progress(repo_id: str):
     to train.log with the rest of the libraries' output; a read from the cache says nothing."""
     import threading
 
-    from hftoolkit import console
+    from hftoolkit.base import console
 
     folders = [hub_cache() / f"datasets--{repo_id.replace('/', '--')}", datasets_cache() / repo_id.replace("/", "___")]
     stop = threading.Event()

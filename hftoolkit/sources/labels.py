@@ -3,9 +3,9 @@ maps raw values to names (rows mapped to null dropped and counted), regression l
 
 from __future__ import annotations
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
-from hftoolkit.errors import UserError
 
 
 def encode_labels(recipe: Recipe, train, evaluation):

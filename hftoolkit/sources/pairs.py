@@ -7,7 +7,7 @@ turns become the prompt and the rest each answer, as TRL's conversational format
 
 from __future__ import annotations
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.sources.conversations import ANSWER, problem
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import hashlib
 import os
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
-from hftoolkit.errors import UserError
 from hftoolkit.sources.locations import expand
 
 # The file builders that read a file as a stream (aligned target files and image folders do not stream).

@@ -54,7 +54,7 @@ def ensure_tiny(arch: str) -> Path:
 def init_model(arch: str, out: Path) -> Path:
     """Write a tiny random `arch` checkpoint and its processor to `out` (safetensors), atomically: built in a
     temporary folder and renamed into place."""
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
 
     if arch not in ARCHS:
         raise UserError(f"init:{arch}: unknown architecture; choose one of {', '.join(ARCHS)}")

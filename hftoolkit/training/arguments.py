@@ -6,9 +6,9 @@ Imports no torch at module level.
 
 from __future__ import annotations
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
-from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.runs.rundir import RunDirectory
 

@@ -15,8 +15,8 @@ import shutil
 import time
 from pathlib import Path
 
-from hftoolkit import console
-from hftoolkit.errors import UserError
+from hftoolkit.base import console
+from hftoolkit.base.errors import UserError
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STAGING_PREFIX = ".tmp-"

@@ -12,7 +12,7 @@ import signal
 import subprocess
 import sys
 
-from hftoolkit.processes import (
+from hftoolkit.base.lifecycle import (
     PARENT_VARIABLE,
     REASONS_VARIABLE,
     Stopped,

@@ -11,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.training.strategies.launch import LaunchPlan, this_process
 
 

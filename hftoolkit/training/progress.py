@@ -11,8 +11,8 @@ from __future__ import annotations
 import math
 import time
 
-from hftoolkit import console
-from hftoolkit.console import Verbosity
+from hftoolkit.base import console
+from hftoolkit.base.console import Verbosity
 
 # Without a terminal (CI, a pipe) the progress bar is a plain line each time this share of the steps is done.
 LINE_EVERY = 0.1

@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from hftoolkit.errors import UserError
-from hftoolkit.processes import PARENT_VARIABLE, REASONS_VARIABLE, STOP_SIGNALS, Stopped, first_reason
+from hftoolkit.base.errors import UserError
+from hftoolkit.base.lifecycle import PARENT_VARIABLE, REASONS_VARIABLE, STOP_SIGNALS, Stopped, first_reason
 from hftoolkit.training.strategies.launch import LaunchPlan
 
 # The command the user typed, handed to the relaunched processes for manifest.json.

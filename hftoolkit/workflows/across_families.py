@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 
 # (run name prefix, smoke recipe under recipes/, checkpoints, settings for this bench)
 BENCH = (

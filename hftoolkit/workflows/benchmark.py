@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hftoolkit import console
+from hftoolkit.base import console
+from hftoolkit.base.errors import UserError
 from hftoolkit.config.families import static_family
 from hftoolkit.config.recipe import Recipe, load_recipe, replaced
-from hftoolkit.errors import UserError
 from hftoolkit.evaluation.harness import (
     BenchmarkOptions,
     check_benchmarkable,

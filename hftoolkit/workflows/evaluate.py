@@ -8,13 +8,13 @@ import re
 import tempfile
 from pathlib import Path
 
-from hftoolkit import console
+from hftoolkit.base import console
+from hftoolkit.base.errors import UserError
+from hftoolkit.base.memory import peak_memory_mb
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe, load_recipe, recipe_to_yaml, replaced
-from hftoolkit.errors import UserError
 from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.spec import Job
-from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models.families import formulation
 from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import RunDirectory

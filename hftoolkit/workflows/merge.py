@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.runs.rundir import RunDirectory
 
 DTYPES = ("float32", "bfloat16", "float16")

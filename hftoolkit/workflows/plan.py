@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config.recipe import Recipe
-from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job, ResolvedModel
 from hftoolkit.training.strategies import STRATEGIES, LaunchPlan, Strategy, strategy_for
 from hftoolkit.training.strategies.devices import Device
@@ -256,7 +256,7 @@ def measured_record(job: Job, step_seconds: float | None) -> dict:
     from accelerate import PartialState
     from accelerate.utils import gather_object
 
-    from hftoolkit.memory import peak_memory_mb, reserved_peak_mb
+    from hftoolkit.base.memory import peak_memory_mb, reserved_peak_mb
 
     mine = {"peak_mb": peak_memory_mb(), "reserved_mb": reserved_peak_mb()}
     peaks = gather_object([mine]) if PartialState().num_processes > 1 else [mine]

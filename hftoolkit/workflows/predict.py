@@ -9,8 +9,8 @@ import re
 import sys
 from pathlib import Path
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
-from hftoolkit.errors import UserError
 from hftoolkit.workflows.evaluate import load_trained
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}

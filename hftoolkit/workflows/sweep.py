@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from hftoolkit.errors import UserError
+from hftoolkit.base.errors import UserError
 from hftoolkit.workflows.sweep_grid import grid_variants, parse_grid
 from hftoolkit.workflows.variants import SweepResult, prepare, run_variants
 
@@ -21,7 +21,7 @@ def sweep(recipe_path: Path, grid_items: list[str], sets: list[str], out: Path, 
           num_processes: int | None = None, command: list[str] | None = None,
           echo: Callable[[str], None] = print, verbosity=None) -> SweepResult:
     """Validate every variant, train each into out/<recipe name>/<variant>/, write the report there."""
-    from hftoolkit.processes import is_main_process
+    from hftoolkit.base.ranks import is_main_process
     from hftoolkit.runs.report import write_report
 
     grid = parse_grid(grid_items)

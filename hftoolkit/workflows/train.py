@@ -11,18 +11,18 @@ import shlex
 import time
 from pathlib import Path
 
-from hftoolkit import console
+from hftoolkit.base import console
+from hftoolkit.base.errors import UserError
+from hftoolkit.base.lifecycle import Stopped
+from hftoolkit.base.memory import peak_memory_mb
 from hftoolkit.config.recipe import Recipe, RecipeError, recipe_to_yaml
-from hftoolkit.errors import UserError
 from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.resolve import resolve_job
 from hftoolkit.job.spec import Job
-from hftoolkit.memory import peak_memory_mb
 from hftoolkit.models import loading
 from hftoolkit.models.families import formulation
 from hftoolkit.models.load_report import explain_in_captures
 from hftoolkit.models.tokenized import tokenizing
-from hftoolkit.processes import Stopped
 from hftoolkit.runs.card import model_card
 from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, follow_umask
@@ -136,7 +136,7 @@ def _stopped(stop: Stopped, run: RunDirectory, writer: bool, existed: bool, prog
              command: list[str]) -> None:
     """A stop signal: the run says where it stopped (manifest.json "stopped", with the step), and the main process
     prints one line with the last checkpoint and the command that continues it."""
-    from hftoolkit.processes import is_main_process
+    from hftoolkit.base.ranks import is_main_process
     from hftoolkit.training.checkpoints import latest_checkpoint
 
     step = progress.trainer.state.global_step if progress.trainer is not None else 0

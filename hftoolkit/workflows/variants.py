@@ -11,9 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hftoolkit.base.errors import UserError
+from hftoolkit.base.memory import reset_peak_memory
 from hftoolkit.config.recipe import Recipe, RecipeError, load_recipe, recipe_to_yaml, replaced
-from hftoolkit.errors import UserError
-from hftoolkit.memory import reset_peak_memory
 
 # Keys a run fills in while it trains (label names found in the data, a hub checkpoint's family): a saved
 # recipe that has them where the sweep's recipe leaves them empty is still the same recipe.
@@ -159,7 +159,7 @@ def run_variants(variants: list[Variant], command: list[str], num_processes: int
     A progress line per variant: `k/n <variant> <main metric>=<value> <time>`, or the error's first line.
     verbosity (console.Verbosity) is each training's, as train's -q and -v set it.
     """
-    from hftoolkit.processes import is_main_process
+    from hftoolkit.base.ranks import is_main_process
 
     if any(v.action != "skip" for v in variants):
         _import_training(any(v.recipe.model.quantization != "none" for v in variants))
@@ -219,7 +219,7 @@ def _metric_text(run_dir: Path) -> str | None:
 def _train_variant(variant: Variant, command: list[str], num_processes: int | None, verbosity=None) -> None:
     """In this process, or (with --num-processes or a recipe's accelerate config) as `hftoolkit train` relaunched
     under accelerate, as `hftoolkit train --num-processes N` would start it."""
-    from hftoolkit.console import Verbosity
+    from hftoolkit.base.console import Verbosity
     from hftoolkit.training.relaunch import relaunch
     from hftoolkit.training.strategies import plan_launch
 

@@ -6,8 +6,8 @@ continues a prompt, so each token attends only to the tokens before it (the cour
 
 from __future__ import annotations
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
-from hftoolkit.errors import UserError
 from hftoolkit.job.architectures import packs_by_positions
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics

@@ -7,8 +7,8 @@ pair, as transformers' run_glue.py does; regression is the same head with one ou
 
 from __future__ import annotations
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
-from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics, first
 from hftoolkit.models import tokenized

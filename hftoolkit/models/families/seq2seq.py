@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import zlib
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
-from hftoolkit.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
 from hftoolkit.models import tokenized

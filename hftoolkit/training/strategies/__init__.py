@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from hftoolkit.base.errors import UserError
+from hftoolkit.base.ranks import under_launcher
 from hftoolkit.config.recipe import Recipe, RecipeError
-from hftoolkit.errors import UserError
-from hftoolkit.processes import under_launcher
 from hftoolkit.training.strategies.base import Strategy
 from hftoolkit.training.strategies.ddp import DDP
 from hftoolkit.training.strategies.fsdp import FSDP

@@ -109,7 +109,7 @@ class Strategy:
         processes and machines, what was sharded, the precision, and each process's device. A collective call."""
         from accelerate.utils import gather_object
 
-        from hftoolkit.errors import UserError
+        from hftoolkit.base.errors import UserError
 
         state = trainer.accelerator.state
         kind = state.distributed_type.name

@@ -49,7 +49,7 @@ GPUS: dict[str, Device] = {
 
 def device_named(name: str) -> Device:
     """A GPU of the table by its short name, in any case."""
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
 
     device = GPUS.get(name.strip().lower())
     if device is None:
@@ -60,7 +60,7 @@ def device_named(name: str) -> Device:
 def device_with_memory(gib: float) -> Device:
     """A GPU known only by its memory. Its speed is not guessed: peak_flops is empty, so the time comes out None
     rather than a figure borrowed from some other card."""
-    from hftoolkit.errors import UserError
+    from hftoolkit.base.errors import UserError
 
     if not isinstance(gib, (int, float)) or not math.isfinite(gib) or gib <= 0:
         raise UserError(f"--gpu-memory {gib}: give the GPU's memory in GiB, a positive number such as 24")

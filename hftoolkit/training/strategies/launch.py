@@ -12,8 +12,8 @@ import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from hftoolkit.base.ranks import under_launcher
 from hftoolkit.config.recipe import read_yaml_mapping
-from hftoolkit.processes import under_launcher
 
 # accelerate's (and torchrun's) port when a config names none; every machine must name the same one.
 DEFAULT_PORT = 29500

@@ -16,9 +16,10 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
-from hftoolkit.errors import UserError
-from hftoolkit.library_output import LineStream, LogSink, fileno_of, record_library_deprecations, redirect_handlers
-from hftoolkit.processes import Stopped, is_main_process
+from hftoolkit.base.errors import UserError
+from hftoolkit.base.library_output import LineStream, LogSink, fileno_of, record_library_deprecations, redirect_handlers
+from hftoolkit.base.lifecycle import Stopped
+from hftoolkit.base.ranks import is_main_process
 
 # Off a terminal, data work says how far it got only once it has lasted this long (short work: its result line).
 PROGRESS_AFTER = 2.0

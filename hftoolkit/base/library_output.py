@@ -13,10 +13,15 @@ import warnings
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from hftoolkit.console import Capture
+
+class LineSink(Protocol):
+    """Where whole library lines go: the console's Capture (named by its shape, so this module needs no import
+    of the console, which imports it)."""
+
+    def library_line(self, line: str) -> None: ...
+
 
 # Lines said before a log file is attached are held in memory, the newest this many (a non-main process never
 # attaches one).
@@ -66,7 +71,7 @@ class LineStream(io.TextIOBase):
 
     encoding = "utf-8"
 
-    def __init__(self, capture: Capture, replaced):
+    def __init__(self, capture: LineSink, replaced):
         super().__init__()
         self.capture, self.replaced, self.partial, self.done = capture, replaced, "", False
 

@@ -22,7 +22,8 @@ class UserError(ClickException):
         """Said once per run: every process of a launch raises the same error for the same input, so the
         relaunching process prints the one reason (processes.first_reason); under a launcher started by hand, the
         main process says it."""
-        from hftoolkit.processes import is_main_process, record_reason, under_launcher
+        from hftoolkit.base.lifecycle import record_reason
+        from hftoolkit.base.ranks import is_main_process, under_launcher
 
         if record_reason(self.format_message(), self.consequence):
             return
