@@ -21,7 +21,12 @@ def reference_block() -> blocks.TransformerBlock:
 
 
 def test_a_complete_state_dict_loads():
-    load_weights(reference_block(), gpt2_block_state(), blocks.GPT2_BLOCK_WEIGHT_MAP)
+    state = gpt2_block_state()
+    block = load_weights(reference_block(), state, blocks.GPT2_BLOCK_WEIGHT_MAP)
+    loaded = block.state_dict()
+    # every weight arrived where its rule sends it (Conv1D's layout transposed into nn.Linear's)
+    assert torch.equal(loaded["ffn.up.weight"], state["mlp.c_fc.weight"].t())
+    assert torch.equal(loaded["attn.o_proj.bias"], state["attn.c_proj.bias"])
 
 
 def test_unknown_key_fails_loudly():
