@@ -140,7 +140,8 @@ def machine_line() -> str:
     """The CPU the figures come from, and what precision auto reads from it."""
     import torch
 
-    from hftoolkit.job.hardware import cpu_record, resolve_precision
+    from hftoolkit.job.hardware import cpu_record
+    from hftoolkit.job.precision import resolve_precision
 
     cpu = cpu_record()
     return (f"CPU {cpu['name']}, {os.cpu_count()} cores, torch {torch.__version__} on {torch.get_num_threads()} "

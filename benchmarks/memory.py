@@ -26,7 +26,8 @@ def worker(checkpoint: str, variant: str, steps: int) -> None:
     from transformers import AutoModelForSequenceClassification
 
     from hftoolkit.config.recipe import validate_recipe
-    from hftoolkit.job.resolve import load_config, resolve_precision
+    from hftoolkit.job.precision import resolve_precision
+    from hftoolkit.job.resolve import load_config
     from hftoolkit.job.spec import Job, ResolvedModel
     from hftoolkit.models import loading
 

@@ -142,7 +142,7 @@ def meta_model(recipe):
 
 def planned(recipe_path: Path, sets: list[str], launch: str) -> dict:
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.job.hardware import resolve_precision
+    from hftoolkit.job.precision import resolve_precision
     from hftoolkit.training.strategies.devices import this_machine
     from hftoolkit.training.strategies.plan import model_shape, plan_memory, plan_time
 

@@ -78,7 +78,8 @@ def test_doctor_reports_versions_backend_and_the_hub_settings():
         assert key in out
     assert "yes (HF_HUB_OFFLINE" in out  # tests run with HF_HUB_OFFLINE=1
     # The CPU's bf16 matrix features and what auto picks, as training would (job/hardware.py, in a child process).
-    from hftoolkit.job.hardware import cpu_record, resolve_precision
+    from hftoolkit.job.hardware import cpu_record
+    from hftoolkit.job.precision import resolve_precision
 
     cpu = cpu_record()
     assert f"bf16 matrix features: {', '.join(cpu['bf16_matrix_features']) or 'none'}" in out

@@ -321,25 +321,25 @@ def test_relaunch_command_keeps_the_users_arguments_and_drops_the_launch_options
 
 def test_recipe_names_its_accelerate_config():
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.strategies import plan_launch
+    from hftoolkit.training.strategies import launch_strategy
 
     recipe = load_recipe(ENCODER, [f"training.accelerate_config={CPU_2PROC}"])
-    plan = plan_launch(recipe, None, None)
+    plan = launch_strategy(recipe, None, None).launch
     assert plan.relaunch and plan.config == CPU_2PROC and plan.num_processes == 2
-    assert plan_launch(recipe, 4, None).num_processes == 4  # --num-processes overrides the file's count
+    assert launch_strategy(recipe, 4, None).launch.num_processes == 4  # --num-processes overrides the file's count
 
 
 def test_a_launched_process_never_relaunches(monkeypatch):
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.strategies import plan_launch
+    from hftoolkit.training.strategies import launch_strategy
 
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_RANK", "0")
     recipe = load_recipe(ENCODER)
-    plan = plan_launch(recipe, 2, None)
+    plan = launch_strategy(recipe, 2, None).launch
     assert not plan.relaunch and plan.num_processes == 2
     with pytest.raises(Exception, match="one of 2 that a launcher started already"):
-        plan_launch(recipe, 4, None)
+        launch_strategy(recipe, 4, None)
 
 
 

@@ -47,7 +47,7 @@ def test_eval_every_n_steps_logs_the_task_metrics_to_the_log_history(tmp_path):
     during = evals(run)
     assert sorted(during) == [3, 6, 9]
     assert all({"eval_loss", "eval_accuracy", "eval_f1"} <= row.keys() for row in during.values())
-    from hftoolkit.job.hardware import resolve_precision
+    from hftoolkit.job.precision import resolve_precision
 
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["tokens_per_second"] and metrics["precision"] == resolve_precision("auto", "bert")  # this machine's

@@ -255,16 +255,16 @@ def test_machines_that_cannot_form_one_run_are_refused_before_launching():
 
 def test_a_launched_process_refuses_machine_options(monkeypatch):
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.strategies import Machines, plan_launch
+    from hftoolkit.training.strategies import Machines, launch_strategy
 
     for name, value in (("WORLD_SIZE", "4"), ("LOCAL_WORLD_SIZE", "2"), ("LOCAL_RANK", "0"), ("GROUP_RANK", "1"),
                         ("MASTER_ADDR", "10.0.0.1")):
         monkeypatch.setenv(name, value)
     recipe = load_recipe(ENCODER, ["training.batch_size=16"])
-    plan = plan_launch(recipe, None, None)
+    plan = launch_strategy(recipe, None, None).launch
     assert (plan.num_machines, plan.machine_rank, plan.relaunch) == (2, 1, False)
     with pytest.raises(Exception, match="--machine-rank: this process was started by a launcher already"):
-        plan_launch(recipe, None, None, machines=Machines(machine_rank=1))
+        launch_strategy(recipe, None, None, machines=Machines(machine_rank=1))
 
 
 def test_a_lost_peer_is_one_line_and_other_errors_pass_through():

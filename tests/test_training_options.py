@@ -116,7 +116,7 @@ def test_precision_auto_follows_the_machine(monkeypatch, cuda, bf16, checkpoint,
     import torch
 
     from hftoolkit.job import hardware
-    from hftoolkit.job.resolve import resolve_precision
+    from hftoolkit.job.precision import resolve_precision
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *a, **k: bf16)
@@ -134,12 +134,13 @@ def test_cpu_bf16_features_are_amx_or_avx512_bf16_as_torch_reports_them(monkeypa
     import torch
 
     from hftoolkit.job import hardware
+    from hftoolkit.job.precision import resolve_precision
 
     monkeypatch.setattr(torch.cpu, "get_capabilities", lambda: {"cpu_name": "Some CPU", **capabilities})
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert hardware.cpu_bf16_features() == features
     assert hardware.cpu_record() == {"name": "Some CPU", "bf16_matrix_features": features}
-    assert hardware.resolve_precision("auto", "bert") == ("bf16" if features else "fp32")
+    assert resolve_precision("auto", "bert") == ("bf16" if features else "fp32")
 
 
 @pytest.mark.parametrize("features, precision", [(["avx512_bf16"], "bf16"), ([], "fp32")])
@@ -171,6 +172,50 @@ def test_launcher_mixed_precision_is_compared_with_what_auto_resolves_to(monkeyp
     assert problems == ["training.precision: fp32 disagrees with mixed_precision 'bf16' of the launcher (auto picks "
                         "fp32 on this machine): set mixed_precision: 'no' in the config (the recipe's "
                         "training.precision decides)"]
+
+
+@pytest.mark.parametrize("features", [["avx512_bf16"], []], ids=["bf16-units", "no-bf16-units"])
+def test_auto_under_deepspeed_on_cpu_processes_picks_fp32_and_says_why(monkeypatch, features):
+    """auto picks what the strategy can run on the device: DeepSpeed's CPU processes train in fp32 only, so auto
+    steps down from the CPU's bf16 there (and says why), and validate accepts the recipe on either kind of CPU."""
+    import torch
+
+    from hftoolkit.job import hardware
+    from hftoolkit.job.precision import precision_and_reason
+    from hftoolkit.training.strategies import strategy_for
+    from hftoolkit.training.strategies.launch import plan_from_config
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_bf16_features", lambda: features)
+    zero3 = strategy_for(plan_from_config(RECIPES / "accelerate" / "deepspeed-zero3.yaml", 2, "--accelerate-config"))
+    precision, why = precision_and_reason("auto", "bert", zero3)
+    assert precision == "fp32"
+    if features:
+        assert why.startswith("auto picks fp32, not bf16: bf16 under DeepSpeed") and "CPU processes" in why
+    else:
+        assert why is None  # the CPU's own pick: nothing stepped down
+    assert precision_and_reason("auto", "bert", strategy_for(plan_from_config(None, 2)))[0] == (
+        "bf16" if features else "fp32")  # DDP runs the CPU's pick
+    assert zero3.problems(recipe_with()) == []
+    assert zero3.problems(recipe_with("training.precision=bf16"))  # named, not auto: refused in one line
+
+
+def test_plan_rows_carry_each_strategys_precision(monkeypatch, tmp_path):
+    """plan shows every strategy at once: each row is planned in the precision auto picks for it."""
+    import torch
+
+    from hftoolkit.job import hardware
+    from hftoolkit.training.strategies.devices import this_machine
+    from hftoolkit.training.strategies.launch import plan_from_config
+    from hftoolkit.workflows.plan import plan_recipe
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_bf16_features", lambda: ["amx_bf16"])
+    planned = plan_recipe(recipe_with(), plan_from_config(None, 2), this_machine())
+    precisions = {row.name: row.precision for row in planned.strategies if not row.not_possible}
+    assert planned.precision == precisions["ddp"] == precisions["single"] == "bf16"
+    if "zero3" in precisions:  # (DeepSpeed installed)
+        assert precisions["zero3"] == precisions["zero2"] == "fp32"
 
 
 # ---------------------------------------------------------------- optimizers and schedules

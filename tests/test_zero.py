@@ -67,6 +67,22 @@ def zero_runs(no_dropout, tmp_path_factory):
     return runs
 
 
+def test_the_zero3_command_trains_with_auto_precision(tmp_path):
+    """`hftoolkit train recipes/encoder-classification.yaml --accelerate-config recipes/accelerate/deepspeed-zero3.yaml
+    --num-processes 2`, precision left at auto: it trains, in fp32 (what DeepSpeed's CPU processes run), and where
+    the CPU has bf16 matrix units (where auto alone would pick bf16) it says why it picked fp32."""
+    from hftoolkit.job.hardware import cpu_bf16_features
+
+    rc, output, _ = run_bounded(cli("train", ENCODER, "--accelerate-config", CONFIGS[3], "--num-processes", "2",
+                                    "--output", tmp_path / "run", "--set", "training.max_steps=2",
+                                    "--set", "data.max_eval_samples=16"))
+    assert rc == 0, output[-4000:]
+    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    assert manifest["resolved"]["precision"] == manifest["distributed"]["precision"] == "fp32"
+    said = "auto picks fp32, not bf16: bf16 under DeepSpeed" in output
+    assert said == bool(cpu_bf16_features()), output[-2000:]
+
+
 def distributed(run: Path) -> dict:
     return json.loads((run / "manifest.json").read_text())["distributed"]
 

@@ -87,7 +87,9 @@ def show(planned) -> None:
             table.add_row(row.label, str(row.processes), "-", f"not possible ({keys})", "-", "-")
             continue
         fits = {True: "yes", False: "no", None: "?"}[row.memory.fits]
-        table.add_row(row.label, str(row.processes), _gib(row.memory.peak), fits, _seconds(row.time.step_seconds),
+        # (auto steps down where a strategy can't run the device's pick: DeepSpeed's CPU processes train in fp32)
+        label = row.label if row.precision == planned.precision else f"{row.label} ({row.precision})"
+        table.add_row(label, str(row.processes), _gib(row.memory.peak), fits, _seconds(row.time.step_seconds),
                       _seconds(row.time.train_seconds))
     console.print(table)
     for row in planned.strategies:

@@ -26,11 +26,13 @@ def validate(
 ):
     """Check recipes without loading any model; lists every problem at once."""
     from hftoolkit.base import console
+    from hftoolkit.base.errors import UserError
     from hftoolkit.config import tasks
     from hftoolkit.config.families import static_family
     from hftoolkit.config.recipe import RecipeError, load_recipe
     from hftoolkit.evaluation.harness import harness_task_file
-    from hftoolkit.training.strategies import plan_launch
+    from hftoolkit.sources.installed import entry as installed_entry
+    from hftoolkit.training.strategies import launch_strategy
     from hftoolkit.training.strategies.launch import launch_config_file
 
     problems = []
@@ -41,8 +43,12 @@ def validate(
             except RecipeError as err:  # a file of another kind is named in one line, not read as a bad recipe
                 other = harness_task_file(path) or launch_config_file(path)
                 raise RecipeError([other]) if other else err from None
+            try:  # an installed:<name> checkpoint's name is known without I/O
+                installed_entry(parsed.model.checkpoint)
+            except UserError as err:
+                raise RecipeError([f"{path}: {err.message}"]) from None
             if parsed.training.accelerate_config:  # the launcher config it names, checked against it
-                plan_launch(parsed, None, None, source=str(path))
+                launch_strategy(parsed, None, None, source=str(path))
             notes, family = [], static_family(parsed.model.checkpoint, parsed.model.family)
             if data:
                 from hftoolkit.job.resolve import resolve_job

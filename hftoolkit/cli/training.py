@@ -58,22 +58,23 @@ def train(
     parsed = load_recipe(recipe, set_ or [])
     run_dir = output or parsed.run_dir
     from hftoolkit.training import relaunch
-    from hftoolkit.training.strategies import Machines, plan_launch, strategy_for
+    from hftoolkit.training.strategies import Machines, launch_strategy
 
     machines = Machines(num_machines, machine_rank, main_process_ip, main_process_port)
-    plan = plan_launch(parsed, num_processes, accelerate_config, source=str(recipe), machines=machines)
+    strategy = launch_strategy(parsed, num_processes, accelerate_config, source=str(recipe), machines=machines)
+    plan = strategy.launch
     from hftoolkit.workflows.train import check_run_folder
     from hftoolkit.workflows.train import train as run_training
 
     if plan.relaunch:  # N processes, each running this command without the launch options
         if plan.machine_rank == 0 or parsed.training.save_on_each_node:  # (a machine that writes the run folder)
             # refused in one line, before any launch
-            check_run_folder(run_dir, overwrite, resume, strategy_for(plan).sharding)
+            check_run_folder(run_dir, overwrite, resume, strategy.sharding)
         raise typer.Exit(relaunch.relaunch(plan, sys.argv[1:], run_dir))
     from hftoolkit.base.ranks import is_main_process
 
     metrics = run_training(parsed, run_dir, command=relaunch.command_line(), overwrite=overwrite, resume=resume,
-                           verbosity=verbosity, launch=plan, memory_check=not skip_memory_check)
+                           verbosity=verbosity, strategy=strategy, memory_check=not skip_memory_check)
     if is_main_process():
         stdout.show_result(metrics, run_dir, as_json, verbosity)
     relaunch.end_processes()

@@ -1,12 +1,11 @@
-"""What this machine can do for a recipe: the precision it trains in (decided here, once per run), and the
-keys that ask it for what it lacks (flash attention, TF32), refused when training starts (`validate` stays
-machine-independent: a recipe for a GPU server validates anywhere). Imports torch only inside functions."""
+"""What this machine can do for a recipe: its CPU's bf16 matrix features (which `auto` precision reads:
+job/precision.py), and the keys that ask it for what it lacks (flash attention, TF32), refused when training
+starts (`validate` stays machine-independent: a recipe for a GPU server validates anywhere). Imports torch only
+inside functions."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
-
-from hftoolkit.config.families import NO_FP16
 
 if TYPE_CHECKING:
     from hftoolkit.config.recipe import Recipe
@@ -45,21 +44,6 @@ def _cpu_capabilities() -> dict:
 
     report = getattr(torch.cpu, "get_capabilities", None)  # (torch 2.10 and later)
     return dict(report()) if report else {}
-
-
-def resolve_precision(precision: str, model_type: str | None) -> str:
-    """training.precision with auto decided for this machine: bf16 on a GPU that has it, else fp16 (fp32 for
-    models that overflow in fp16, such as T5); on a CPU, bf16 autocast where the CPU multiplies bf16 matrices
-    in hardware (cpu_bf16_features), else fp32 (emulated bf16 is slower than fp32 there)."""
-    if precision != "auto":
-        return precision
-    import torch
-
-    if not torch.cuda.is_available():
-        return "bf16" if cpu_bf16_features() else "fp32"
-    if torch.cuda.is_bf16_supported():
-        return "bf16"
-    return "fp32" if model_type in NO_FP16 else "fp16"
 
 
 def hardware_problems(recipe: Recipe) -> list[str]:

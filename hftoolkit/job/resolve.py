@@ -14,7 +14,8 @@ from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.families import model_rules, reads_text
 from hftoolkit.config.recipe import Recipe, RecipeError
-from hftoolkit.job.hardware import hardware_problems, resolve_precision
+from hftoolkit.job.hardware import hardware_problems
+from hftoolkit.job.precision import precision_and_reason
 from hftoolkit.job.spec import Job, ResolvedModel
 
 
@@ -49,7 +50,10 @@ def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = Non
     if found.problems:
         raise RecipeError(found.problems)
     names = names if names is not None else recipe.data.label_names
-    return Job(recipe=recipe, model=model, precision=resolve_precision(recipe.training.precision, model.model_type),
+    precision, stepped_down = precision_and_reason(recipe.training.precision, model.model_type, strategy)
+    if stepped_down:
+        found.notes.append(f"training.precision: {stepped_down}")
+    return Job(recipe=recipe, model=model, precision=precision,
                data=rows, label_names=tuple(names) if names is not None else None, findings=found, data_seconds=read,
                strategy=strategy)
 

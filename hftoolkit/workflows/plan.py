@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from hftoolkit.base.errors import UserError
 from hftoolkit.config.recipe import Recipe
+from hftoolkit.job.precision import resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
 from hftoolkit.training.strategies import STRATEGIES, LaunchPlan, Strategy, strategy_for
 from hftoolkit.training.strategies.devices import Device
@@ -28,6 +29,7 @@ class StrategyPlan:
     name: str
     label: str
     processes: int
+    precision: str | None = None  # what auto picks for this strategy on the device (None: it can't run)
     memory: MemoryPlan | None = None
     time: TimePlan | None = None
     not_possible: tuple[str, ...] = ()
@@ -37,7 +39,8 @@ class StrategyPlan:
         return not self.not_possible and self.memory is not None and self.memory.fits is not False
 
     def as_dict(self) -> dict:
-        return {"strategy": self.name, "label": self.label, "processes": self.processes, "fits": self.fits,
+        return {"strategy": self.name, "label": self.label, "processes": self.processes,
+                "precision": self.precision, "fits": self.fits,
                 "not_possible": list(self.not_possible),
                 "memory": self.memory.as_dict() if self.memory else None,
                 "time": self.time.as_dict() if self.time else None}
@@ -88,7 +91,8 @@ def plan_recipe(recipe: Recipe, launch: LaunchPlan, device: Device) -> Plan:
             count = 1 if name == "single" else several
             strategy = cls(replace(launch, num_processes=count, source=f"{count} processes"))
         rows.append(strategy_plan(strategy, job, shape, device, train_rows, eval_rows))
-    return Plan(recipe=recipe.name, checkpoint=recipe.model.checkpoint, device=device, precision=job.precision,
+    precision = next(row.precision for row in rows if row.name == launched.name) or job.precision
+    return Plan(recipe=recipe.name, checkpoint=recipe.model.checkpoint, device=device, precision=precision,
                 shape=shape, launched=launched.name, strategies=tuple(rows))
 
 
@@ -101,9 +105,10 @@ def strategy_plan(strategy: Strategy, job: Job, shape: dict, device: Device | No
     if refused:
         return StrategyPlan(**head, not_possible=refused)
     spread, lengths = strategy.spread(), _lengths(job)
-    return StrategyPlan(**head, memory=plan_memory(shape, job.recipe, spread, device, job.precision, lengths),
-                        time=plan_time(shape, job.recipe, spread, device, job.precision, lengths, train_rows,
-                                       eval_rows))
+    precision = resolve_precision(job.recipe.training.precision, job.model.model_type, strategy, device)
+    return StrategyPlan(**head, precision=precision,
+                        memory=plan_memory(shape, job.recipe, spread, device, precision, lengths),
+                        time=plan_time(shape, job.recipe, spread, device, precision, lengths, train_rows, eval_rows))
 
 
 def _row_counts(recipe: Recipe) -> tuple[int | None, int | None]:
@@ -149,21 +154,9 @@ def _config_job(recipe: Recipe, device: Device) -> Job:
     model = ResolvedModel(checkpoint=recipe.model.checkpoint, path=path, revision=recipe.model.revision,
                           config=config, family=family, processor=None)
     names = recipe.data.label_names or ("a", "b")  # (the head's width hardly weighs: two labels stand in)
-    return Job(recipe=recipe, model=model, precision=precision_on(device, recipe.training.precision, config.model_type),
+    return Job(recipe=recipe, model=model, precision=resolve_precision(recipe.training.precision, config.model_type,
+                                                                       device=device),
                label_names=tuple(names))
-
-
-def precision_on(device: Device, precision: str, model_type: str) -> str:
-    """training.precision with auto decided for `device` as `job.hardware.resolve_precision` decides it for this
-    machine's own: on a GPU bf16 where it has bf16, else fp16 (fp32 for a model that overflows in fp16)."""
-    from hftoolkit.config.families import NO_FP16
-    from hftoolkit.job.hardware import resolve_precision
-
-    if precision != "auto" or device.kind != "cuda":
-        return resolve_precision(precision, model_type)
-    if "bf16" in device.peak_flops:
-        return "bf16"
-    return "fp32" if model_type in NO_FP16 else "fp16"
 
 
 def _lengths(job: Job) -> dict:

@@ -29,23 +29,24 @@ from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, follow_umas
 from hftoolkit.sources.data import fingerprint
 from hftoolkit.sources.streaming import is_stream
 from hftoolkit.training.checkpoints import CHECKPOINT
-from hftoolkit.training.strategies import LaunchPlan, Strategy, strategy_for
+from hftoolkit.training.strategies import Strategy, strategy_for
 from hftoolkit.training.strategies.launch import current_launch
 from hftoolkit.training.throughput import TokenCounter, efficiency
 from hftoolkit.workflows.plan import measured_record, planned_job, planned_record
 
 
 def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False,
-          verbosity: console.Verbosity | None = None, launch: LaunchPlan | None = None,
+          verbosity: console.Verbosity | None = None, strategy: Strategy | None = None,
           memory_check: bool = True) -> dict:
     """Run one recipe end to end; returns metrics.json's content.
 
     What the libraries say goes to the run directory's train.log (and to the console only when verbosity is
     VERBOSE); the console shows the toolkit's phases and one progress bar (console.py, progress.py).
 
-    resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py). `launch` is how the
-    run is spread (the launcher's, read back, when not given). A run planned over this machine's memory is refused
-    before anything loads, unless `memory_check` is False (workflows/plan.py).
+    resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py). `strategy` is how
+    the run is spread, built once by the CLI (when not given: from the launcher's environment, read back). A run
+    planned over this machine's memory is refused before anything loads, unless `memory_check` is False
+    (workflows/plan.py).
     Bad input found before training starts (preflight: every problem at once) removes the run directory
     this call created; a run that fails once training has started keeps its log and says "failed" in
     manifest.json, or "trained, eval failed" once its weights are saved.
@@ -54,7 +55,7 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
     explain_in_captures()
     try:
         with console.capture(verbosity=verbosity) as log:
-            strategy = strategy_for(launch or current_launch())
+            strategy = strategy or strategy_for(current_launch())
             return _train(recipe, run_dir, command, overwrite, resume, log, strategy, memory_check)
     finally:
         gc.unfreeze()  # what the run left behind is collectable again (a caller may go on: tests, notebooks)
@@ -311,11 +312,15 @@ def _fail(err: BaseException, run: RunDirectory, writer: bool, existed: bool, pr
 
 
 def resolved_record(job: Job) -> dict:
-    """What the run resolved, for manifest.json: the checkpoint's type and family, the precision and the CPU
-    features `auto` read."""
+    """What the run resolved, for manifest.json: where the checkpoint was read from (and, for `installed:<name>`,
+    the package that holds it; recipe.yaml keeps the name as the user wrote it), its type and family, the precision
+    and the CPU features `auto` read."""
     from hftoolkit.job.hardware import cpu_record
+    from hftoolkit.sources.installed import record as installed_record
 
-    return {"model_type": job.model.model_type, "family": job.family, "precision": job.precision,
+    installed = installed_record(job.model.checkpoint)
+    return {"checkpoint_path": job.model.path, **({"installed": installed} if installed else {}),
+            "model_type": job.model.model_type, "family": job.family, "precision": job.precision,
             "cpu": cpu_record(), "label_names": list(job.label_names) if job.label_names is not None else None}
 
 

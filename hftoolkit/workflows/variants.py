@@ -64,7 +64,7 @@ def prepare(variants: list[Variant], out: Path, overwrite: bool = False, num_pro
     one recipe); returns the folder that holds them. Raises RecipeError listing every problem of every
     variant (a problem shared by all is listed once), then, once the recipes are valid, of every folder.
     """
-    from hftoolkit.training.strategies import plan_launch
+    from hftoolkit.training.strategies import launch_strategy
 
     found: dict[str, list[str]] = {}  # variant name -> its recipe's problems
     folders = []  # problems of the variants' folders (each line names its folder)
@@ -73,7 +73,7 @@ def prepare(variants: list[Variant], out: Path, overwrite: bool = False, num_pro
         grid_items = {f"{k}={v}" for k, v in variant.grid.items()}
         try:
             variant.recipe = load_recipe(variant.recipe_path, variant.overrides)
-            plan_launch(variant.recipe, num_processes, None, source=str(variant.recipe_path))
+            launch_strategy(variant.recipe, num_processes, None, source=str(variant.recipe_path))
         except RecipeError as err:
             for problem in err.problems:  # load_recipe names an override `--set k=v`; a grid value came from --grid
                 item = next((i for i in grid_items if problem.startswith(f"--set {i}: ")), None)
@@ -221,17 +221,17 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
     under accelerate, as `hftoolkit train --num-processes N` would start it."""
     from hftoolkit.base.console import Verbosity
     from hftoolkit.training.relaunch import relaunch
-    from hftoolkit.training.strategies import plan_launch
+    from hftoolkit.training.strategies import launch_strategy
 
     resume, overwrite = variant.action == "resume", variant.action in ("train", "restart")
-    plan = plan_launch(variant.recipe, num_processes, None, source=str(variant.recipe_path))
-    if plan.relaunch:
+    strategy = launch_strategy(variant.recipe, num_processes, None, source=str(variant.recipe_path))
+    if strategy.launch.relaunch:
         argv = ["train", str(variant.recipe_path), "--output", str(variant.run_dir)]
         for item in [*variant.overrides, f"name={variant.name}"]:  # (the name prepare gave the recipe)
             argv += ["--set", item]
         argv.append("--resume" if resume else "--overwrite")
         argv += {Verbosity.QUIET: ["--quiet"], Verbosity.VERBOSE: ["--verbose"]}.get(verbosity, [])
-        status = relaunch(plan, argv, variant.run_dir)
+        status = relaunch(strategy.launch, argv, variant.run_dir)
         if status != 0:
             error = (_manifest_of(variant.run_dir).get("error") or "").strip()
             raise UserError(error or f"hftoolkit train exited with status {status}")
@@ -240,7 +240,7 @@ def _train_variant(variant: Variant, command: list[str], num_processes: int | No
 
     reset_peak_memory()
     train(variant.recipe.model_copy(deep=True), variant.run_dir, command=command, overwrite=overwrite, resume=resume,
-          verbosity=verbosity, launch=plan)
+          verbosity=verbosity, strategy=strategy)
 
 
 def _manifest_of(run_dir: Path) -> dict:

@@ -43,9 +43,10 @@ def strategy_for(launch: LaunchPlan) -> Strategy:
     return DDP(launch) if launch.num_processes > 1 else Single(launch)
 
 
-def plan_launch(recipe: Recipe, num_processes: int | None, accelerate_config: Path | None,
-                source: str = "recipe", machines: Machines | None = None) -> LaunchPlan:
-    """The plan for this `hftoolkit train` call, checked against the recipe (raises RecipeError)."""
+def launch_strategy(recipe: Recipe, num_processes: int | None, accelerate_config: Path | None,
+                    source: str = "recipe", machines: Machines | None = None) -> Strategy:
+    """The strategy of this `hftoolkit train` call, built once from its launch (`.launch`) and checked against the
+    recipe (raises RecipeError): the CLI makes it, and the run carries it on its Job."""
     machines = machines or Machines()
     if under_launcher():
         plan = plan_from_environment()
@@ -55,10 +56,11 @@ def plan_launch(recipe: Recipe, num_processes: int | None, accelerate_config: Pa
                                        if recipe.training.accelerate_config else None)
         origin = "--accelerate-config" if accelerate_config else "training.accelerate_config"
         plan = plan_from_config(config, num_processes, origin if config else "--num-processes", machines)
-    problems = [*check_machines(plan), *(f"{source}: {p}" for p in strategy_for(plan).problems(recipe))]
+    strategy = strategy_for(plan)
+    problems = [*check_machines(plan), *(f"{source}: {p}" for p in strategy.problems(recipe))]
     if problems:
         raise RecipeError(problems)
-    return plan
+    return strategy
 
 
 def _refuse_relaunch_options(plan: LaunchPlan, num_processes: int | None, accelerate_config: Path | None,
@@ -74,4 +76,4 @@ def _refuse_relaunch_options(plan: LaunchPlan, num_processes: int | None, accele
                         "launcher started already; drop --num-processes or launch that many")
 
 
-__all__ = ["STRATEGIES", "LaunchPlan", "Machines", "Strategy", "plan_launch", "strategy_for", "strategy_of"]
+__all__ = ["STRATEGIES", "LaunchPlan", "Machines", "Strategy", "launch_strategy", "strategy_for", "strategy_of"]

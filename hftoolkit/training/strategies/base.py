@@ -49,13 +49,18 @@ class Strategy:
             problems.append(f"training.batch_size: {t.batch_size} examples per step do not split evenly over {n} "
                             f"processes ({self.launch.source}): set it to a multiple of {n}, each process then "
                             f"takes batch_size / {n}")
-        return problems + self._precision_problems(recipe)
+        return problems + self._precision_problems(recipe, cuda)
 
-    def _precision_problems(self, recipe: Recipe) -> list[str]:
+    def precision_refusal(self, precision: str, cuda: bool) -> str | None:
+        """Why this strategy can't train in `precision` on GPUs (`cuda`) or CPU processes; None where it can.
+        `auto` steps down to fp32 from a precision refused here (job/precision.py)."""
+        return None
+
+    def _precision_problems(self, recipe: Recipe, cuda: bool | None) -> list[str]:
         """The launch config's mixed_precision against the recipe's training.precision, which decides."""
         if self.launch.mixed_precision == "no":  # (auto is resolved, importing torch, only when there is a config)
             return []
-        precision = recipe_precision(recipe)
+        precision = recipe_precision(recipe, self, cuda)
         wanted = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[precision]
         if self.launch.mixed_precision == wanted:
             return []
@@ -142,14 +147,16 @@ class Strategy:
                       shards_optimizer=self.shards_optimizer, runtime=self.runtime)
 
 
-def recipe_precision(recipe: Recipe) -> str:
-    """training.precision with auto decided for this machine, before anything is loaded (a local checkpoint's type
-    is read from its files, a hub id's not)."""
-    from hftoolkit.job.hardware import resolve_precision
+def recipe_precision(recipe: Recipe, strategy: Strategy, cuda: bool | None = None) -> str:
+    """training.precision with auto decided for this machine (`cuda`: for GPUs, or CPU processes) under
+    `strategy`, before anything is loaded (a local checkpoint's type is read from its files, a hub id's not)."""
+    from hftoolkit.job.precision import resolve_precision
     from hftoolkit.sources.checkpoint import model_type_of
+    from hftoolkit.training.strategies.devices import Device
 
+    device = None if cuda is None else Device("planned", "cuda" if cuda else "cpu", 0)
     return resolve_precision(recipe.training.precision,
-                             model_type_of(recipe.model.checkpoint, recipe.model.gguf_file))
+                             model_type_of(recipe.model.checkpoint, recipe.model.gguf_file), strategy, device)
 
 
 def has_cuda() -> bool:

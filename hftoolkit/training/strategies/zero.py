@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 
-from hftoolkit.training.strategies.base import Strategy, has_cuda, installed, recipe_precision
+from hftoolkit.training.strategies.base import Strategy, has_cuda, installed
 
 
 class ZeRO2(Strategy):
@@ -28,19 +28,20 @@ class ZeRO2(Strategy):
         if not self.launch.launched and not installed("deepspeed"):
             return problems + [f"{self.launch.source} uses DeepSpeed, which is not installed: pip install "
                                "'hftoolkit[deepspeed]', or use ddp.yaml or fsdp.yaml"]
-        if not (has_cuda() if cuda is None else cuda):
-            problems += self._cpu_precision(recipe)
+        cuda = has_cuda() if cuda is None else cuda
+        refused = self.precision_refusal(recipe.training.precision, cuda)
+        if refused:  # (auto never is: it steps down to what the strategy runs)
+            problems.append(f"training.precision: {refused}: set training.precision: fp32 or auto, or use fsdp.yaml "
+                            "or ddp.yaml")
         return problems
 
-    def _cpu_precision(self, recipe) -> list[str]:
+    def precision_refusal(self, precision: str, cuda: bool) -> str | None:
         """DeepSpeed's CPU processes keep TrainingArguments' use_cpu off, and transformers then refuses bf16 and
         fp16: said here in one line instead of its traceback from every process."""
-        precision = recipe_precision(recipe)
-        if precision == "fp32":
-            return []
-        auto = f" (auto picks {precision} on this machine)" if recipe.training.precision != precision else ""
-        return [f"training.precision: {precision}{auto} under DeepSpeed ({self.launch.source}) on CPU processes is "
-                "refused by transformers without a GPU: set training.precision: fp32, or use fsdp.yaml or ddp.yaml"]
+        if cuda or precision in ("fp32", "auto"):
+            return None
+        return (f"{precision} under DeepSpeed ({self.launch.source}) on CPU processes is refused by transformers "
+                "without a GPU")
 
     def _on_cpu(self) -> bool:
         return not has_cuda()
