@@ -1,4 +1,4 @@
-"""The memory and time plan (hftoolkit/training/strategies/plan.py) against what runs really take on this machine.
+"""The memory and time plan (hftoolkit/planning/model.py) against what runs really take on this machine.
 
     python benchmarks/plan.py [--quick] [--only NAME,...] [--heap] [--out DIR] [--replan plan.json]
 
@@ -108,7 +108,7 @@ SPREADS = {  # launch name -> (accelerate config or None, processes, Spread argu
 
 
 def spread_for(launch: str):
-    from hftoolkit.training.strategies.plan import Spread
+    from hftoolkit.planning.model import Spread
 
     _, n, (params, grads, opt, runtime) = SPREADS[launch]
     return Spread(launch, n, n, params, grads, opt, runtime)
@@ -142,9 +142,9 @@ def meta_model(recipe):
 
 def planned(recipe_path: Path, sets: list[str], launch: str) -> dict:
     from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.devices import this_machine
     from hftoolkit.job.precision import resolve_precision
-    from hftoolkit.training.strategies.devices import this_machine
-    from hftoolkit.training.strategies.plan import model_shape, plan_memory, plan_time
+    from hftoolkit.planning.model import model_shape, plan_memory, plan_time
 
     recipe = load_recipe(recipe_path, sets)
     model = meta_model(recipe)
@@ -409,7 +409,7 @@ def compare_estimators() -> list[dict]:
     from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs
     from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs
 
-    from hftoolkit.training.strategies.plan import Spread, model_shape, plan_memory
+    from hftoolkit.planning.model import Spread, model_shape, plan_memory
 
     configs = {
         "gpt2-124M": transformers.GPT2Config(),
@@ -443,8 +443,8 @@ def llama_7b() -> list[dict]:
     bf16 autocast, AdamW), LoRA r=16 and QLoRA on bf16 weights, and full fine-tuning sharded over 8 A100-80GB."""
     import transformers
 
-    from hftoolkit.training.strategies.devices import device_named
-    from hftoolkit.training.strategies.plan import Spread, model_shape, plan_memory, plan_time
+    from hftoolkit.job.devices import device_named
+    from hftoolkit.planning.model import Spread, model_shape, plan_memory, plan_time
 
     with tempfile.TemporaryDirectory() as folder:
         transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -583,7 +583,7 @@ def gloo_calibration() -> dict:
 def overhead_calibration(out: Path) -> dict:
     """plan.py's CPU_STEP_SECONDS: the steady step of the tiny init:bert model (a fraction of a MiB of weights) one
     row a step, LoRA, fp32, one thread, less what the plan counts besides (its products, its optimizer)."""
-    from hftoolkit.training.strategies import plan as model
+    from hftoolkit.planning import model
 
     sets = ["training.batch_size=1", "data.max_length=16"]
     measured = train(ENC, sets, "single", out / "runs" / "calibration-overhead", steps=40)
@@ -597,7 +597,7 @@ def overhead_calibration(out: Path) -> dict:
 def activation_calibration(grid_rows: list[dict]) -> dict:
     """plan.py's CPU_ACTIVATION_SECONDS: over the grid's one-process rows without checkpointing, the measured step
     less every other planned item, over the bytes of activations the plan says the step writes; their median."""
-    from hftoolkit.training.strategies import plan as model
+    from hftoolkit.planning import model
 
     found = {}
     for row in grid_rows:
@@ -615,7 +615,7 @@ def trl_calibration(out: Path, early: int = 10) -> dict:
     """plan.py's CPU_RUNTIME_BYTES["trl-bf16"] and TRL_BF16_PER_LENGTH: the preference recipe as shipped under bf16
     after `early` and after RECIPE_STEPS steps (a batch length met per step, its pairs being of many lengths): the
     growth per length met, and what is left at none, less the planned states."""
-    from hftoolkit.training.strategies import plan as model
+    from hftoolkit.planning import model
 
     found = {}
     for steps in (early, RECIPE_STEPS):

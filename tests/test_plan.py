@@ -167,7 +167,7 @@ def test_a_run_planned_over_the_memory_stops_before_loading_and_leaves_the_users
 
 
 def test_the_override_trains_where_the_plan_says_no(tmp_path, monkeypatch):
-    from hftoolkit.training.strategies import devices
+    from hftoolkit.job import devices
 
     small = devices.Device("a machine of 100 MiB", "cpu", 100 * 2**20)
     monkeypatch.setattr(devices, "this_machine", lambda: small)

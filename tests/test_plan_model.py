@@ -1,4 +1,4 @@
-"""The memory and time model behind `hftoolkit plan` (training/strategies/plan.py): its rules on meta-device models
+"""The memory and time model behind `hftoolkit plan` (planning/model.py): its rules on meta-device models
 built from tiny configs. No training, no timing: benchmarks/plan.py holds the plan against measured runs."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from hftoolkit.base.errors import UserError
-from hftoolkit.training.strategies.devices import GPUS, Device, device_named, device_with_memory
-from hftoolkit.training.strategies.plan import (
+from hftoolkit.job.devices import GPUS, Device, device_named, device_with_memory
+from hftoolkit.planning.model import (
     CPU_HEAP_RETAINED,
     ZERO3_KEPT_COPIES,
     Spread,
@@ -204,7 +204,7 @@ def test_frozen_products_keep_no_input_and_lora_dropout_keeps_a_copy():
     import transformers
     from peft import LoraConfig, get_peft_model
 
-    from hftoolkit.training.strategies.plan import _activations
+    from hftoolkit.planning.model import _activations
 
     def adapted(config, auto, targets, dropout):
         model = meta(config, auto)
@@ -237,7 +237,7 @@ CPU = Device("cpu", "cpu", 64 * 2**30, {})
 
 
 def test_a_cpu_step_counts_its_fixed_work_optimizer_and_vocabulary_besides_the_products(gpt2):
-    from hftoolkit.training.strategies.plan import CPU_STEP_SECONDS
+    from hftoolkit.planning.model import CPU_STEP_SECONDS
 
     plan = plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None)
     assert set(plan.items) == {"products", "vocabulary", "element-wise", "optimizer", "communication", "overhead"}

@@ -205,9 +205,9 @@ def test_plan_rows_carry_each_strategys_precision(monkeypatch, tmp_path):
     import torch
 
     from hftoolkit.job import hardware
-    from hftoolkit.training.strategies.devices import this_machine
+    from hftoolkit.job.devices import this_machine
+    from hftoolkit.planning.plan import plan_recipe
     from hftoolkit.training.strategies.launch import plan_from_config
-    from hftoolkit.workflows.plan import plan_recipe
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(hardware, "cpu_bf16_features", lambda: ["amx_bf16"])

@@ -30,9 +30,9 @@ def plan(
     from hftoolkit.base import console
     from hftoolkit.base.errors import UserError
     from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.training.strategies.devices import device_named, device_with_memory, this_machine
+    from hftoolkit.job.devices import device_named, device_with_memory, this_machine
+    from hftoolkit.planning.plan import plan_recipe
     from hftoolkit.training.strategies.launch import Machines, check_machines, plan_from_config
-    from hftoolkit.workflows.plan import plan_recipe
 
     if gpu is not None and gpu_memory is not None:
         raise UserError("--gpu and --gpu-memory both name the device: pass one of them")

@@ -9,13 +9,18 @@ Imports torch only inside functions.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from hftoolkit.config.families import NO_FP16
 
 if TYPE_CHECKING:
-    from hftoolkit.training.strategies.base import Strategy
-    from hftoolkit.training.strategies.devices import Device
+    from hftoolkit.job.devices import Device
+
+
+class Strategy(Protocol):
+    """What the rule asks of a strategy (training/strategies/base.py: the strategies live in the layer above)."""
+
+    def precision_refusal(self, precision: str, cuda: bool) -> str | None: ...
 
 
 def resolve_precision(requested: str, model_type: str | None, strategy: Strategy | None = None,

@@ -23,6 +23,7 @@ from hftoolkit.models import loading
 from hftoolkit.models.families import formulation
 from hftoolkit.models.load_report import explain_in_captures
 from hftoolkit.models.tokenized import tokenizing
+from hftoolkit.planning.plan import planned_job
 from hftoolkit.runs.card import model_card
 from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, follow_umask
@@ -32,7 +33,6 @@ from hftoolkit.training.checkpoints import CHECKPOINT
 from hftoolkit.training.strategies import Strategy, strategy_for
 from hftoolkit.training.strategies.launch import current_launch
 from hftoolkit.training.throughput import TokenCounter, efficiency
-from hftoolkit.workflows.plan import measured_record, planned_job, planned_record
 
 
 def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False,
@@ -46,7 +46,7 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
     resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py). `strategy` is how
     the run is spread, built once by the CLI (when not given: from the launcher's environment, read back). A run
     planned over this machine's memory is refused before anything loads, unless `memory_check` is False
-    (workflows/plan.py).
+    (planning/plan.py).
     Bad input found before training starts (preflight: every problem at once) removes the run directory
     this call created; a run that fails once training has started keeps its log and says "failed" in
     manifest.json, or "trained, eval failed" once its weights are saved.
@@ -209,7 +209,7 @@ def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], res
         progress.written = True
         run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
                             data_fingerprint=fingerprint(job.data), preflight=job.findings.record,
-                            resolved=resolved_record(job), plan=planned_record(job))
+                            resolved=resolved_record(job), plan=job.plan.record())
     return resume_from
 
 
@@ -242,7 +242,7 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
     train_seconds = time.perf_counter() - started - setup_seconds
     train_counts = counter.snapshot()  # before eval batches pass through the same collator
     steps = trainer.state.global_step - first_step
-    calibration = measured_record(job, train_seconds / steps if steps > 0 else None)  # (a collective call)
+    calibration = job.plan.measured(train_seconds / steps if steps > 0 else None)  # (a collective call)
     if writer:
         run.update_manifest(plan=calibration)
     optimizer_shards = strategy.record_after_training(trainer)  # (a collective call: every process)

@@ -72,7 +72,7 @@ def family_module(name: str) -> ModuleType:
 def sync_pad_token(model, tokenizer) -> None:
     """Tell the model (and its generation config) which id pads: decoder classifiers find each row's last
     real token by it, and the Trainer would otherwise realign (and warn about) the configs itself."""
-    if tokenizer is None:  # (a model built from its config alone, for a plan: workflows/plan.py)
+    if tokenizer is None:  # (a model built from its config alone, for a plan: planning/plan.py)
         return
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
     base.config.pad_token_id = tokenizer.pad_token_id

@@ -8,12 +8,25 @@ from the launch (`strategy_for`), put on the `Job`, and asked at each stage wher
 from __future__ import annotations
 
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
 from hftoolkit.training.strategies.launch import LaunchPlan
 
 if TYPE_CHECKING:
     from hftoolkit.config.recipe import Recipe
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How a strategy spreads the model states over the processes of a run."""
+    name: str
+    processes: int
+    processes_per_machine: int
+    shards_parameters: bool
+    shards_gradients: bool
+    shards_optimizer: bool
+    runtime: str = "torch"
 
 
 class Strategy:
@@ -139,8 +152,6 @@ class Strategy:
 
     def spread(self):
         """What this strategy divides over its processes, for its memory and time plan."""
-        from hftoolkit.training.strategies.plan import Spread
-
         return Spread(name=self.name, processes=self.processes,
                       processes_per_machine=self.launch.processes_per_machine,
                       shards_parameters=self.shards_parameters, shards_gradients=self.shards_gradients,
@@ -150,9 +161,9 @@ class Strategy:
 def recipe_precision(recipe: Recipe, strategy: Strategy, cuda: bool | None = None) -> str:
     """training.precision with auto decided for this machine (`cuda`: for GPUs, or CPU processes) under
     `strategy`, before anything is loaded (a local checkpoint's type is read from its files, a hub id's not)."""
+    from hftoolkit.job.devices import Device
     from hftoolkit.job.precision import resolve_precision
     from hftoolkit.sources.checkpoint import model_type_of
-    from hftoolkit.training.strategies.devices import Device
 
     device = None if cuda is None else Device("planned", "cuda" if cuda else "cpu", 0)
     return resolve_precision(recipe.training.precision,

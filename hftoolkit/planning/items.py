@@ -1,6 +1,6 @@
-"""The bytes of single items of a memory plan (training/strategies/plan.py): the base weights as held, quantized
+"""The bytes of single items of a memory plan (planning/model.py): the base weights as held, quantized
 or not, the model states as a strategy spreads them, the optimizer's states, a layer's activations and the resident
-set of loading; apart, so that plan.py stays readable."""
+set of loading; apart, so that model.py stays readable."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@ and the same plan asked by `train` before it loads anything.
 
 The model is built from its config on the meta device (nothing read but config.json), with the task head and the
 LoRA adapter the run would have; each strategy (training/strategies) divides its states as it would, and
-`strategies/plan.py` turns the figures into bytes and seconds on the target device.
+`planning/model.py` turns the figures into bytes and seconds on the target device.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from dataclasses import dataclass, field, replace
 
 from hftoolkit.base.errors import UserError
 from hftoolkit.config.recipe import Recipe
+from hftoolkit.job.devices import Device
 from hftoolkit.job.precision import resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
+from hftoolkit.planning.model import MemoryPlan, TimePlan, plan_memory, plan_time
 from hftoolkit.training.strategies import STRATEGIES, LaunchPlan, Strategy, strategy_for
-from hftoolkit.training.strategies.devices import Device
-from hftoolkit.training.strategies.plan import MemoryPlan, TimePlan, plan_memory, plan_time
 
 # What the override of the memory check is called, wherever a refusal names it.
 OVERRIDE = "--skip-memory-check"
@@ -44,6 +44,37 @@ class StrategyPlan:
                 "not_possible": list(self.not_possible),
                 "memory": self.memory.as_dict() if self.memory else None,
                 "time": self.time.as_dict() if self.time else None}
+
+    def record(self) -> dict:
+        """manifest.json's "plan" as the run starts: the strategy, the device, and the planned peak per process
+        (itemized, MiB) and step time (itemized, seconds)."""
+        memory, time = self.memory, self.time
+        return {"strategy": self.name, "processes": self.processes,
+                "planned_peak_mb": _mb(memory.peak) if memory else None,
+                "planned_items_mb": {k: _mb(v) for k, v in memory.items.items()} if memory else None,
+                "available_mb": _mb(memory.available) if memory else None,
+                "planned_step_seconds": _round(time.step_seconds) if time else None,
+                "planned_step_items_s": {k: round(v, 5) for k, v in time.items.items()} if time else None}
+
+    def measured(self, step_seconds: float | None) -> dict:
+        """What training measured beside what was planned: each process's peak (VmHWM on a CPU, the CUDA
+        allocator's peaks on a GPU) and the mean step time; each peak's error against the plan. A collective call:
+        every process."""
+        from accelerate import PartialState
+        from accelerate.utils import gather_object
+
+        from hftoolkit.base.memory import peak_memory_mb, reserved_peak_mb
+
+        mine = {"peak_mb": peak_memory_mb(), "reserved_mb": reserved_peak_mb()}
+        peaks = gather_object([mine]) if PartialState().num_processes > 1 else [mine]
+        record = {**self.record(), "measured_peak_mb": [p["peak_mb"] for p in peaks],
+                  "measured_step_seconds": _round(step_seconds)}
+        if any(p["reserved_mb"] is not None for p in peaks):
+            record["measured_reserved_mb"] = [p["reserved_mb"] for p in peaks]
+        planned = record["planned_peak_mb"]
+        if planned:
+            record["peak_error"] = [round(planned / p["peak_mb"] - 1, 4) for p in peaks if p["peak_mb"]]
+        return record
 
 
 @dataclass(frozen=True)
@@ -129,7 +160,7 @@ def model_shape_of(job: Job) -> dict:
     """The figures of the job's model, built on the meta device as its formulation builds it for training."""
     from hftoolkit.models.families import formulation
     from hftoolkit.models.loading import on_meta_device
-    from hftoolkit.training.strategies.plan import model_shape
+    from hftoolkit.planning.model import model_shape
 
     try:
         with on_meta_device():
@@ -180,7 +211,7 @@ def refusal(job: Job, memory: MemoryPlan) -> str | None:
 def cheapest_change(job: Job) -> str:
     """The first change, in order of what it costs the run, that the plan says fits: another strategy at the same
     process count, gradient checkpointing, 4-bit weights with LoRA, then a smaller batch."""
-    from hftoolkit.training.strategies.devices import this_machine
+    from hftoolkit.job.devices import this_machine
 
     device, strategy, recipe = this_machine(), job.strategy, job.recipe
     shape = model_shape_of(job)
@@ -215,7 +246,7 @@ def _changed(recipe: Recipe, change: dict) -> Recipe:
 
 def planned_job(job: Job, check: bool = True) -> Job:
     """The job with its strategy's plan on this machine, refused in one line (`check`) when it does not fit."""
-    from hftoolkit.training.strategies.devices import this_machine
+    from hftoolkit.job.devices import this_machine
 
     data = job.data or {}
     rows = {split: len(ds) if hasattr(ds, "__len__") else None for split, ds in data.items()}
@@ -225,42 +256,6 @@ def planned_job(job: Job, check: bool = True) -> Job:
     if said:
         raise UserError(said)
     return replace(job, plan=planned)
-
-
-# ---------------------------------------------------------------- every run calibrates the plan
-
-
-def planned_record(job: Job) -> dict:
-    """manifest.json's "plan" as the run starts: the strategy, the device, and the planned peak per process
-    (itemized, MiB) and step time (itemized, seconds)."""
-    planned = job.plan
-    memory, time = planned.memory, planned.time
-    return {"strategy": planned.name, "processes": planned.processes,
-            "planned_peak_mb": _mb(memory.peak) if memory else None,
-            "planned_items_mb": {k: _mb(v) for k, v in memory.items.items()} if memory else None,
-            "available_mb": _mb(memory.available) if memory else None,
-            "planned_step_seconds": _round(time.step_seconds) if time else None,
-            "planned_step_items_s": {k: round(v, 5) for k, v in time.items.items()} if time else None}
-
-
-def measured_record(job: Job, step_seconds: float | None) -> dict:
-    """What training measured beside what was planned: each process's peak (VmHWM on a CPU, the CUDA allocator's
-    peaks on a GPU) and the mean step time; each peak's error against the plan. A collective call: every process."""
-    from accelerate import PartialState
-    from accelerate.utils import gather_object
-
-    from hftoolkit.base.memory import peak_memory_mb, reserved_peak_mb
-
-    mine = {"peak_mb": peak_memory_mb(), "reserved_mb": reserved_peak_mb()}
-    peaks = gather_object([mine]) if PartialState().num_processes > 1 else [mine]
-    record = {**planned_record(job), "measured_peak_mb": [p["peak_mb"] for p in peaks],
-              "measured_step_seconds": _round(step_seconds)}
-    if any(p["reserved_mb"] is not None for p in peaks):
-        record["measured_reserved_mb"] = [p["reserved_mb"] for p in peaks]
-    planned = record["planned_peak_mb"]
-    if planned:
-        record["peak_error"] = [round(planned / p["peak_mb"] - 1, 4) for p in peaks if p["peak_mb"]]
-    return record
 
 
 def _mb(count: float | None) -> float | None:

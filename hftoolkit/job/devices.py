@@ -1,6 +1,8 @@
-"""Where a planned run trains: a GPU of the datasheet table, a GPU known by its memory alone, or this machine.
+"""Where a run trains, or is planned to: a GPU of the datasheet table, a GPU known by its memory alone, or this
+machine. In the job layer, since the precision rule (job/precision.py) and the strategies read it, and the plan
+(planning/) above them.
 
-A device holds its memory per process and its dense peak FLOP/s per precision; training/strategies/plan.py
+A device holds its memory per process and its dense peak FLOP/s per precision; planning/model.py
 divides a step's FLOPs by them.
 """
 

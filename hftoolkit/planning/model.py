@@ -13,13 +13,14 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from hftoolkit.config import tasks
-from hftoolkit.training.strategies.devices import Device
-from hftoolkit.training.strategies.plan_memory import WEIGHT_BYTES
-from hftoolkit.training.strategies.plan_memory import loading_bytes as _loading_bytes
-from hftoolkit.training.strategies.plan_memory import lora_saved as _lora_saved
-from hftoolkit.training.strategies.plan_memory import model_states as _states
-from hftoolkit.training.strategies.plan_memory import stack_bytes as _stack
-from hftoolkit.training.strategies.plan_memory import weight_bytes as _weight_bytes
+from hftoolkit.job.devices import Device
+from hftoolkit.planning.items import WEIGHT_BYTES
+from hftoolkit.planning.items import loading_bytes as _loading_bytes
+from hftoolkit.planning.items import lora_saved as _lora_saved
+from hftoolkit.planning.items import model_states as _states
+from hftoolkit.planning.items import stack_bytes as _stack
+from hftoolkit.planning.items import weight_bytes as _weight_bytes
+from hftoolkit.training.strategies.base import Spread
 
 # What a CPU process of a run holds besides its model: measured by benchmarks/plan.py (`calibration_run`: the
 # VmHWM of a short run of a model of a fraction of a MiB, less its planned states; the imports alone are less).
@@ -58,18 +59,6 @@ FSDP2_COPIES, CPU_COPY_BYTES_PER_SECOND = 6, 6.7e9
 # (`activation_calibration`: the median over its one-process rows of the step less every other planned item, over
 # the planned activations). Checkpointing's second forward pass does the forward's share of it again.
 CPU_ACTIVATION_SECONDS, CHECKPOINTED_WORK = 1.3e-9, 1.5
-
-
-@dataclass(frozen=True)
-class Spread:
-    """How a strategy spreads the model states over the processes of a run."""
-    name: str
-    processes: int
-    processes_per_machine: int
-    shards_parameters: bool
-    shards_gradients: bool
-    shards_optimizer: bool
-    runtime: str = "torch"
 
 
 @dataclass(frozen=True)
