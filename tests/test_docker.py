@@ -74,27 +74,32 @@ def _exec_form(args: str) -> list[str]:
 
 
 def _docker_section() -> tuple[Path, str]:
-    """The "Docker on GPU servers" section: from README.md once pasted there, else docs/docker.md."""
-    for path in (README, DOCKER_DOC):
-        if not path.is_file():
+    """The "Docker on GPU servers" section of docs/docker.md, the one copy of the Docker documentation."""
+    lines = DOCKER_DOC.read_text(encoding="utf-8").splitlines()
+    in_code, start, level = False, None, None
+    for i, line in enumerate(lines):
+        if line.lstrip().startswith("```"):
+            in_code = not in_code
             continue
-        lines = path.read_text(encoding="utf-8").splitlines()
-        in_code, start, level = False, None, None
-        for i, line in enumerate(lines):
-            if line.lstrip().startswith("```"):
-                in_code = not in_code
-                continue
-            heading = re.match(r"(#{1,6})\s+(.*?)\s*#*\s*$", line)
-            if in_code or not heading:
-                continue
-            depth, title = len(heading.group(1)), heading.group(2)
-            if start is None and title.strip().lower() == SECTION_TITLE.lower():
-                start, level = i, depth
-            elif start is not None and depth <= level:
-                return path, "\n".join(lines[start:i])
-        if start is not None:
-            return path, "\n".join(lines[start:])
-    pytest.fail(f'no "{SECTION_TITLE}" section in {README.name} or {DOCKER_DOC.relative_to(REPO)}')
+        heading = re.match(r"(#{1,6})\s+(.*?)\s*#*\s*$", line)
+        if in_code or not heading:
+            continue
+        depth, title = len(heading.group(1)), heading.group(2)
+        if start is None and title.strip().lower() == SECTION_TITLE.lower():
+            start, level = i, depth
+        elif start is not None and depth <= level:
+            return DOCKER_DOC, "\n".join(lines[start:i])
+    if start is None:
+        pytest.fail(f'no "{SECTION_TITLE}" section in {DOCKER_DOC.relative_to(REPO)}')
+    return DOCKER_DOC, "\n".join(lines[start:])
+
+
+def test_the_docker_page_is_the_one_copy():
+    """The README links to the Docker page and holds none of its commands (two copies drift apart)."""
+    readme = README.read_text(encoding="utf-8")
+    assert "docs/docker.md" in readme, "README.md does not link to docs/docker.md"
+    assert "docker run" not in readme and SECTION_TITLE.lower() not in readme.lower(), \
+        "README.md holds a copy of the Docker section: it lives in docs/docker.md only"
 
 
 def _extras(spec: str) -> set[str]:

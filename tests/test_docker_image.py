@@ -1,6 +1,6 @@
-"""The image built and run as the README's "Docker on GPU servers" section says, on this machine's Docker engine.
+"""The image built and run as docs/docker.md ("Docker on GPU servers") says, on this machine's Docker engine.
 
-The commands are read from the README and run as written, less `--gpus` (it needs the NVIDIA Container Toolkit
+The commands are read from that page and run as written, less `--gpus` (it needs the NVIDIA Container Toolkit
 and a GPU, which CI lacks; the image then trains on the CPU), with the image, the cache volume and $PWD made this
 test's own. CI reaches no image registry, so the base image is a local stand-in with the official name
 (tests/docker/standin-base.sh, built once and kept), and the build passes `--network host` so that pip reaches
@@ -29,8 +29,8 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("doc
 REPO = Path(__file__).resolve().parents[1]
 STANDIN = REPO / "tests" / "docker" / "standin-base.sh"
 IMAGE = "hftoolkit:ci-test"
-README_IMAGE, README_VOLUME = "hftoolkit", "hf-cache"
-# `docker run` options that take a value as the next word (the README's and this test's).
+DOC_IMAGE, DOC_VOLUME = "hftoolkit", "hf-cache"
+# `docker run` options that take a value as the next word (the Docker page's and this test's).
 VALUED = {"-v", "--volume", "-e", "--env", "--gpus", "--entrypoint", "--user", "-u", "--network", "--name",
           "--shm-size", "-w", "--workdir", "-p", "--publish"}
 APP_UID = 1000  # the image's user (Dockerfile's ARG APP_UID default)
@@ -44,8 +44,8 @@ def _docker(*args: str, timeout: float = 600, cwd: Path | None = None) -> subpro
     return subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
 
 
-def _readme_commands() -> list[tuple[list[str], list[str]]]:
-    """Each shell command of the README's Docker section as words, with the block it stands in."""
+def _documented_commands() -> list[tuple[list[str], list[str]]]:
+    """Each shell command of the Docker page as words, with the block it stands in."""
     _, section = _docker_section()
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", section, re.S):
@@ -54,17 +54,17 @@ def _readme_commands() -> list[tuple[list[str], list[str]]]:
     return commands
 
 
-def _readme_run(*needles: str) -> tuple[list[str], list[str]]:
-    """The first README `docker run` command holding every needle, and its block's lines."""
-    for words, block in _readme_commands():
+def _documented_run(*needles: str) -> tuple[list[str], list[str]]:
+    """The first `docker run` command of the Docker page holding every needle, and its block's lines."""
+    for words, block in _documented_commands():
         if words[:2] == ["docker", "run"] and all(n in words for n in needles):
             return words, block
-    pytest.fail(f"the README's Docker section has no `docker run` with {needles}")
+    pytest.fail(f"the Docker page has no `docker run` with {needles}")
 
 
 def _as_test(words: list[str], cwd: Path, volume: str, extra_options: tuple[str, ...] = (),
              extra_args: tuple[str, ...] = (), user: str = "") -> list[str]:
-    """A README `docker run` made this test's: no --gpus, its image, its cache volume, $PWD its folder, and
+    """A documented `docker run` made this test's: no --gpus, its image, its cache volume, $PWD its folder, and
     `user` for the shell's "$(id -u):$(id -g)"."""
     out, i, image_seen = [], 2, False
     while i < len(words):
@@ -72,8 +72,8 @@ def _as_test(words: list[str], cwd: Path, volume: str, extra_options: tuple[str,
         if not image_seen and word == "--gpus":
             i += 2
             continue
-        if not image_seen and word.startswith(README_VOLUME + ":"):
-            word = volume + word[len(README_VOLUME):]
+        if not image_seen and word.startswith(DOC_VOLUME + ":"):
+            word = volume + word[len(DOC_VOLUME):]
         if not image_seen and not word.startswith("-") and (not out or out[-1] not in VALUED):
             image_seen, word = True, IMAGE
             out += [*THREADS, *extra_options, word]
@@ -96,14 +96,14 @@ def engine():
 
 @pytest.fixture(scope="session")
 def image(engine):
-    """The base stand-in (kept between sessions), then the image by the README's build command."""
+    """The base stand-in (kept between sessions), then the image by the page's build command."""
     started = time.perf_counter()
     base = subprocess.run([str(STANDIN)], capture_output=True, text=True, timeout=1800,
                           env={**os.environ, "PYTHON": sys.executable})
     assert base.returncode == 0, base.stdout + base.stderr
     based = time.perf_counter()
-    [build] = [words for words, _ in _readme_commands() if words[:2] == ["docker", "build"] and len(words) == 5]
-    assert build == ["docker", "build", "-t", README_IMAGE, "."], build
+    [build] = [words for words, _ in _documented_commands() if words[:2] == ["docker", "build"] and len(words) == 5]
+    assert build == ["docker", "build", "-t", DOC_IMAGE, "."], build
     previous = _docker("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
     built = _docker("build", "--network", "host", "-t", IMAGE, ".", timeout=1800, cwd=REPO)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr
@@ -134,8 +134,8 @@ def _metrics(run_dir: Path) -> dict:
 
 
 def test_quickstart_then_offline_from_the_cache_volume(image, volume, tmp_path):
-    words, block = _readme_run("train", "-v", f"{README_VOLUME}:/home/app/.cache/huggingface")
-    assert "mkdir -p runs data" in block, "the README creates runs/ before Docker would create it as root's"
+    words, block = _documented_run("train", "-v", f"{DOC_VOLUME}:/home/app/.cache/huggingface")
+    assert "mkdir -p runs data" in block, "the Docker page creates runs/ before Docker would create it as root's"
     (tmp_path / "runs").mkdir()
     (tmp_path / "data").mkdir()
     os.chown(tmp_path / "runs", APP_UID, APP_UID)  # what `mkdir` by the host user with the image's uid gives
@@ -147,7 +147,7 @@ def test_quickstart_then_offline_from_the_cache_volume(image, volume, tmp_path):
     assert _metrics(run_dir)["eval"]["accuracy"] > 0.8
     assert (run_dir / "adapter").is_dir() and (run_dir / "metrics.json").stat().st_uid == APP_UID
 
-    # A hub checkpoint put in the cache volume as an online run leaves it, then the README's offline command
+    # A hub checkpoint put in the cache volume as an online run leaves it, then the page's offline command
     # (with no network at all, so nothing could be fetched) trains from it.
     from tests import hub_cache
 
@@ -157,7 +157,7 @@ def test_quickstart_then_offline_from_the_cache_volume(image, volume, tmp_path):
     fill = _docker("run", "--rm", "-v", f"{volume}:/home/app/.cache/huggingface", "-v", f"{planted}:/planted:ro",
                    "--entrypoint", "cp", IMAGE, "-R", "/planted/hub", "/home/app/.cache/huggingface/")
     assert fill.returncode == 0, fill.stderr
-    words, _ = _readme_run("HF_HUB_OFFLINE=1", "train")
+    words, _ = _documented_run("HF_HUB_OFFLINE=1", "train")
     offline = _run(_as_test(words, tmp_path, volume, extra_options=("--network", "none"), extra_args=(
         "--set", f"model.checkpoint={hub_cache.MINILM_ID}", "--set", "training.max_steps=4",
         "--output", "runs/offline")), tmp_path)
@@ -165,7 +165,7 @@ def test_quickstart_then_offline_from_the_cache_volume(image, volume, tmp_path):
     assert f"model loaded: {hub_cache.MINILM_ID}" in offline.stderr
     assert (tmp_path / "runs" / "offline" / "metrics.json").is_file()
 
-    words, _ = _readme_run("doctor")
+    words, _ = _documented_run("doctor")
     doctor = _run(_as_test(words, tmp_path, volume), tmp_path)
     assert doctor.returncode == 0, doctor.stderr
     rows = dict(re.split(r"\s{2,}", line.strip(), maxsplit=1) for line in doctor.stdout.splitlines() if "  " in line)
@@ -178,7 +178,7 @@ def test_quickstart_then_offline_from_the_cache_volume(image, volume, tmp_path):
 
 def test_a_root_owned_runs_folder_fails_in_one_line(image, volume, tmp_path):
     """Without `mkdir -p runs`, Docker creates the bind-mounted folder as root's: one line says who needs what."""
-    words, _ = _readme_run("train", "-v", f"{README_VOLUME}:/home/app/.cache/huggingface")
+    words, _ = _documented_run("train", "-v", f"{DOC_VOLUME}:/home/app/.cache/huggingface")
     result = _run(_as_test(words, tmp_path, volume), tmp_path)
     assert (tmp_path / "runs").stat().st_uid == 0
     lines = result.stderr.splitlines()
@@ -200,7 +200,7 @@ def test_any_uid_with_docker_run_user(image, volume, tmp_path, user):
     (tmp_path / "runs").mkdir()
     (tmp_path / "data").mkdir()
     os.chown(tmp_path / "runs", uid, gid)
-    words, _ = _readme_run("--user", "train")
+    words, _ = _documented_run("--user", "train")
     result = _run(_as_test(words, tmp_path, volume, user=user, extra_args=("--set", "training.max_steps=3")),
                   tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -218,17 +218,17 @@ def test_app_uid_zero_is_refused_at_build(image):
 
 
 def test_the_image_serves_benchmarks_and_tunes_preferences(image, volume, tmp_path):
-    """The README's serve command, detached and published on a free loopback port: a classification with the key,
+    """The Docker page's serve command, detached and published on a free loopback port: a classification with the key,
     then `docker stop` drains it; its benchmark and preference commands, cut short."""
     import httpx
 
     (tmp_path / "runs").mkdir()
     os.chown(tmp_path / "runs", APP_UID, APP_UID)
-    words, _ = _readme_run("train", "-v", f"{README_VOLUME}:/home/app/.cache/huggingface")
+    words, _ = _documented_run("train", "-v", f"{DOC_VOLUME}:/home/app/.cache/huggingface")
     trained = _run(_as_test(words, tmp_path, volume, extra_args=("--set", "training.max_steps=4")), tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
 
-    words, _ = _readme_run("serve")
+    words, _ = _documented_run("serve")
     assert words[words.index("-p") + 1] == "8000:8000" and "HFTOOLKIT_API_KEY" in words
     words[words.index("-p") + 1] = "127.0.0.1::8000"  # (any free port of the host's loopback)
     name = f"hftoolkit-serve-{uuid.uuid4().hex[:8]}"
@@ -238,7 +238,7 @@ def test_the_image_serves_benchmarks_and_tunes_preferences(image, volume, tmp_pa
     logs = None
     try:
         assert started.returncode == 0, started.stderr
-        # (followed from the start: the README's --rm removes the container, and its logs, once it stops)
+        # (followed from the start: the page's --rm removes the container, and its logs, once it stops)
         logs = subprocess.Popen(["docker", "logs", "-f", name], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                 text=True)
         port = _docker("port", name, "8000").stdout.split(":")[-1].strip()
@@ -263,10 +263,10 @@ def test_the_image_serves_benchmarks_and_tunes_preferences(image, volume, tmp_pa
         if logs is not None and logs.poll() is None:
             logs.kill()
 
-    words, _ = _readme_run("--benchmark")
+    words, _ = _documented_run("--benchmark")
     scored = _run(_as_test(words, tmp_path, volume, extra_args=("--limit", "2", "--num-fewshot", "0")), tmp_path)
     assert scored.returncode == 0 and "hftoolkit_everyday_mc" in scored.stdout, scored.stderr[-3000:]
-    words, _ = _readme_run("recipes/decoder-preference.yaml")
+    words, _ = _documented_run("recipes/decoder-preference.yaml")
     tuned = _run(_as_test(words, tmp_path, volume, extra_args=(
         "--set", "training.max_steps=4", "--set", "data.max_train_samples=64", "--set", "data.max_eval_samples=16",
         "--set", "eval.max_predictions=0")), tmp_path)
