@@ -17,7 +17,7 @@ MODULES = patch_modules()
 
 def test_the_folder_holds_the_patches_the_runs_rely_on():
     names = {m.__name__.rsplit(".", 1)[1] for m in MODULES}
-    assert {"accelerate_1_15", "deepspeed_0_19", "peft_0_21", "transformers_5"} <= names
+    assert {"accelerate_1_15", "deepspeed_0_19", "peft_0_21", "transformers_5", "trl_1_16"} <= names
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__.rsplit(".", 1)[1])
@@ -45,6 +45,60 @@ def test_the_version_check_fails_outside_the_range():
     from types import SimpleNamespace
 
     assert not in_range(SimpleNamespace(LIBRARY="accelerate", VERSIONS=">=0.1,<0.2"))
+
+
+def test_the_trl_range_installed_is_the_one_its_patch_was_checked_against():
+    """pyproject's TRL requirement is trl_1_16's VERSIONS: a release outside it is checked here before it's allowed."""
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from setuptools.config.pyprojecttoml import read_configuration  # (tomllib is 3.11 on)
+
+    from hftoolkit.patches import trl_1_16
+
+    pyproject = read_configuration(PACKAGE.parent / "pyproject.toml", expand=False)
+    trl = next(Requirement(r) for r in pyproject["project"]["dependencies"] if Requirement(r).name == "trl")
+    assert trl.specifier == SpecifierSet(trl_1_16.VERSIONS)
+    assert list(trl.specifier.filter(["1.14.2", "1.15.0", "1.16.0", "1.17.0"])) == ["1.16.0"]  # (see trl_1_16)
+
+
+def test_trl_s_still_needed_says_when_its_code_reads_otherwise(monkeypatch):
+    from trl import DPOTrainer, KTOTrainer
+
+    from hftoolkit.patches import trl_1_16
+
+    def reads_more(self, model, inputs, return_outputs):
+        return self.beta * self.a_new_coefficient
+
+    monkeypatch.setattr(DPOTrainer, "_compute_loss", reads_more)
+    monkeypatch.setattr(KTOTrainer, "_precompute_ref_logps", lambda self, dataset, name: dataset)
+    problems = trl_1_16.still_needed()
+    assert any("DPOTrainer._compute_loss reads ['a_new_coefficient']" in p for p in problems), problems
+    assert any("KTOTrainer._precompute_ref_logps is gone or takes other arguments" in p for p in problems), problems
+    assert len(problems) == 2, problems
+
+
+def test_kto_s_mismatched_answers_are_the_batch_of_all_processes_rotated_by_one():
+    """TokenizedPreference adds KL_completion_ids to tokenized KTO rows (shuffled for training) and passes DPO's on."""
+    from types import SimpleNamespace
+
+    import datasets
+    from trl import DPOTrainer, KTOTrainer
+
+    from hftoolkit.patches import trl_1_16
+
+    rows = datasets.Dataset.from_dict({"prompt_ids": [[1]] * 6, "completion_ids": [[i] for i in range(6)],
+                                       "label": [True, False] * 3})
+    args = SimpleNamespace(seed=0, per_device_train_batch_size=3)
+    kto_class = type("Kto", (trl_1_16.TokenizedPreference, KTOTrainer), {})
+    kto = kto_class.__new__(kto_class)
+    kto.calculate_KL = True
+    prepared = kto._prepare_dataset(rows, None, args, "eval")
+    assert prepared["KL_completion_ids"] == [[2], [0], [1], [5], [3], [4]]
+    shuffled = kto._prepare_dataset(rows, None, args, "train")
+    assert sorted(shuffled["completion_ids"]) == rows["completion_ids"] != shuffled["completion_ids"]
+    dpo = type("Dpo", (trl_1_16.TokenizedPreference, DPOTrainer), {})
+    assert dpo.__new__(dpo)._prepare_dataset(rows, None, args, "train") is rows
+    assert dpo.__new__(dpo)._precompute_ref_logps(rows, "train", 3) is rows
 
 
 def test_attention_under_cpu_bf16_autocast_runs_in_fp32_while_the_patch_is_on(monkeypatch):

@@ -279,12 +279,11 @@ def test_the_reference_losses_equal_trl_s_on_a_real_smollm2_batch(smollm2_checkp
 
     import torch
     import transformers
-    from trl.trainer.dpo_trainer import DataCollatorForPreference
-    from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference
 
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation
+    from hftoolkit.patches.trl_1_16 import collator
     from hftoolkit.reference import parity_preference, preference
     from hftoolkit.sources.builtin import preferences
     from hftoolkit.training.preference import orpo_loss
@@ -292,7 +291,7 @@ def test_the_reference_losses_equal_trl_s_on_a_real_smollm2_batch(smollm2_checkp
     data = conversation_pairs(tmp_path / "pairs.jsonl", preferences(12, seed=6))
     job = resolve_job(load_recipe(PREFERENCE, [f"model.checkpoint={smollm2_checkpoint}", f"data.train={data}"]))
     prompts, chosen, rejected = formulation(job).encode(job, job.model.processor, job.data["train"][:3])
-    batch = DataCollatorForPreference(pad_token_id=job.model.processor.pad_token_id)(
+    batch = collator(False, job.model.processor.pad_token_id)(
         [{"prompt_ids": p, "chosen_ids": c, "rejected_ids": r} for p, c, r in zip(prompts, chosen, rejected)])
     inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "completion_mask")}
     # In float64: the two sides compute the same sums in different orders, which float32 rounds apart.
@@ -315,7 +314,7 @@ def test_the_reference_losses_equal_trl_s_on_a_real_smollm2_batch(smollm2_checkp
                    (False, rejected)) for p, c in zip(prompts, side)]
         for example, other in zip(answers, answers[-1:] + answers[:-1]):
             example["KL_completion_ids"] = other["completion_ids"]
-        unpaired = DataCollatorForUnpairedPreference(pad_token_id=job.model.processor.pad_token_id)(answers)
+        unpaired = collator(True, job.model.processor.pad_token_id)(answers)
         kto_logps = {}
         for key, prefix in (("answer", ""), ("kl", "KL_")):
             kto_labels = unpaired[f"{prefix}input_ids"].masked_fill(unpaired[f"{prefix}completion_mask"] == 0, -100)

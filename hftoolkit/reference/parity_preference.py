@@ -3,7 +3,9 @@
 TRL computes these losses inside its trainers' `_compute_loss`, so a row builds a trainer with `__new__`,
 sets only the attributes that method reads, and lets a scripted policy hand it chosen log-probabilities
 (float64: a float32 subtraction of summed log-probs near -100 already rounds by about 1e-5). The
-real-batch rows run a tiny fp32 GPT-2 through TRL's fused LM head. TRL is imported here only.
+real-batch rows run a tiny fp32 GPT-2 through TRL's fused LM head. TRL is imported here only; what these rows read of
+its trainers (the attributes `_compute_loss` reads, ORPO's methods, the fused head) is checked, for the TRL releases
+hftoolkit allows, by patches/trl_1_16.py's still_needed (this layer imports nothing of the toolkit).
 """
 
 from __future__ import annotations

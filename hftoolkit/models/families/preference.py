@@ -48,11 +48,9 @@ class PreferencePairs:
                 self.answers.targets(job, tokenizer, batch["rejected"]))
 
     def collator(self, job: Job, tokenizer):
-        if job.recipe.preference.unpaired:
-            from trl.trainer.kto_trainer import DataCollatorForUnpairedPreference as Collator
-        else:
-            from trl.trainer.dpo_trainer import DataCollatorForPreference as Collator
-        return Collator(pad_token_id=tokenizer.pad_token_id)
+        from hftoolkit.patches import trl_1_16
+
+        return trl_1_16.collator(job.recipe.preference.unpaired, tokenizer.pad_token_id)
 
     def metrics(self, job: Job, tokenizer) -> EvalMetrics:
         # kto scores answers one at a time, so no pair is ranked: its main metric is the mean reward of the good
