@@ -81,7 +81,8 @@ def test_every_command_and_option_is_on_the_commands_page():
         for param in command.params:
             if getattr(param, "hidden", False):
                 continue
-            names = param.opts + param.secondary_opts if param.param_type_name == "option" else [param.metavar or param.name.upper()]
+            is_option = param.param_type_name == "option"
+            names = param.opts + param.secondary_opts if is_option else [param.metavar or param.name.upper()]
             missing += [f"{name or 'hftoolkit'} {opt}" for opt in names if opt not in section]
     assert not missing, f"options missing from reference/commands.md: {missing}"
 

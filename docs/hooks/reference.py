@@ -16,6 +16,7 @@ import types
 import typing
 from pathlib import Path
 
+from markdown.extensions.toc import slugify
 from pydantic import BaseModel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -52,18 +53,20 @@ def _section_of(annotation) -> type[BaseModel] | None:
     return None
 
 
-def _type_name(annotation) -> str:
+def _type_name(annotation, inner: bool = False) -> str:
+    """A key's type in words: `text or null`, `list of text`, `mapping of text to (text or null)`."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if annotation is type(None):
         return "null"
     if origin is typing.Literal:
         return " or ".join(dict.fromkeys(_type_name(type(a)) for a in args))
     if origin in (typing.Union, types.UnionType):
-        return " or ".join(dict.fromkeys(_type_name(a) for a in args))
+        words = " or ".join(dict.fromkeys(_type_name(a) for a in args))
+        return f"({words})" if inner else words
     if origin is list:
-        return f"list of {_type_name(args[0])}"
+        return f"list of {_type_name(args[0], inner=True)}"
     if origin is dict:
-        return f"mapping of {_type_name(args[0])} to {_type_name(args[1])}"
+        return f"mapping of {_type_name(args[0], inner=True)} to {_type_name(args[1], inner=True)}"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return "section"
     return {str: "text", int: "integer", float: "number", bool: "boolean"}.get(annotation, getattr(
@@ -81,6 +84,8 @@ def _allowed(annotation, metadata) -> str:
             if typing.get_origin(a) is not typing.Literal:
                 walk(arg)
     walk(annotation)
+    if literals and bool in typing.get_args(annotation):  # (data.packing: true, false, or one of its words)
+        literals = [True, False, *literals]
     parts = [", ".join(f"`{_literal(v)}`" for v in literals)] if literals else []
     symbols = {"gt": ">", "ge": "≥", "lt": "<", "le": "≤", "min_length": "length ≥", "pattern": "matches"}
     for item in metadata:
@@ -152,8 +157,11 @@ def recipe_page() -> str:
             allowed = _allowed(field.annotation, field.metadata)
             if key == "task":  # (validated against the task table, not a Literal: a task added there is a task)
                 allowed = ", ".join(f"`{name}`" for name in tasks.names()) + " ([Tasks](tasks.md))"
+            about = _cell(field.description or "")
+            if _section_of(field.annotation) is not None:  # a section: its own table below
+                about = f"{about}{'; ' if about else ''}[its keys](#{slugify(f'`{key}`', '-')})"
             lines.append(f"| `{key}` | {_cell(_type_name(field.annotation))} | {_default(field)} | "
-                         f"{allowed} | {_cell(field.description or '')} |")
+                         f"{allowed} | {about} |")
         lines.append("")
     return "\n".join(lines)
 
