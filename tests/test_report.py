@@ -355,3 +355,67 @@ def test_labels_of_points_close_together_in_the_parameters_plot_are_stacked_apar
     ys = [dy for _, dy in offsets[:3]]
     assert len(set(ys)) == 3 and min(abs(a - b) for a in ys for b in ys if a != b) >= LABEL_STEP
     assert offsets[3] == (6, 0)  # a point far from the others keeps its label beside it
+
+
+# ---------------------------------------------------------------- runs that share a recipe name
+
+PREFERENCE = Path(__file__).parent.parent / "recipes" / "decoder-preference.yaml"
+
+
+def preference_run(folder: Path, *sets: str, accuracy: float = 0.6) -> Path:
+    """A run of recipes/decoder-preference.yaml in `folder` (its name the recipe's), recipe.yaml as a run records
+    it: the recipe after --set, with the family the run resolved filled in."""
+    from hftoolkit.config.recipe import load_recipe, recipe_to_yaml, replaced
+
+    recipe = load_recipe(PREFERENCE, [f"output.dir={folder.parent}", *sets])
+    run = make_run(folder.parent, folder.name, family="decoder", task="preference", main_metric="reward_accuracy",
+                   eval_={"reward_accuracy": accuracy, "reward_margin": 0.1}, metrics={"name": recipe.name})
+    (run / "recipe.yaml").write_text(recipe_to_yaml(replaced(recipe, {"model.family": "decoder"})))
+    return run
+
+
+def test_runs_of_one_recipe_are_labelled_by_the_recipe_keys_that_differ(tmp_path):
+    runs = [preference_run(tmp_path / "dpo"), preference_run(tmp_path / "orpo", "preference.method=orpo",
+                                                             accuracy=0.7)]
+    report = write_report(runs, tmp_path / "report").read_text(encoding="utf-8")
+    dpo, orpo = "decoder-preference preference.method=dpo", "decoder-preference preference.method=orpo"
+    assert set(table_rows(report)) == {dpo, orpo}
+    assert "decoder-preference (2)" not in report
+    eval_table = report.split("## Eval metrics: preference")[1].split("\n\n")[1]
+    assert [line.split("|")[1].strip() for line in eval_table.splitlines()[2:]] == [dpo, orpo]
+    page = (tmp_path / "report" / "report.html").read_text(encoding="utf-8")
+    assert f'<td class="cell">{dpo}</td>' in page and f'<td class="cell">{orpo} {BEST}</td>' in page  # whole
+
+
+def test_runs_of_one_recipe_name_the_keys_a_user_set_before_those_a_run_filled_in(tmp_path):
+    runs = [preference_run(tmp_path / "a"),
+            preference_run(tmp_path / "b", "preference.beta=0.2", "lora.r=4", "training.seed=7", "data.max_length=48",
+                           "data.label_names=[bad, good]")]
+    labels = [row["run"].replace(BEST, "").strip() for row in summary_rows([load_run(run) for run in runs])]
+    assert labels == ["decoder-preference lora.r=8 data.max_length=64 training.seed=0 (+1 more)",
+                      "decoder-preference lora.r=4 data.max_length=48 training.seed=7 (+1 more)"]
+    # Only a filled-in key differs (another checkpoint's family): it is named.
+    runs = [preference_run(tmp_path / "c"), preference_run(tmp_path / "d")]
+    (runs[1] / "recipe.yaml").write_text((runs[1] / "recipe.yaml").read_text().replace("family: decoder",
+                                                                                       "family: seq2seq"))
+    labels = [row["run"].replace(BEST, "").strip() for row in summary_rows([load_run(run) for run in runs])]
+    assert labels == ["decoder-preference model.family=decoder", "decoder-preference model.family=seq2seq"]
+
+
+def test_the_same_recipe_run_twice_is_labelled_by_its_folder(tmp_path):
+    runs = [preference_run(tmp_path / "first"), preference_run(tmp_path / "second", accuracy=0.7)]
+    report = write_report(runs, tmp_path / "report").read_text(encoding="utf-8")
+    assert set(table_rows(report)) == {"decoder-preference (first)", "decoder-preference (second)"}
+    # The same folder name under two parents: the parent tells them apart.
+    runs = [preference_run(tmp_path / "monday" / "run"), preference_run(tmp_path / "tuesday" / "run")]
+    labels = [row["run"].replace(BEST, "").strip() for row in summary_rows([load_run(run) for run in runs])]
+    assert labels == ["decoder-preference (monday/run)", "decoder-preference (tuesday/run)"]
+
+
+def test_runs_that_share_a_name_without_recipes_get_unique_labels():
+    from hftoolkit.runs.summary import RunSummary
+
+    runs = [RunSummary(path=Path("nowhere/x"), name="bert"), RunSummary(path=Path("elsewhere/x"), name="bert"),
+            RunSummary(path=Path("elsewhere/x"), name="bert"), RunSummary(path=Path("y"), name="gpt2")]
+    assert [row["run"] for row in summary_rows(runs)] == ["bert (nowhere/x)", "bert (elsewhere/x)",
+                                                          "bert (elsewhere/x) (2)", "gpt2"]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ from hftoolkit.runs.summary import (
     memory_cell,
     params_cell,
     pareto_best,
+    recipe_settings,
     same_task_groups,
 )
 
@@ -60,11 +62,77 @@ def _order(runs: list[RunSummary]) -> list[RunSummary]:
     return sorted(runs, key=lambda run: first[run.task])
 
 
+# A recipe key left out of a label: it differs between runs without saying how they differ (where each was written).
+UNTELLING_KEYS = ("output.dir",)
+# Keys a run fills in from what it found (Job.recorded_recipe: its checkpoint's family, its data's labels): in a
+# label only when nothing the user set differs.
+FILLED_KEYS = ("model.family", "data.label_names")
+LABEL_KEYS = 3  # a label names at most this many differing keys, and counts the rest
+LABEL_VALUE_LENGTH = 32  # a longer value (a path) keeps its end
+MISSING = object()  # a key one run's recipe lacks (written by another version)
+
+
 def _label(runs: list[RunSummary]) -> None:
-    seen: dict[str, int] = {}
+    """Each run's display name: its name; where several runs share one, the name and the recipe keys whose values
+    tell them apart (`decoder-preference preference.method=orpo`), read from each run's recipe.yaml, else the
+    run's folder, as a sweep names its variants. Labels come out unique."""
+    groups: dict[str, list[RunSummary]] = {}
     for run in runs:
-        seen[run.name] = seen.get(run.name, 0) + 1
-        run.label = run.name if seen[run.name] == 1 else f"{run.name} ({seen[run.name]})"
+        groups.setdefault(run.name, []).append(run)
+    for name, members in groups.items():
+        if len(members) == 1:
+            members[0].label = name
+            continue
+        differing, folders = _differing_settings(members), _folder_names(members)
+        for run, settings, folder in zip(members, differing, folders):
+            parts = [name, settings] if settings else [name]
+            if not settings or differing.count(settings) > 1:  # (the keys cut at LABEL_KEYS may leave two alike)
+                parts.append(f"({folder})")
+            run.label = " ".join(parts)
+    seen: dict[str, int] = {}
+    for run in runs:  # what still collides (a value too long to tell, the same folder twice) is numbered
+        seen[run.label] = seen.get(run.label, 0) + 1
+        if seen[run.label] > 1:
+            run.label = f"{run.label} ({seen[run.label]})"
+
+
+def _differing_settings(members: list[RunSummary]) -> list[str]:
+    """For runs that share a name: each one's `key=value` for the recipe keys whose values differ among them
+    ("" for every run where any has no readable recipe.yaml, or none differs)."""
+    recipes = [recipe_settings(run.path) for run in members]
+    if not all(recipes):
+        return [""] * len(members)
+    keys = [key for key in dict.fromkeys(k for recipe in recipes for k in recipe) if key not in UNTELLING_KEYS
+            and len({_raw(recipe.get(key, MISSING)) for recipe in recipes}) > 1]
+    keys = [key for key in keys if key not in FILLED_KEYS] or keys
+    labels = []
+    for recipe in recipes:
+        shown = [f"{key}={_shown(recipe.get(key, MISSING))}" for key in keys[:LABEL_KEYS]]
+        if len(keys) > LABEL_KEYS:
+            shown.append(f"(+{len(keys) - LABEL_KEYS} more)")
+        labels.append(" ".join(shown))
+    return labels
+
+
+def _raw(value) -> str:
+    return "" if value is MISSING else json.dumps(value, sort_keys=True, default=str)
+
+
+def _shown(value) -> str:
+    """A recipe value as `--set` would take it: a string as it is, anything else as YAML's flow style (JSON)."""
+    from hftoolkit.base.text_width import short_path
+
+    if value is MISSING:
+        return "(unset)"
+    return short_path(value if isinstance(value, str) else json.dumps(value, default=str), LABEL_VALUE_LENGTH)
+
+
+def _folder_names(members: list[RunSummary]) -> list[str]:
+    """The shortest end of each run's path (its folder, then its parent's too, ...) that tells the runs apart, as
+    far as their paths differ at all."""
+    parts = [run.path.resolve().parts for run in members]
+    ends = [["/".join(p[-depth:]) for p in parts] for depth in range(1, max(len(p) for p in parts) + 1)]
+    return next(names for names in ends if len(set(names)) == len(set(parts)))
 
 
 def summary_rows(runs: list[RunSummary]) -> list[dict[str, str]]:
@@ -315,7 +383,7 @@ def _cell(column: str, value: str) -> str:
     from hftoolkit.base.text_width import short_path
 
     esc = html.escape
-    if len(value) <= CELL_LENGTH or column == "main metric":
+    if len(value) <= CELL_LENGTH or column in ("main metric", "run"):  # (a run's label tells it from the others)
         return f'<td class="cell">{esc(value)}</td>'
     return f'<td class="cell" title="{esc(value)}">{esc(short_path(value, CELL_LENGTH))}</td>'
 

@@ -119,6 +119,29 @@ def _read_log_history(path: Path, notes: list[str]) -> list[dict]:
     return lines
 
 
+def recipe_settings(path: Path) -> dict[str, Any]:
+    """A run directory's recipe.yaml as dotted keys (`preference.method` -> "orpo"; a list is one value); {} where
+    it has none, or none that reads as a mapping."""
+    try:
+        import yaml
+
+        data = yaml.safe_load((Path(path) / "recipe.yaml").read_text(encoding="utf-8"))
+    except Exception:  # a label's source only: any failure means "recipe says nothing"
+        return {}
+    flat: dict[str, Any] = {}
+
+    def walk(node: dict, prefix: str) -> None:
+        for key, value in node.items():
+            if isinstance(value, dict) and value:
+                walk(value, f"{prefix}{key}.")
+            else:
+                flat[f"{prefix}{key}"] = value
+
+    if isinstance(data, dict):
+        walk(data, "")
+    return flat
+
+
 def _read_recipe(path: Path) -> dict:
     """Best effort: name, task, checkpoint, quantization, LoRA rank from recipe.yaml."""
     try:
