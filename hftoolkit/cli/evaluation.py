@@ -10,6 +10,7 @@ from typing import Annotated, Literal
 import typer
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.run_layout import LOG, RECIPE
 from hftoolkit.cli import stdout
 from hftoolkit.cli.options import JsonOption, QuietOption, SetOption, VerboseOption
 
@@ -79,8 +80,8 @@ def _eval_run(target: Path, split: str | None, options, verbosity) -> tuple[dict
     from hftoolkit.runs.rundir import RunDirectory
     from hftoolkit.workflows import evaluate as evaluation
 
-    is_run = (target / "recipe.yaml").is_file()
-    log = target / "train.log" if is_run else None  # (a run's log goes on)
+    is_run = (target / RECIPE).is_file()
+    log = target / LOG if is_run else None  # (a run's log goes on)
     with RunDirectory(target).held("eval", f"hftoolkit eval {target}") if is_run else contextlib.nullcontext(), \
             console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
         if options is not None:

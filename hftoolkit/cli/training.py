@@ -10,6 +10,7 @@ from typing import Annotated
 import typer
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.run_layout import RECIPE
 from hftoolkit.cli import stdout
 from hftoolkit.cli.options import (
     AccelerateConfigOption,
@@ -85,10 +86,10 @@ def _recipe_and_output(recipe: Path, output: Path | None, resume: bool, overwrit
     if resume and overwrite:
         raise UserError("--resume and --overwrite contradict each other: pass one of them")
     if resume and recipe.is_dir():
-        if not (recipe / "recipe.yaml").is_file():
+        if not (recipe / RECIPE).is_file():
             raise UserError(f"--resume: {recipe} has no recipe.yaml, so it is not a run directory: "
                             "pass a folder written by hftoolkit train, or the recipe file with --output")
-        return recipe / "recipe.yaml", output or recipe
+        return recipe / RECIPE, output or recipe
     return recipe, output
 
 

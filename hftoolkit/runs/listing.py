@@ -13,9 +13,10 @@ from datetime import datetime
 from pathlib import Path
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.run_layout import MANIFEST, METRICS
 from hftoolkit.runs.summary import DASH, format_seconds, format_value, load_run
 
-RUN_MARKERS = ("manifest.json", "metrics.json")
+RUN_MARKERS = (MANIFEST, METRICS)
 # A run's own subfolders hold weights and checkpoints, not runs: not searched inside a run.
 RUN_CONTENTS = {"checkpoints", "adapter", "model"}
 # Never searched anywhere (hidden folders such as .git and .venv are skipped too).

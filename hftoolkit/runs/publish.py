@@ -14,16 +14,16 @@ from huggingface_hub.errors import HFValidationError
 from huggingface_hub.utils import filter_repo_objects, validate_repo_id
 
 from hftoolkit.base.errors import UserError
-from hftoolkit.config.recipe import Recipe, load_recipe
+from hftoolkit.base.run_layout import METRICS, RECIPE
 from hftoolkit.runs.card import _first_line, _hub_errors, _hub_validate, check_card, model_card
-from hftoolkit.runs.rundir import RunDirectory
+from hftoolkit.runs.rundir import FinishedRun, open_run
 
 # Files of adapter/ or model/ that go to the repository's root: weights (safetensors only), configs,
 # tokenizer vocabularies and chat templates; never hidden files. Not peft's template README.md (our card
 # replaces it) nor a pickled training_args.bin.
 WEIGHT_PATTERNS = ["*.safetensors", "*.json", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
 WEIGHT_IGNORED = [".*", "*/.*"]
-RUN_FILES = ["recipe.yaml", "metrics.json"]  # from the run's root; README.md is the card built here
+RUN_FILES = [RECIPE, METRICS]  # from the run's root; README.md is the card built here
 
 
 def push(run_dir: Path, repo_id: str, private: bool = False, dry_run: bool = False,
@@ -42,11 +42,10 @@ def push(run_dir: Path, repo_id: str, private: bool = False, dry_run: bool = Fal
     except HFValidationError as err:
         rule = str(err).removesuffix(" Use `repo_type` argument if needed.")  # a library argument, not ours
         raise UserError(f"--repo-id: {rule} Use the form namespace/name, for example alice/bert-sst2") from None
-    run = RunDirectory(run_dir)
-    recipe, metrics = _read_complete_run(run)
-    card = model_card(recipe, metrics, license=license)
+    opened, metrics = _read_complete_run(run_dir)
+    card = model_card(opened.recipe, metrics, license=license)
     check_card(card)
-    uploads = upload_plan(run, recipe)
+    uploads = upload_plan(opened)
     files = sorted([*uploads, "README.md"])
     if dry_run:
         return files, card
@@ -64,26 +63,26 @@ def push(run_dir: Path, repo_id: str, private: bool = False, dry_run: bool = Fal
             raise UserError(f"--private: {repo_id} already exists and is public, so the run would be public: "
                             "make the repository private on the Hub first, or push without --private")
         api.create_commit(repo_id, operations, repo_type="model",
-                          commit_message=f"hftoolkit push: {recipe.name}")
+                          commit_message=f"hftoolkit push: {opened.recipe.name}")
     except _hub_errors() as err:
         raise UserError(f"push: could not upload to {repo_id}: {_first_line(err)}") from None
     return files, card
 
 
-def _read_complete_run(run: RunDirectory) -> tuple[Recipe, dict]:
-    if not (run / "recipe.yaml").is_file():
-        raise UserError(f"{run.path}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
+def _read_complete_run(run_dir: Path) -> tuple[FinishedRun, dict]:
+    opened = open_run(run_dir)
+    run = opened.directory
     status = run.manifest().get("status")
     if status != "complete":
         raise UserError(f"{run.path}: the run's status is {status or 'missing'} in manifest.json, not complete: "
                         f"push a finished run, or finish this one with `hftoolkit train --resume {run.path}`")
-    if not (run / "metrics.json").is_file():
+    if not (run / METRICS).is_file():
         raise UserError(f"{run.path}: no metrics.json, so there are no results to publish: "
                         "score it with `hftoolkit eval`")
-    return load_recipe(run / "recipe.yaml"), run.metrics()
+    return opened, run.metrics()
 
 
-def upload_plan(run: RunDirectory, recipe: Recipe) -> dict[str, Path]:
+def upload_plan(opened: FinishedRun) -> dict[str, Path]:
     """{path in the repository: local file}: the weights folder's files at the root, and RUN_FILES.
 
     The root is what `from_pretrained` expects: the adapter (LoRA runs: adapter_config.json,
@@ -91,11 +90,7 @@ def upload_plan(run: RunDirectory, recipe: Recipe) -> dict[str, Path]:
     Nothing else of the run goes up: checkpoints/ (optimizer state), predictions.jsonl (eval inputs, which belong
     to the data set's owner), log_history.jsonl, and manifest.json (the local command line, paths and hardware;
     recipe.yaml is what reproduces the run)."""
-    folder = run / ("adapter" if recipe.lora.enabled else "model")
-    if not folder.is_dir():
-        method = "trains LoRA" if recipe.lora.enabled else "fine-tunes the whole model"
-        raise UserError(f"{run.path}: no {folder.name}/ folder (the recipe {method}), so the run has no weights "
-                        "to publish: train it again")
+    run, folder = opened.directory, opened.weights
     found = sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file())
     plan = {name: folder / name
             for name in filter_repo_objects(found, allow_patterns=WEIGHT_PATTERNS, ignore_patterns=WEIGHT_IGNORED)}

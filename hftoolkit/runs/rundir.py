@@ -17,15 +17,19 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hftoolkit import __version__
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.run_layout import ADAPTER, CONFIG, LOCK, MANIFEST, METRICS, MODEL, RECIPE
+
+if TYPE_CHECKING:
+    from hftoolkit.config.recipe import Recipe
 
 # The status of a run whose weights were saved and whose eval pass (or what follows it) then failed.
 TRAINED_EVAL_FAILED = "trained, eval failed"
-FILES = ("recipe.yaml", "manifest.json", "metrics.json", "log_history.jsonl", "predictions.jsonl", "README.md")
-LOCK = "run.lock"
 # A status check holds the lock shared for an instant; a writer retries that long before calling the folder in use.
 LOCK_PATIENCE_SECONDS = 2.0
 
@@ -69,10 +73,10 @@ class RunDirectory:
         return interrupted
 
     def start(self, recipe_yaml: str, command: list[str], seed: int) -> None:
-        self.write_text("recipe.yaml", recipe_yaml)
+        self.write_text(RECIPE, recipe_yaml)
         previous = self.manifest()
         previous.pop("stopped_at_step", None)  # (a resumed run goes on past it)
-        self.write_json("manifest.json", {
+        self.write_json(MANIFEST, {
             **previous, "status": "running", "hftoolkit_version": __version__,
             "started": previous.get("started", _now()), "finished": None, "error": None,
             "command": " ".join(command), "seed": seed, "git_sha": _git_sha(), "versions": _versions(),
@@ -80,7 +84,7 @@ class RunDirectory:
         })
 
     def update_manifest(self, **fields) -> None:
-        self.write_json("manifest.json", {**self.manifest(), **fields})
+        self.write_json(MANIFEST, {**self.manifest(), **fields})
 
     def finish(self, status: str, error: str | None = None) -> None:
         self.update_manifest(status=status, error=error, finished=_now())
@@ -180,15 +184,15 @@ class RunDirectory:
         return [p for p in self.path.iterdir() if p.name != LOCK] if self.path.is_dir() else []
 
     def manifest(self) -> dict:
-        path = self.path / "manifest.json"
+        path = self.path / MANIFEST
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def metrics(self) -> dict:
-        path = self.path / "metrics.json"
+        path = self.path / METRICS
         return json.loads(path.read_text()) if path.is_file() else {}
 
     def weights_dir(self) -> Path:
-        for name in ("adapter", "model"):
+        for name in (ADAPTER, MODEL):
             if (self.path / name).is_dir():
                 return self.path / name
         raise UserError(f"{self.path}: no adapter/ or model/ folder, so the run did not finish; "
@@ -209,6 +213,42 @@ class RunDirectory:
 # The run locks this process holds (folder -> descriptor); a forked child closes its copies, so that the lock is
 # released when its holder ends, not when the last of its data loader workers does.
 _held: dict[Path, int] = {}
+
+
+@dataclass(frozen=True)
+class FinishedRun:
+    """A run directory opened for reading its model: its recipe, read once, and where its weights are."""
+
+    directory: RunDirectory
+    recipe: Recipe
+    weights: Path  # adapter/ (on the recipe's base), model/ (the whole model), or the folder itself (merged)
+
+    @property
+    def path(self) -> Path:
+        return self.directory.path
+
+    @property
+    def merged(self) -> bool:
+        """A folder `hftoolkit merge` wrote: the model itself, with the run's recipe beside it."""
+        return self.weights == self.path
+
+    @property
+    def adapter(self) -> bool:
+        return self.weights.name == ADAPTER and not self.merged
+
+
+def open_run(path: str | Path, merged: bool = False) -> FinishedRun:
+    """The one open of a finished run, for every command that reads one (eval, predict, merge, serve, push, bench):
+    it is a run directory, its recipe is read, and its weights are found. `merged`: a folder `hftoolkit merge`
+    wrote is accepted too. Refused in one line otherwise."""
+    from hftoolkit.config.recipe import load_recipe
+
+    run = RunDirectory(path)
+    if not (run / RECIPE).is_file():
+        also = " or hftoolkit merge" if merged else ""
+        raise UserError(f"{path}: not a run directory (no {RECIPE}): pass a folder written by hftoolkit train{also}")
+    weights = run.path if merged and (run / CONFIG).is_file() else run.weights_dir()
+    return FinishedRun(run, load_recipe(run / RECIPE), weights)
 
 
 def _close_held_in_child() -> None:

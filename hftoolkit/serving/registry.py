@@ -1,6 +1,6 @@
 """The runs a server answers for, loaded once: runs whose adapters share a base share one copy of it.
 
-Each run is loaded as `predict` loads it (`workflows.evaluate.load_trained`). A LoRA run whose base is already in
+Each run is loaded as `predict` loads it (`workflows.trained.load_trained`). A LoRA run whose base is already in
 memory, with the same head, quantization and processor, has its adapter attached to that model by name (peft's
 `load_adapter`); another base is loaded once more. Merged and fully fine-tuned runs are served as they are, each a
 model of its own.
@@ -84,22 +84,16 @@ def run_names(given: list[str]) -> list[tuple[str, Path]]:
 def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> dict[str, ServedRun]:
     """Every run loaded, adapters on a shared base where they can be; `max_batch` requests go through the model at
     once (each run's eval.batch_size is set to it, so that a batch is one forward pass)."""
-    from hftoolkit.config.recipe import load_recipe, replaced
+    from hftoolkit.config.recipe import replaced
     from hftoolkit.job.resolve import resolve_job
     from hftoolkit.models.families import formulation
-    from hftoolkit.runs.rundir import RunDirectory
-    from hftoolkit.workflows.evaluate import load_trained
+    from hftoolkit.runs.rundir import open_run
+    from hftoolkit.workflows.trained import load_trained
 
     served, bases = {}, {}
     for name, path in pairs:
-        run = RunDirectory(path)
-        if not (run / "recipe.yaml").is_file():
-            raise UserError(f"serve: {path} is not a run directory (no recipe.yaml): pass folders written by "
-                            "hftoolkit train or hftoolkit merge")
-        merged = (run / "config.json").is_file()  # a folder `merge` wrote: its weights are itself
-        weights = run.path if merged else run.weights_dir()
-        lora = not merged and weights.name == "adapter"
-        recipe = load_recipe(run / "recipe.yaml")
+        run = open_run(path, merged=True)
+        recipe, weights, lora = run.recipe, run.weights, run.adapter
         if recipe.task in NOT_SERVED:
             raise UserError(f"serve: {path} is a {recipe.task} run, {NOT_SERVED[recipe.task]}: use hftoolkit predict")
         key = _base_key(recipe, weights) if lora else None
@@ -112,7 +106,7 @@ def load_runs(pairs: list[tuple[str, Path]], max_batch: int, progress=print) -> 
             job = resolve_job(recipe, data=False, weights=weights)  # (no weights read: they join a loaded base)
             form = formulation(job)
         else:
-            job, form, model, processor = merged_model(run.path, recipe) if merged else load_trained(path)
+            job, form, model, processor = load_trained(run)
             model.eval()
             adapter = "default" if lora else None
             base = Base(model, processor, [adapter] if adapter else [], [name])
@@ -149,17 +143,3 @@ def _processor_bytes(file: Path) -> bytes:
     return json.dumps({k: v for k, v in saved.items() if k not in ("truncation", "padding")}, sort_keys=True).encode()
 
 
-def merged_model(folder: Path, recipe):
-    """(job, formulation, model, processor) of a folder `hftoolkit merge` wrote: the run's recipe, kept beside the
-    weights, with the folder as a plain checkpoint (no adapter, not quantized)."""
-    from hftoolkit.config.recipe import replaced
-    from hftoolkit.job.resolve import resolve_job
-    from hftoolkit.models.families import formulation
-
-    recipe = replaced(recipe, {
-        "model.checkpoint": str(folder.resolve()), "model.gguf_file": None, "model.revision": None,
-        "model.quantization": "none", "lora.enabled": False}, "serve")
-    job = resolve_job(recipe, data=False)
-    form = formulation(job)
-    model, processor = form.load_model(job)
-    return job, form, model, processor

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.run_layout import ADAPTER, MODEL, RECIPE
 from hftoolkit.sources.installed import installed_name, locate
 from hftoolkit.sources.locations import expand, is_hub_id
 
@@ -39,8 +40,8 @@ def resolve_checkpoint(recipe: Recipe) -> str:
                 return resolve_checkpoint(base)
             except UserError as err:
                 raise UserError(f"{err} (the base the adapter {adapters[-1]} was trained on)") from None
-        if (path / "recipe.yaml").is_file() and (path / "model").is_dir():  # a run that trained the whole model
-            path = path / "model"
+        if (path / RECIPE).is_file() and (path / MODEL).is_dir():  # a run that trained the whole model
+            path = path / MODEL
         if not (path / "config.json").is_file():
             raise UserError(f"model.checkpoint: {ckpt} has no config.json, so it is not a saved model; "
                             "point it at a folder written by save_pretrained")
@@ -59,13 +60,13 @@ def started_from(recipe: Recipe) -> tuple[Recipe, tuple[str, ...]]:
     path = Path(recipe.model.checkpoint).expanduser()
     if not path.is_dir() or recipe.model.checkpoint.startswith("init:"):
         return recipe, ()
-    run = path if (path / "recipe.yaml").is_file() else path.parent if (path.parent / "recipe.yaml").is_file() \
+    run = path if (path / RECIPE).is_file() else path.parent if (path.parent / RECIPE).is_file() \
         else None
-    adapter = run / "adapter" if run is not None else path
+    adapter = run / ADAPTER if run is not None else path
     if not (adapter / "adapter_config.json").is_file() or (path / "config.json").is_file():
         return recipe, ()
     if run is not None:  # the run's own recipe names its base as the user wrote it (hub id, revision, GGUF file)
-        m = load_recipe(run / "recipe.yaml").model
+        m = load_recipe(run / RECIPE).model
         changes = {"model.checkpoint": m.checkpoint, "model.revision": m.revision, "model.gguf_file": m.gguf_file}
     else:
         config = json.loads((adapter / "adapter_config.json").read_text())

@@ -7,6 +7,7 @@ Imports no torch at module level.
 from __future__ import annotations
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.run_layout import CHECKPOINTS
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.job.spec import Job
@@ -41,7 +42,7 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
         arguments, extra = arguments_class(job)
     return arguments(
         **extra,
-        output_dir=str(run / "checkpoints"),
+        output_dir=str(run / CHECKPOINTS),
         num_train_epochs=t.epochs, max_steps=t.max_steps or -1,
         # training.batch_size is the step's batch over all processes; eval.batch_size is per process.
         per_device_train_batch_size=per_process_batch(t.batch_size, PartialState().num_processes),

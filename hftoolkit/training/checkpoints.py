@@ -17,13 +17,11 @@ from pathlib import Path
 
 from hftoolkit.base import console
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.run_layout import CHECKPOINTS, RECIPE, RESULTS
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STAGING_PREFIX = ".tmp-"
 PAUSED = "test hook: paused at"
-# The files of a finished run: removed when a failed or killed run is resumed, so the folder
-# never looks complete before the resumed run has really finished.
-RESULTS = ("metrics.json", "predictions.jsonl", "README.md", "adapter", "model")
 # Written by Trainer._save as a pickle (TrainingArguments); nothing reads it on resume, and a
 # pickle is code, so it is not kept.
 PICKLED_ARGS = "training_args.bin"
@@ -110,7 +108,7 @@ def resume_point(run, recipe_yaml: str, sharding: str | None = None) -> Path | N
         raise UserError(refusal)
     if not run.manifest():
         return None
-    saved = run / "recipe.yaml"
+    saved = run / RECIPE
     if saved.is_file():
         changed = [k for k in changed_keys(saved.read_text(encoding="utf-8"), recipe_yaml)
                    if not k.startswith(RESUMABLE_CHANGES)]
@@ -118,7 +116,7 @@ def resume_point(run, recipe_yaml: str, sharding: str | None = None) -> Path | N
             raise UserError(f"--resume: the recipe differs from the one {run.path} was started with "
                             f"({', '.join(changed[:5])}): resume with the same recipe and --set overrides, "
                             "or pass --overwrite to start again")
-    checkpoint = latest_checkpoint(run / "checkpoints")
+    checkpoint = latest_checkpoint(run / CHECKPOINTS)
     if checkpoint is not None:
         check_checkpoint(checkpoint)
     return checkpoint
@@ -204,7 +202,7 @@ def clear_results(run) -> None:
             shutil.rmtree(path)
         elif path.exists():
             path.unlink()
-    remove_staging(run / "checkpoints")
+    remove_staging(run / CHECKPOINTS)
 
 
 def changed_keys(saved_yaml: str, new_yaml: str) -> list[str]:

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.lifecycle import PARENT_VARIABLE, REASONS_VARIABLE, STOP_SIGNALS, Stopped, first_reason
+from hftoolkit.base.run_layout import LOG
 from hftoolkit.training.strategies.launch import LaunchPlan
 
 # The command the user typed, handed to the relaunched processes for manifest.json.
@@ -146,8 +147,8 @@ def _wait_passing_signals(process: subprocess.Popen) -> tuple[int, int | None]:
 
 def _keep_log(log: Path, run_dir: Path | None) -> None:
     """The launcher's log, appended to the run's train.log (when the run wrote one)."""
-    if run_dir is not None and log.is_file() and log.stat().st_size and (Path(run_dir) / "train.log").is_file():
-        with open(Path(run_dir) / "train.log", "a", encoding="utf-8") as out:
+    if run_dir is not None and log.is_file() and log.stat().st_size and (Path(run_dir) / LOG).is_file():
+        with open(Path(run_dir) / LOG, "a", encoding="utf-8") as out:
             out.write("\n--- the launcher (accelerate launch, torchrun) ---\n" + log.read_text(errors="replace"))
 
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from hftoolkit.base import console
-from hftoolkit.base.errors import UserError
+from hftoolkit.base.run_layout import METRICS
 from hftoolkit.config.families import static_family
-from hftoolkit.config.recipe import Recipe, load_recipe, replaced
+from hftoolkit.config.recipe import Recipe, replaced
 from hftoolkit.evaluation.harness import (
     BenchmarkOptions,
     check_benchmarkable,
@@ -57,7 +57,7 @@ def benchmark_loaded(job, model, processor, options: BenchmarkOptions, manager, 
     if run is not None:
         metrics = run.metrics()
         metrics["benchmarks"] = {**metrics.get("benchmarks", {}), **records}
-        run.write_json("metrics.json", metrics)
+        run.write_json(METRICS, metrics)
         run.write_jsonl(SAMPLES_FILE, samples)
     return records
 
@@ -68,14 +68,14 @@ def benchmark_run(run_dir: Path, options: BenchmarkOptions) -> dict:
     A run whose status is not yet "complete" (killed or failed after its weights were saved, during its eval
     pass or its eval.benchmarks) is completed: its eval split scored first where that never finished, then the
     benchmarks, so one command leaves it whole."""
-    from hftoolkit.workflows.evaluate import load_trained, reevaluate
+    from hftoolkit.runs.rundir import open_run
+    from hftoolkit.workflows.evaluate import reevaluate
+    from hftoolkit.workflows.trained import load_trained
 
-    run = RunDirectory(run_dir)
-    if not (run / "recipe.yaml").is_file():
-        raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
+    opened = open_run(run_dir)  # (a run killed before its weights were saved is refused here, in one line)
+    run, recipe = opened.directory, opened.recipe
     manifest = run.manifest()
     resolved = manifest.get("resolved") or {}
-    recipe = load_recipe(run / "recipe.yaml")
     family = resolved.get("family") or static_family(recipe.model.checkpoint, recipe.model.family)
     if family is None:  # (a run written before manifest.json said its family: checked once its config is read)
         harness_version()
@@ -85,11 +85,10 @@ def benchmark_run(run_dir: Path, options: BenchmarkOptions) -> dict:
         manager = prepare(family, recipe.task, options, str(run_dir))
     complete = manifest.get("status") == "complete"
     if not complete:
-        run.weights_dir()  # (a run killed before its weights were saved is refused here, in one line)
         if run.metrics().get("eval") is None:  # its eval pass never finished: scored first
             console.phase(f"{run_dir} is not complete ({manifest.get('status')}): scoring its eval split first")
             reevaluate(run_dir)
-    job, _form, model, processor = load_trained(run_dir)
+    job, _form, model, processor = load_trained(opened)
     check_benchmarkable(job.family, job.task, str(run_dir))
     benchmark_loaded(job, model, processor, options, manager, run)
     if run.manifest().get("status") != "complete":

@@ -1,9 +1,8 @@
 """`eval`: a finished run's weights scored again, on its eval split or another split, or a recipe's
-untrained base checkpoint (the baseline); `load_trained` rebuilds a run's model from its recipe and weights."""
+untrained base checkpoint (the baseline)."""
 
 from __future__ import annotations
 
-import dataclasses
 import re
 import tempfile
 from pathlib import Path
@@ -11,52 +10,16 @@ from pathlib import Path
 from hftoolkit.base import console
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.memory import peak_memory_mb
+from hftoolkit.base.run_layout import CARD, LOG, METRICS, PREDICTIONS
 from hftoolkit.config import tasks
-from hftoolkit.config.recipe import Recipe, load_recipe, recipe_to_yaml, replaced
+from hftoolkit.config.recipe import Recipe, recipe_to_yaml, replaced
 from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.spec import Job
 from hftoolkit.models.families import formulation
 from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.sources.data import use_split
-
-
-def load_trained(run_dir: Path, full_precision: bool = False, data: bool = False, split: str | None = None):
-    """(job, formulation, model, processor) of a finished run, ready for eval or predict; the job reads the
-    run's data (its eval split, or `split` of its hub data set) when `data` is True.
-
-    full_precision loads an 8-bit or 4-bit base unquantized (for merging the adapter into it).
-    """
-    from hftoolkit.job.resolve import resolve_job
-    from hftoolkit.models.loading import count_parameters
-
-    run = RunDirectory(run_dir)
-    if not (run / "recipe.yaml").is_file():
-        raise UserError(f"{run_dir}: not a run directory (no recipe.yaml): pass a folder written by hftoolkit train")
-    weights = run.weights_dir()
-    recipe = load_recipe(run / "recipe.yaml")
-    if recipe.data.packing is True and recipe.task not in tasks.packed():
-        recipe = replaced(recipe, {"data.packing": None})  # (accepted before preflight refused it: such runs load)
-    if full_precision:
-        recipe = replaced(recipe, {"model.quantization": "none"})
-    if split:
-        recipe = use_split(recipe, split)
-    job = resolve_job(recipe, data=data, weights=weights)  # processor and config (full models) from the run's
-    form = formulation(job)
-    adapter = weights.name == "adapter"
-    if adapter:  # the base, then the adapter as its own adapter_config.json says, whatever the recipe says now
-        from peft import PeftModel
-
-        # (a copy, not validated again: a quantized base without an adapter is no recipe to train)
-        bare = recipe.model_copy(update={"lora": recipe.lora.model_copy(update={"enabled": False})})
-        base, processor = form.load_model(dataclasses.replace(job, recipe=bare))
-        model = PeftModel.from_pretrained(base, weights, is_trainable=True)  # (trainable: what the run trained)
-        model.eval()
-    else:
-        model, processor = form.load_model(job)
-    console.phase(console.model_line(str(weights), None, count_parameters(model)[1], recipe.model.quantization,
-                                     model.peft_config["default"].r if adapter else None))
-    return job, form, model, processor
+from hftoolkit.workflows.trained import load_trained
 
 
 def reevaluate(run_dir: Path) -> dict:
@@ -83,9 +46,9 @@ def reevaluate(run_dir: Path) -> dict:
     metrics = {**metrics_record(job, scorer, trainable_params=trainable, total_params=total),
                **{k: v for k, v in run.metrics().items() if v is not None},  # what training measured, kept
                "eval": results, "eval_seconds": round(seconds, 3)}
-    run.write_jsonl("predictions.jsonl", predictions)
-    run.write_json("metrics.json", metrics)
-    run.write_text("README.md", model_card(job.recorded_recipe(), metrics))
+    run.write_jsonl(PREDICTIONS, predictions)
+    run.write_json(METRICS, metrics)
+    run.write_text(CARD, model_card(job.recorded_recipe(), metrics))
     if run.manifest().get("status") != "complete":
         run.finish("complete")
     return metrics
@@ -144,11 +107,11 @@ def _evaluate_base(recipe: Recipe, split: str | None, run: RunDirectory | None, 
                              peak_memory_mb=peak_memory_mb(), trainable_params=0,
                              total_params=count_parameters(model)[1])
     if run is not None:
-        console.attach(run / "train.log")  # the libraries' output so far, kept with the scores
+        console.attach(run / LOG)  # the libraries' output so far, kept with the scores
         run.start(recipe_to_yaml(job.recorded_recipe()), list(command), recipe.training.seed)
         run.update_manifest(preflight=job.findings.record)
-        run.write_json("metrics.json", metrics)
-        run.write_jsonl("predictions.jsonl", predictions)
+        run.write_json(METRICS, metrics)
+        run.write_jsonl(PREDICTIONS, predictions)
         run.finish("complete")
     return metrics
 
@@ -167,7 +130,7 @@ def reevaluate_split(run_dir: Path, split: str) -> dict:
     run = RunDirectory(run_dir)
     metrics = run.metrics()
     metrics["splits"] = {**metrics.get("splits", {}), split: results}
-    run.write_json("metrics.json", metrics)
+    run.write_json(METRICS, metrics)
     run.write_jsonl(f"predictions-{split}.jsonl", predictions)
     return metrics
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.run_layout import RECIPE
 from hftoolkit.runs.rundir import RunDirectory
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -18,7 +19,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 def merge_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
     import torch
 
-    from hftoolkit.workflows.evaluate import load_trained
+    from hftoolkit.workflows.trained import load_trained
 
     if dtype not in DTYPES:
         raise UserError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -37,5 +38,5 @@ def merge_run(run_dir: Path, out: Path, dtype: str = "float32") -> Path:
     merged.save_pretrained(out, safe_serialization=True)
     processor.save_pretrained(out)
     # The run's recipe beside the weights (from_pretrained ignores it): `serve` reads the task and settings there.
-    (out / "recipe.yaml").write_bytes((Path(run_dir) / "recipe.yaml").read_bytes())
+    (out / RECIPE).write_bytes((Path(run_dir) / RECIPE).read_bytes())
     return out

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
-from hftoolkit.workflows.evaluate import load_trained
+from hftoolkit.runs.rundir import open_run
+from hftoolkit.workflows.trained import load_trained
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
 
@@ -36,7 +37,7 @@ def predict(run_dir: Path, given: str | None, generation: dict, batch_size: int 
     from hftoolkit.config.recipe import replaced
 
     table = None if split else _table_path(given)  # a missing file is refused before the model loads
-    job, form, model, processor = load_trained(run_dir)
+    job, form, model, processor = load_trained(open_run(run_dir, merged=True))
     # --strategy and friends, and --batch-size, validated like the recipe's own eval section
     values = {f"eval.generation.{k}": v for k, v in generation.items()}
     if batch_size is not None:

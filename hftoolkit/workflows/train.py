@@ -15,6 +15,7 @@ from hftoolkit.base import console
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.lifecycle import Stopped
 from hftoolkit.base.memory import peak_memory_mb
+from hftoolkit.base.run_layout import ADAPTER, CARD, CHECKPOINTS, HISTORY, LOG, METRICS, MODEL, PREDICTIONS
 from hftoolkit.config.recipe import Recipe, RecipeError, recipe_to_yaml
 from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.resolve import resolve_job
@@ -141,7 +142,7 @@ def _stopped(stop: Stopped, run: RunDirectory, writer: bool, existed: bool, prog
     from hftoolkit.training.checkpoints import latest_checkpoint
 
     step = progress.trainer.state.global_step if progress.trainer is not None else 0
-    checkpoint = latest_checkpoint(run / "checkpoints")
+    checkpoint = latest_checkpoint(run / CHECKPOINTS)
     said = f"stopped by {stop.name} at step {step}"
     if progress.trained:
         then = f"its weights are saved: `hftoolkit eval {run.path}` evaluates them and completes the run"
@@ -151,7 +152,7 @@ def _stopped(stop: Stopped, run: RunDirectory, writer: bool, existed: bool, prog
         then = "no checkpoint was written yet: the run starts from step 0 again"
     if writer and progress.written:
         if progress.trainer is not None:
-            run.write_jsonl("log_history.jsonl", progress.trainer.state.log_history)
+            run.write_jsonl(HISTORY, progress.trainer.state.log_history)
         run.finish(TRAINED_EVAL_FAILED if progress.trained else "stopped", error=said)
         run.update_manifest(stopped_at_step=step)
     elif writer and not existed:
@@ -204,7 +205,7 @@ def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], res
     if writer:
         if resume:
             checkpoints.clear_results(run)
-        log.attach(run / "train.log", writer=True)  # the run is accepted: its log starts with what was said so far
+        log.attach(run / LOG, writer=True)  # the run is accepted: its log starts with what was said so far
         run.start(recorded, command, job.recipe.training.seed)
         progress.written = True
         run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
@@ -255,16 +256,16 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
                    data_seconds=round(job.data_seconds + tokenization.seconds, 3))
     metrics.update(run_record(job, trainer))  # precision used; with eval.keep_best, the best step
     if writer:  # what training measured, kept should the eval pass fail (`hftoolkit eval` adds it)
-        run.write_jsonl("log_history.jsonl", trainer.state.log_history)
-        run.write_json("metrics.json", {k: v for k, v in metrics.items() if k not in ("eval", "eval_seconds")})
+        run.write_jsonl(HISTORY, trainer.state.log_history)
+        run.write_json(METRICS, {k: v for k, v in metrics.items() if k not in ("eval", "eval_seconds")})
     trainer.model.eval()
     evaluation, predictions, eval_seconds = evaluate(job, form, trainer, processor, job.data, encoded, scorer)
     metrics.update(eval=evaluation, eval_seconds=round(eval_seconds, 3))
     if writer:
-        run.write_jsonl("log_history.jsonl", trainer.state.log_history)
-        run.write_jsonl("predictions.jsonl", predictions)
-        run.write_json("metrics.json", metrics)
-        run.write_text("README.md", model_card(job.recorded_recipe(), metrics))
+        run.write_jsonl(HISTORY, trainer.state.log_history)
+        run.write_jsonl(PREDICTIONS, predictions)
+        run.write_json(METRICS, metrics)
+        run.write_text(CARD, model_card(job.recorded_recipe(), metrics))
         if state.is_main_process:  # (once: lm-evaluation-harness on one process)
             _run_benchmarks(job, trainer.model, processor, run)
         metrics = run.metrics()
@@ -300,14 +301,14 @@ def _fail(err: BaseException, run: RunDirectory, writer: bool, existed: bool, pr
         run.discard()  # bad input, found before training: leave nothing
     elif progress.written:  # (a refused --resume has written nothing)
         if progress.trainer is not None:  # a failed run keeps its log
-            run.write_jsonl("log_history.jsonl", progress.trainer.state.log_history)
+            run.write_jsonl(HISTORY, progress.trainer.state.log_history)
         message = str(err) if isinstance(err, UserError) else f"{type(err).__name__}: {err}"
         run.finish(TRAINED_EVAL_FAILED if progress.trained else "failed", error=message or type(err).__name__)
         if progress.trained:
             console.error(f"the run trained, then failed: its weights are saved in {run.weights_dir()}; once the "
                           f"problem below is fixed, `hftoolkit eval {run.path}` evaluates them and completes the run"
                           + (" (add --benchmark TASKS for eval.benchmarks)" if run.metrics().get("eval") else ""))
-    elif run.path.is_dir() and not any(p.name != "train.log" for p in run.contents()):
+    elif run.path.is_dir() and not any(p.name != LOG for p in run.contents()):
         run.discard()  # nothing but the log was written: leave no run directory behind
 
 
@@ -348,7 +349,7 @@ def save_weights(job: Job, trainer, processor, run: RunDirectory) -> None:
 
     Called on every process: where each holds only shards of the weights, the strategy gathers them first.
     """
-    target = run / ("adapter" if job.recipe.lora.enabled else "model")
+    target = run / (ADAPTER if job.recipe.lora.enabled else MODEL)
     job.strategy.save(trainer, target)
     if trainer.args.should_save:
         processor.save_pretrained(target)

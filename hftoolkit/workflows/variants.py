@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.memory import reset_peak_memory
+from hftoolkit.base.run_layout import CHECKPOINTS, METRICS, RECIPE
 from hftoolkit.config.recipe import Recipe, RecipeError, load_recipe, recipe_to_yaml, replaced
 
 # Keys a run fills in while it trains (label names found in the data, a hub checkpoint's family): a saved
@@ -112,9 +113,9 @@ def _decide(variant: Variant, overwrite: bool) -> str | None:
         return "holds files but no readable manifest.json, so it is not a run directory: " \
                "move it away, choose another --output, or pass --overwrite"
     status = manifest.get("status")
-    if status == "complete" and (run / "metrics.json").is_file():
+    if status == "complete" and (run / METRICS).is_file():
         variant.action = "skip"
-    elif latest_checkpoint(run / "checkpoints") is not None:
+    elif latest_checkpoint(run / CHECKPOINTS) is not None:
         variant.action = "resume"
     else:  # killed or failed before its first checkpoint: nothing to continue from
         variant.action = "restart"
@@ -141,7 +142,7 @@ def _changed(run, recipe: Recipe) -> list[str]:
 
     from hftoolkit.training.checkpoints import RESUMABLE_CHANGES, changed_keys
 
-    saved = run / "recipe.yaml"
+    saved = run / RECIPE
     if not saved.is_file():
         return []
     unfilled = {key for key in FILLED_BY_RUN if attrgetter(key)(recipe) is None}
