@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hftoolkit.base.run_layout import HISTORY, MANIFEST, METRICS, RECIPE
 from hftoolkit.config import tasks
 from hftoolkit.runs.record import FIELDS as METRICS_FIELDS
 from hftoolkit.runs.rundir import RunDirectory
 
-RUN_FILES = ("manifest.json", "metrics.json", "log_history.jsonl")
+RUN_FILES = (MANIFEST, METRICS, HISTORY)
 DASH = "–"
 BEST = "★"
 # Used only when metrics.json does not name the main metric (older or unfinished runs).
@@ -125,7 +126,7 @@ def recipe_settings(path: Path) -> dict[str, Any]:
     try:
         import yaml
 
-        data = yaml.safe_load((Path(path) / "recipe.yaml").read_text(encoding="utf-8"))
+        data = yaml.safe_load((Path(path) / RECIPE).read_text(encoding="utf-8"))
     except Exception:  # a label's source only: any failure means "recipe says nothing"
         return {}
     flat: dict[str, Any] = {}
@@ -191,11 +192,11 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
         raise ReportError(f"{path} {what}, so it is not a run directory; "
                           "pass directories written by `hftoolkit train`, such as runs/<name>.")
     notes: list[str] = []
-    manifest = _read_json(path / "manifest.json", notes)
-    metrics = _read_json(path / "metrics.json", notes)
+    manifest = _read_json(path / MANIFEST, notes)
+    metrics = _read_json(path / METRICS, notes)
     finished = metrics is not None and isinstance(metrics.get("eval"), dict)
-    history = _read_log_history(path / "log_history.jsonl", notes) if read_history or not finished else []
-    recipe = _read_recipe(path / "recipe.yaml") if metrics is None or not metrics.get("task") else {}
+    history = _read_log_history(path / HISTORY, notes) if read_history or not finished else []
+    recipe = _read_recipe(path / RECIPE) if metrics is None or not metrics.get("task") else {}
     source = {**{k: v for k, v in recipe.items() if v is not None}, **(metrics or {})}
 
     run = RunSummary(path=path, name=_str(source.get("name")) or path.name)
@@ -233,13 +234,13 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
 
 def _note_files(run: RunSummary, manifest: dict | None, metrics: dict | None, notes: list[str]) -> None:
     """Notes on what the run's files lack or hold that a reader should know."""
-    if manifest is None and not any("manifest.json" in n for n in notes):
+    if manifest is None and not any(MANIFEST in n for n in notes):
         notes.append("no manifest.json")
     if run.status in ("running", "interrupted", "stopped", "failed", "trained, eval failed"):
         error_lines = (_str((manifest or {}).get("error")) or "").strip().splitlines()
         notes.append(f"status {run.status}" + (f": {error_lines[-1][:160]}" if error_lines else ""))
     if metrics is None:
-        if not any("metrics.json" in n for n in notes):
+        if not any(METRICS in n for n in notes):
             notes.append("no metrics.json: run did not finish" if run.status != "complete"
                          else "no metrics.json although manifest.json says complete")
     else:
