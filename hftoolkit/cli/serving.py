@@ -8,11 +8,11 @@ from typing import Annotated
 
 import typer
 
+from hftoolkit.base import extras
 from hftoolkit.base.errors import UserError
 from hftoolkit.cli.options import QuietOption, VerboseOption, tcp_port
 
 API_KEY_VARIABLE = "HFTOOLKIT_API_KEY"
-INSTALL = "pip install 'hftoolkit[serve]'"
 
 
 def serve(
@@ -46,11 +46,9 @@ def serve(
     if not _loopback(host) and api_key is None:
         raise UserError(f"--host {host}: a server reachable from other machines needs an API key: set "
                         f"{API_KEY_VARIABLE}, or listen on 127.0.0.1")
-    try:
-        import fastapi  # noqa: F401
-        import uvicorn
-    except ImportError:
-        raise UserError(f"serve needs FastAPI and uvicorn, which are not installed: {INSTALL}") from None
+    extras.requires("serve", "serve")
+    import uvicorn
+
     sock = listening(host, port)  # (before the models load: a port in use is said at once)
     from hftoolkit.serving.api import Limits, build_app
     from hftoolkit.serving.batcher import Batcher

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from hftoolkit.base import extras
 from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 
@@ -26,7 +27,6 @@ HARNESS_KEYS = frozenset({
     "group", "tag", "task_alias", "aggregate_metric_list"})
 # The families whose language-model head the harness can score, with the harness's name for each.
 BACKENDS = {"decoder": "causal", "seq2seq": "seq2seq"}
-INSTALL = "pip install 'hftoolkit[benchmarks]'"
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def harness_version() -> str:
     try:
         return version("lm_eval")
     except PackageNotFoundError:
-        raise UserError(f"--benchmark needs lm-evaluation-harness, which is not installed: {INSTALL}") from None
+        raise UserError(extras.missing_line("benchmarks", "--benchmark")) from None
 
 
 def check_benchmarkable(family: str | None, task: str, where: str) -> None:

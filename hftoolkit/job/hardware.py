@@ -51,12 +51,16 @@ def hardware_problems(recipe: Recipe) -> list[str]:
     Imports torch only when the recipe asks for something that needs a GPU."""
     import importlib.util
 
+    from hftoolkit.base import extras
+
     t, m = recipe.training, recipe.model
+    absent = extras.missing("tensorboard", "training.report_to: tensorboard") if "tensorboard" in t.report_to else None
+    problems = [absent] if absent else []
     if not (m.attention == "flash_attention_2" or t.tf32):
-        return []
+        return problems
     import torch
 
-    cuda, problems = torch.cuda.is_available(), []
+    cuda = torch.cuda.is_available()
     if m.attention == "flash_attention_2":
         if not cuda:
             problems.append("model.attention: flash_attention_2 runs on NVIDIA GPUs only and this machine has no "

@@ -174,9 +174,3 @@ def has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
-
-
-def installed(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from contextlib import contextmanager, nullcontext
 
-from hftoolkit.training.strategies.base import Strategy, has_cuda, installed
+from hftoolkit.base import extras
+from hftoolkit.training.strategies.base import Strategy, has_cuda
 
 
 class ZeRO2(Strategy):
@@ -25,9 +26,9 @@ class ZeRO2(Strategy):
 
     def problems(self, recipe, cuda: bool | None = None) -> list[str]:
         problems = super().problems(recipe, cuda)
-        if not self.launch.launched and not installed("deepspeed"):
-            return problems + [f"{self.launch.source} uses DeepSpeed, which is not installed: pip install "
-                               "'hftoolkit[deepspeed]', or use ddp.yaml or fsdp.yaml"]
+        absent = None if self.launch.launched else extras.missing("deepspeed", self.launch.source)
+        if absent:
+            return problems + [f"{absent}, or use ddp.yaml or fsdp.yaml"]
         cuda = has_cuda() if cuda is None else cuda
         refused = self.precision_refusal(recipe.training.precision, cuda)
         if refused:  # (auto never is: it steps down to what the strategy runs)

@@ -1,0 +1,41 @@
+"""The optional features' libraries: pyproject's extras, the modules each installs, and the one line said where a
+feature's library is missing (what is missing, for what, and the pip command that installs it)."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from hftoolkit.base.errors import UserError
+
+# pyproject's optional dependencies, by extra: the modules their libraries install, each with the name it goes by
+# (tests/test_extras.py holds this table to pyproject.toml).
+EXTRAS = {
+    "serve": {"fastapi": "FastAPI", "uvicorn": "uvicorn"},
+    "benchmarks": {"lm_eval": "lm-evaluation-harness"},
+    "deepspeed": {"deepspeed": "DeepSpeed"},
+    "tensorboard": {"tensorboard": "TensorBoard"},
+}
+
+
+def install_command(extra: str) -> str:
+    return f"pip install 'hftoolkit[{extra}]'"
+
+
+def missing_line(extra: str, feature: str, libraries: list[str] | None = None) -> str:
+    """`feature` needs `libraries` (by default every library of `extra`), which are not installed: the command."""
+    names = libraries or list(EXTRAS[extra].values())
+    verb = "is" if len(names) == 1 else "are"
+    return f"{feature} needs {' and '.join(names)}, which {verb} not installed: {install_command(extra)}"
+
+
+def missing(extra: str, feature: str) -> str | None:
+    """The line saying which of `extra`'s libraries `feature` lacks here, or None when all are installed."""
+    absent = [name for module, name in EXTRAS[extra].items() if importlib.util.find_spec(module) is None]
+    return missing_line(extra, feature, absent) if absent else None
+
+
+def requires(extra: str, feature: str) -> None:
+    """Refuse `feature` in one line where a library of `extra` is not installed."""
+    line = missing(extra, feature)
+    if line:
+        raise UserError(line)
