@@ -55,7 +55,8 @@ def _cuda() -> str:
 
 
 # Run in a child process: it asks torch (job/hardware.py, the rule training follows), and doctor imports no torch.
-_CPU_QUERY = ("import json; from hftoolkit.job.hardware import cpu_record, resolve_precision; "
+_CPU_QUERY = ("import json; from hftoolkit.job.hardware import cpu_record; "
+              "from hftoolkit.job.precision import resolve_precision; "
               "print(json.dumps({**cpu_record(), 'auto': resolve_precision('auto', None)}))")
 
 
