@@ -54,7 +54,7 @@ def _cuda() -> str:
     return f"{out.replace(chr(10), '; ') or 'nvidia-smi found no GPU'}; {build}"
 
 
-# Run in a child process: it asks torch (job/hardware.py, the rule training follows), and doctor imports no torch.
+# Run in a child process: it asks torch (job/precision.py, the rule training follows), and doctor imports no torch.
 _CPU_QUERY = ("import json; from hftoolkit.job.hardware import cpu_record; "
               "from hftoolkit.job.precision import resolve_precision; "
               "print(json.dumps({**cpu_record(), 'auto': resolve_precision('auto', None)}))")
