@@ -161,6 +161,17 @@ def test_at_80_columns_each_run_is_one_line_with_its_long_path_shortened(tree, m
     assert "accuracy=0.9 ↑" in rows[0]  # the main metric stays
 
 
+def test_a_label_cut_to_a_width_keeps_its_start_and_the_end_that_tells_it_apart():
+    """compare names runs of one recipe by the keys that differ, at the label's end: a cut keeps it."""
+    from hftoolkit.base.text_width import short_path
+
+    dpo, orpo = "decoder-preference preference.method=dpo", "decoder-preference preference.method=orpo"
+    for limit in (32, 24):
+        cut = short_path(dpo, limit), short_path(orpo, limit)
+        assert all(len(c) <= limit and c.startswith("decoder") for c in cut), cut
+        assert cut[0].endswith("method=dpo") and cut[1].endswith("method=orpo"), cut
+
+
 def test_the_results_title_keeps_a_long_checkpoint_path_on_one_line(monkeypatch, capsys):
     from hftoolkit.cli.stdout import print_metrics
 

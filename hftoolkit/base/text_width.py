@@ -8,8 +8,9 @@ import re
 
 def short_path(text: str, limit: int) -> str:
     """`text` in at most `limit` characters: a path keeps its last whole folder names after '…/' (or the end of
-    the last, if that alone is too long), another text its start and '…'; the whole text stays in the run
-    directory, the report and --json."""
+    the last, if that alone is too long), another text its start and its end around '…' (a run's label is its
+    recipe's name, then the keys that tell it from its namesakes); the whole text stays in the run directory,
+    the report and --json."""
     if len(text) <= limit:
         return text
     parts = [p for p in re.split(r"(?<=/)", text) if p]
@@ -20,7 +21,8 @@ def short_path(text: str, limit: int) -> str:
         kept = part + kept
     if "/" in text:  # a path's end tells it from the others; its last name alone too long: that name's end
         return "…/" + kept.lstrip("/") if kept else "…" + text[-max(limit - 1, 1):]
-    return text[:max(limit - 1, 1)] + "…"
+    head = max((limit - 1) // 3, 1)
+    return text[:head] + "…" + text[len(text) - max(limit - 1 - head, 0):]
 
 
 def fit_rows(rows: list[dict[str, str]], width: int, drop: tuple[str, ...], shorten: tuple[str, ...]
