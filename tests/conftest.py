@@ -1,22 +1,21 @@
-"""Shared fixtures: offline, tiny checkpoints built once per session, and a CLI runner."""
+"""Shared fixtures: offline, tiny checkpoints built once per session, the processes a test started ended. The
+helpers (paths, the CLI runner, ...) live in tests/helpers/."""
 
 from __future__ import annotations
 
+import json
 import os
-import re
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-RECIPES = ROOT / "recipes"
-SHARED_DATA = ROOT.parent / "shared" / "data"
+_REPOSITORY = str(Path(__file__).resolve().parent.parent)
+if _REPOSITORY not in sys.path:  # `from tests.helpers import ...`, wherever pytest was started from
+    sys.path.insert(0, _REPOSITORY)
 
-if str(ROOT) not in sys.path:  # `from tests... import`, wherever pytest was started from
-    sys.path.insert(0, str(ROOT))
-
-from tests import processes  # noqa: E402
+from tests.helpers import processes  # noqa: E402
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
@@ -93,30 +92,21 @@ def seeded():
     random.seed(0)
 
 
-def run_cli(*args: str, expect: int | None = 0):
-    """Invoke the CLI in-process (no 10 s import per call); asserts the exit code when `expect` is set."""
-    from typer.testing import CliRunner
+@pytest.fixture(scope="session")
+def no_dropout(tiny_cache, tmp_path_factory):
+    """arch -> a copy of its tiny checkpoint with every dropout probability in config.json set to 0 (each process of
+    a launched run draws its own dropout masks, so with dropout on, one and two processes would differ by design)."""
+    from hftoolkit.sources.tiny import ensure_tiny
 
-    from hftoolkit.cli.app import app
-
-    result = CliRunner().invoke(app, [str(a) for a in args])
-    if expect is not None and result.exit_code != expect:
-        raise AssertionError(f"exit {result.exit_code} (expected {expect}) for {args}:\n{result.output}"
-                             + (f"\n{result.exception!r}" if result.exception else ""))
-    return result
-
-
-def plain(text: str) -> str:
-    """Output without rich's box drawing and line wrapping, for matching sentences."""
-    return re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", text)).strip()
-
-
-def train_recipe(recipe: str | Path, out: Path, *sets: str, expect: int | None = 0):
-    """Train a recipe into `out` with --set overrides; returns the CliRunner result."""
-    args = ["train", str(recipe), "--output", str(out)]
-    for s in sets:
-        args += ["--set", s]
-    return run_cli(*args, expect=expect)
+    made = {}
+    for arch in ("bert", "t5"):
+        target = tmp_path_factory.mktemp("no-dropout") / arch
+        shutil.copytree(ensure_tiny(arch), target)
+        config = json.loads((target / "config.json").read_text())
+        config.update({k: 0.0 for k, v in config.items() if "dropout" in k and isinstance(v, float)})
+        (target / "config.json").write_text(json.dumps(config))
+        made[arch] = target
+    return made
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from hftoolkit.config import tasks
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 SHORT = ("training.max_steps=6", "training.logging_steps=2", "data.max_eval_samples=24", "eval.max_predictions=8")
 # (task, the task's smoke recipe, a checkpoint of another family than the course's, that family)

@@ -261,7 +261,7 @@ def test_a_type_nobody_listed_validates_and_trains_a_few_steps(tmp_path, model_t
     from transformers import AutoTokenizer
 
     from hftoolkit.sources.tiny import ensure_tiny
-    from tests.conftest import run_cli
+    from tests.helpers import run_cli
 
     family, dims = UNLISTED[model_type]
     recipe, borrowed = END_TO_END[family]

@@ -16,7 +16,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import RECIPES, plain, run_cli
+from tests.helpers import RECIPES, plain, run_cli
+from tests.helpers.inputs import (
+    class_images,
+    edit_json,
+    rows_file,
+    sentiment_csv,
+    tiny_checkpoint_copy,
+    tokenizer_without,
+    vit_with,
+    without_tokenizer,
+    write_file,
+)
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 TAGGING = RECIPES / "encoder-tagging.yaml"
@@ -36,19 +47,12 @@ def _sets(*pairs: str) -> list[str]:
     return [x for p in pairs for x in ("--set", p)]
 
 
-def _write(tmp: Path, name: str, content: str | bytes) -> Path:
-    path = tmp / name
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(content if isinstance(content, bytes) else content.encode("utf-8"))
-    return path
-
-
 def _recipe(tmp: Path, base: Path = ENCODER, drop: str | None = None, **sections) -> Path:
     """The base recipe with whole sections replaced or dropped, written to tmp/recipe.yaml."""
     raw = yaml.safe_load(base.read_text())
     raw.update(sections)
     raw.pop(drop, None)
-    return _write(tmp, "recipe.yaml", yaml.safe_dump(raw))
+    return write_file(tmp, "recipe.yaml", yaml.safe_dump(raw))
 
 
 def _train(recipe: Path, *pairs: str) -> list:
@@ -60,33 +64,22 @@ def _data(recipe: Path, path: Path, *pairs: str) -> list:
 
 
 def _pairs(tmp: Path, *rows: dict) -> Path:
-    return _write(tmp, "pairs.jsonl", "\n".join(json.dumps(row) for row in rows * 5) + "\n")
+    return write_file(tmp, "pairs.jsonl", "\n".join(json.dumps(row) for row in rows * 5) + "\n")
 
 
 def _turns(*pairs: tuple[str, str]) -> list[dict]:
     return [{"role": role, "content": content} for role, content in pairs]
 
 
-def _tiny_checkpoint(tmp: Path, arch: str = "bert") -> Path:
-    """A copy of the session's tiny checkpoint that a case may then damage."""
-    import shutil
-
-    from hftoolkit.sources.tiny import ensure_tiny
-
-    copy = tmp / f"tiny-{arch}"
-    shutil.copytree(ensure_tiny(arch), copy)
-    return copy
-
-
 def _truncated_weights(tmp: Path) -> Path:
-    ckpt = _tiny_checkpoint(tmp)
+    ckpt = tiny_checkpoint_copy(tmp)
     weights = ckpt / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     return ckpt
 
 
 def _config(tmp: Path, text: str) -> Path:
-    ckpt = _tiny_checkpoint(tmp)
+    ckpt = tiny_checkpoint_copy(tmp)
     (ckpt / "config.json").write_text(text)
     return ckpt
 
@@ -99,7 +92,7 @@ def _image_folder(tmp: Path) -> Path:
             path = tmp / "images" / label / f"{i}.png"
             path.parent.mkdir(parents=True, exist_ok=True)
             Image.new("RGB", (8, 8), (i * 40, 0, 0)).save(path)
-    _write(tmp, "images/dog/broken.png", "this is a text file named like an image")
+    write_file(tmp, "images/dog/broken.png", "this is a text file named like an image")
     return tmp / "images"
 
 
@@ -142,48 +135,16 @@ MLM = RECIPES / "encoder-mlm.yaml"
 CLM = RECIPES / "decoder-clm.yaml"
 
 
-def _rows(tmp: Path, name: str, header: str, rows: list[str]) -> Path:
-    return _write(tmp, name, "\n".join([header, *rows]) + "\n")
-
-
-def _sentiment_csv(tmp: Path, name: str = "train.csv", labels=("pos", "neg")) -> Path:
-    return _rows(tmp, name, "text,label", [f"the film was {i} times {labels[i % len(labels)]},{labels[i % len(labels)]}"
-                                           for i in range(12)])
-
-
 def _tags(tmp: Path, name: str, tags: list[str]) -> Path:
-    return _write(tmp, name, "".join(json.dumps({"text": ["ann", "saw", "kyoto"], "label": tags}) + "\n"
+    return write_file(tmp, name, "".join(json.dumps({"text": ["ann", "saw", "kyoto"], "label": tags}) + "\n"
                                      for _ in range(6)))
-
-
-def _edit_json(path: Path, **changes) -> None:
-    data = json.loads(path.read_text())
-    for key, value in changes.items():
-        if value is None:
-            data.pop(key, None)
-        else:
-            data[key] = value
-    path.write_text(json.dumps(data))
-
-
-def _without_tokenizer(tmp: Path) -> Path:
-    ckpt = _tiny_checkpoint(tmp)
-    for path in ckpt.glob("tokenizer*"):
-        path.unlink()
-    return ckpt
-
-
-def _tokenizer_without(tmp: Path, arch: str, *tokens: str) -> Path:
-    ckpt = _tiny_checkpoint(tmp, arch)
-    _edit_json(ckpt / "tokenizer_config.json", **{f"{t}_token": None for t in tokens})
-    return ckpt
 
 
 def _grown_tokenizer(tmp: Path) -> Path:
     """The checkpoint's tokenizer with more tokens added than its embedding table has rows."""
     from transformers import AutoTokenizer
 
-    ckpt = _tiny_checkpoint(tmp)
+    ckpt = tiny_checkpoint_copy(tmp)
     tokenizer = AutoTokenizer.from_pretrained(ckpt)
     tokenizer.add_tokens(["movie", "film", "plot", *(f"word{i}" for i in range(len(tokenizer)))])
     tokenizer.save_pretrained(ckpt)
@@ -201,7 +162,7 @@ def _foreign_tokenizer(tmp: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     tok.train_from_iterator(["the movie was good", "the film was bad"],
                             trainers.WordPieceTrainer(vocab_size=40, special_tokens=list(specials.values())))
-    ckpt = _tiny_checkpoint(tmp)
+    ckpt = tiny_checkpoint_copy(tmp)
     for path in ckpt.glob("tokenizer*"):
         path.unlink()
     PreTrainedTokenizerFast(tokenizer_object=tok, **specials).save_pretrained(ckpt)
@@ -210,8 +171,8 @@ def _foreign_tokenizer(tmp: Path) -> Path:
 
 def _retyped(tmp: Path, arch: str, model_type: str) -> Path:
     """A tiny checkpoint whose config names another model type of the same family (a type without some head)."""
-    ckpt = _tiny_checkpoint(tmp, arch)
-    _edit_json(ckpt / "config.json", model_type=model_type, architectures=None)
+    ckpt = tiny_checkpoint_copy(tmp, arch)
+    edit_json(ckpt / "config.json", model_type=model_type, architectures=None)
     return ckpt
 
 
@@ -219,7 +180,7 @@ def _opt_folder(tmp: Path) -> Path:
     """An OPT config (a decoder transformers gives no token-classification head) with the tiny GPT-2 tokenizer."""
     from transformers import OPTConfig
 
-    ckpt = _tiny_checkpoint(tmp, "gpt2")
+    ckpt = tiny_checkpoint_copy(tmp, "gpt2")
     (ckpt / "model.safetensors").unlink()
     vocab = json.loads((ckpt / "config.json").read_text())["vocab_size"]
     OPTConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, ffn_dim=128, num_attention_heads=4,
@@ -240,20 +201,9 @@ def _two_label_classifier(tmp: Path) -> Path:
     return tmp / "sst2-bert"
 
 
-def _images(tmp: Path, name: str = "images", classes=("cat", "dog")) -> Path:
-    from PIL import Image
-
-    for c, label in enumerate(classes):
-        for i in range(3):
-            path = tmp / name / label / f"{i}.png"
-            path.parent.mkdir(parents=True, exist_ok=True)
-            Image.new("RGB", (8, 8), (i * 40, c * 60, 0)).save(path)
-    return tmp / name
-
-
 def _flat_images(tmp: Path) -> Path:
     """Images straight in the folder, none in a class subfolder."""
-    folder = _images(tmp)
+    folder = class_images(tmp)
     for path in list(folder.rglob("*.png")):
         path.rename(folder / f"{path.parent.name}-{path.name}")
         if not any(path.parent.iterdir()):
@@ -265,32 +215,23 @@ def _truncated_image(tmp: Path) -> Path:
     """A PNG cut in half: its header reads (so a header check passes), its pixels do not."""
     from PIL import Image
 
-    folder = _images(tmp)
+    folder = class_images(tmp)
     Image.effect_noise((64, 64), 50).convert("RGB").save(folder / "dog" / "cut.png")
     data = (folder / "dog" / "cut.png").read_bytes()
     (folder / "dog" / "cut.png").write_bytes(data[: len(data) // 2])
     return folder
 
 
-def _vit_with(tmp: Path, size: int | None) -> Path:
-    ckpt = _tiny_checkpoint(tmp, "vit")
-    if size is None:
-        (ckpt / "preprocessor_config.json").unlink()
-    else:
-        _edit_json(ckpt / "preprocessor_config.json", size={"height": size, "width": size})
-    return ckpt
-
-
 CASES: dict[str, Case] = {
     # ------------------------------------------------------------ recipes
-    "recipe is a YAML list": Case("recipe", lambda t: ["train", _write(t, "r.yaml", "- name: x\n- task: y\n")],
+    "recipe is a YAML list": Case("recipe", lambda t: ["train", write_file(t, "r.yaml", "- name: x\n- task: y\n")],
                                   "a recipe is a YAML mapping of sections"),
-    "recipe file is empty": Case("recipe", lambda t: ["train", _write(t, "r.yaml", "")],
+    "recipe file is empty": Case("recipe", lambda t: ["train", write_file(t, "r.yaml", "")],
                                  "a recipe is a YAML mapping of sections"),
-    "recipe is not UTF-8": Case("recipe", lambda t: ["train", _write(t, "r.yaml", b"name: caf\xe9\n")],
+    "recipe is not UTF-8": Case("recipe", lambda t: ["train", write_file(t, "r.yaml", b"name: caf\xe9\n")],
                                 "not UTF-8 text: save the recipe as UTF-8"),
     "python object tag in YAML": Case(
-        "recipe", lambda t: ["train", _write(t, "r.yaml", "name: !!python/object/apply:os.system ['true']\n")],
+        "recipe", lambda t: ["train", write_file(t, "r.yaml", "name: !!python/object/apply:os.system ['true']\n")],
         "YAML syntax error"),
     "unknown task": Case("recipe", lambda t: _train(ENCODER, "task=question-answering"), "task: input should be"),
     "typo in a section name": Case(
@@ -321,40 +262,40 @@ CASES: dict[str, Case] = {
                                   "expected key=value"),
     "--set below a plain value": Case("cli", lambda t: _train(ENCODER, "name.first=x"), "name is not a section"),
     # ------------------------------------------------------------ data files
-    "one-class data": Case("data", lambda t: _data(ENCODER, _write(t, "d.csv", "text,label\n" + "fine,pos\n" * 6)),
+    "one-class data": Case("data", lambda t: _data(ENCODER, write_file(t, "d.csv", "text,label\n" + "fine,pos\n" * 6)),
                            "only one class"),
     "label column of mixed types": Case(
-        "data", lambda t: _data(ENCODER, _write(t, "d.jsonl", '{"text": "a", "label": 1}\n'
+        "data", lambda t: _data(ENCODER, write_file(t, "d.jsonl", '{"text": "a", "label": 1}\n'
                                                               '{"text": "b", "label": "pos"}\n'
                                                               '{"text": "c", "label": 0}\n')),
         "make every label a name or every label an integer id"),
     "data file is not UTF-8": Case(
-        "data", lambda t: _data(ENCODER, _write(t, "d.csv", b"text,label\ncaf\xe9,a\nb,b\n")),
+        "data", lambda t: _data(ENCODER, write_file(t, "d.csv", b"text,label\ncaf\xe9,a\nb,b\n")),
         "is not UTF-8 text: convert it to UTF-8"),
-    "unsupported data extension": Case("data", lambda t: _data(ENCODER, _write(t, "d.xlsx", "not a sheet")),
+    "unsupported data extension": Case("data", lambda t: _data(ENCODER, write_file(t, "d.xlsx", "not a sheet")),
                                        "unsupported extension"),
     "malformed JSON lines": Case(
-        "data", lambda t: _data(ENCODER, _write(t, "d.jsonl", '{"text": "a", "label": 1}\n{oops\n')),
+        "data", lambda t: _data(ENCODER, write_file(t, "d.jsonl", '{"text": "a", "label": 1}\n{oops\n')),
         "check its format"),
     "a .gz that is not gzip": Case(
-        "data", lambda t: _data(RECIPES / "encoder-mlm.yaml", _write(t, "d.txt.gz", "plain")), "could not read"),
-    "empty eval file": Case("data", lambda t: _train(ENCODER, f"data.eval={_write(t, 'e.csv', 'text,label')}"),
+        "data", lambda t: _data(RECIPES / "encoder-mlm.yaml", write_file(t, "d.txt.gz", "plain")), "could not read"),
+    "empty eval file": Case("data", lambda t: _train(ENCODER, f"data.eval={write_file(t, 'e.csv', 'text,label')}"),
                             "data.eval"),
-    "a single row and no eval split": Case("data", lambda t: _data(ENCODER, _write(t, "d.csv", "text,label\na,pos\n")),
-                                           "single row"),
+    "a single row and no eval split": Case(
+        "data", lambda t: _data(ENCODER, write_file(t, "d.csv", "text,label\na,pos\n")), "single row"),
     "unknown built-in set": Case("data", lambda t: _train(ENCODER, "data.train=builtin:nope"), "unknown built-in set"),
     "aligned files of different lengths": Case(
-        "data", lambda t: _data(SEQ2SEQ, _write(t, "src.txt", "a\nb\nc\n"),
-                                "data.train_target=" + str(_write(t, "tgt.txt", "x\ny\n"))),
+        "data", lambda t: _data(SEQ2SEQ, write_file(t, "src.txt", "a\nb\nc\n"),
+                                "data.train_target=" + str(write_file(t, "tgt.txt", "x\ny\n"))),
         "aligned files differ in length"),
     "aligned target file missing": Case(
-        "data", lambda t: _data(SEQ2SEQ, _write(t, "src.txt", "a\nb\n"), f"data.train_target={t / 'nothing.txt'}"),
+        "data", lambda t: _data(SEQ2SEQ, write_file(t, "src.txt", "a\nb\n"), f"data.train_target={t / 'nothing.txt'}"),
         "target file"),
     "tagging rows that are text, not words": Case(
-        "data", lambda t: _data(TAGGING, _write(t, "d.jsonl", '{"text": "a b", "label": ["O", "O"]}\n' * 4)),
+        "data", lambda t: _data(TAGGING, write_file(t, "d.jsonl", '{"text": "a b", "label": ["O", "O"]}\n' * 4)),
         "tagging needs a list of words per row"),
     "tagging row with fewer tags than words": Case(
-        "data", lambda t: _data(TAGGING, _write(t, "d.jsonl",
+        "data", lambda t: _data(TAGGING, write_file(t, "d.jsonl",
                                                 '{"text": ["a", "b", "c"], "label": ["O", "B-X"]}\n' * 4)),
         "give exactly one tag per word"),
     "an image that is not an image": Case("data", lambda t: _data(VISION, _image_folder(t)), "broken.png"),
@@ -386,7 +327,7 @@ CASES: dict[str, Case] = {
         "checkpoint", lambda t: ["train", "--resume", _killed_run(t, _truncate("trainer_state.json"))],
         "trainer_state.json is damaged"),
     # ------------------------------------------------------------ CLI arguments
-    "--output is a file": Case("cli", lambda t: ["train", ENCODER, "--output", _write(t, "taken", "x")],
+    "--output is a file": Case("cli", lambda t: ["train", ENCODER, "--output", write_file(t, "taken", "x")],
                                "is a file, not a folder"),
     "--resume with --overwrite": Case("cli", lambda t: ["train", ENCODER, "--resume", "--overwrite"],
                                       "contradict each other"),
@@ -401,7 +342,7 @@ CASES: dict[str, Case] = {
                                                   "unknown architecture"),
     # ------------------------------------------------------------ data x model (preflight, before any weights load)
     "eval labels the train file never had": Case(
-        "data", lambda t: _data(ENCODER, _sentiment_csv(t), f"data.eval={_sentiment_csv(t, 'e.csv', ('pos', 'meh'))}"),
+        "data", lambda t: _data(ENCODER, sentiment_csv(t), f"data.eval={sentiment_csv(t, 'e.csv', ('pos', 'meh'))}"),
         "label 'meh' (6 eval rows) never occurs in the train split"),
     "eval tags the train file never had": Case(
         "data", lambda t: _data(TAGGING, _tags(t, "train.jsonl", ["B-PER", "O", "O"]),
@@ -410,20 +351,21 @@ CASES: dict[str, Case] = {
     "data.label_names listing a label twice": Case(
         "data", lambda t: _train(ENCODER, "data.label_names=[negative, positive, positive]"),
         "data.label_names: 'positive' listed more than once"),
-    "every text empty": Case("data", lambda t: _data(ENCODER, _rows(t, "d.csv", "text,label", [",pos", ",neg"] * 3)),
-                             "data.train: every row of"),
+    "every text empty": Case(
+        "data", lambda t: _data(ENCODER, rows_file(t, "d.csv", "text,label", [",pos", ",neg"] * 3)),
+        "data.train: every row of"),
     "every target empty": Case(
-        "data", lambda t: _data(SEQ2SEQ, _rows(t, "d.csv", "text,target", ["the cat,", "a dog,  "] * 3)),
+        "data", lambda t: _data(SEQ2SEQ, rows_file(t, "d.csv", "text,target", ["the cat,", "a dog,  "] * 3)),
         "has an empty target, so nothing is left"),
     "image folder with a single class subfolder": Case(
-        "data", lambda t: _data(VISION, _images(t, classes=("cat",))),
+        "data", lambda t: _data(VISION, class_images(t, classes=("cat",))),
         "has a single class subfolder (cat), but image classification needs at least two"),
     "image folder without class subfolders": Case(
         "data", lambda t: _data(VISION, _flat_images(t)), "has no class subfolders"),
     "an image cut short": Case("data", lambda t: _data(VISION, _truncated_image(t)),
                                "cut.png can't be read as an image (image file is truncated"),
     "checkpoint folder without tokenizer files": Case(
-        "checkpoint", lambda t: _train(ENCODER, f"model.checkpoint={_without_tokenizer(t)}"),
+        "checkpoint", lambda t: _train(ENCODER, f"model.checkpoint={without_tokenizer(t)}"),
         "no tokenizer files (expected tokenizer.json, or vocab.txt)"),
     "tokenizer larger than the embedding table": Case(
         "checkpoint", lambda t: _train(ENCODER, f"model.checkpoint={_grown_tokenizer(t)}"),
@@ -438,23 +380,23 @@ CASES: dict[str, Case] = {
         "checkpoint", lambda t: _train(TAGGING, f"model.checkpoint={_opt_folder(t)}", "lora.targets=[q_proj]"),
         "transformers has no TokenClassification head for opt"),
     "a classifier fine-tuned for other labels": Case(
-        "checkpoint", lambda t: _data(ENCODER, _sentiment_csv(t, labels=("pos", "neg", "meh")),
+        "checkpoint", lambda t: _data(ENCODER, sentiment_csv(t, labels=("pos", "neg", "meh")),
                                       f"model.checkpoint={_two_label_classifier(t)}"),
         "already has a SequenceClassification head for 2 labels (neg, pos), but the data needs 3 labels"),
     "masked LM with a tokenizer without a mask token": Case(
-        "checkpoint", lambda t: _train(MLM, f"model.checkpoint={_tokenizer_without(t, 'bert', 'mask')}"),
+        "checkpoint", lambda t: _train(MLM, f"model.checkpoint={tokenizer_without(t, 'bert', 'mask')}"),
         "has no mask token"),
     "decoder classifier with neither pad nor eos token": Case(
-        "checkpoint", lambda t: _train(ENCODER, "model.checkpoint=" + str(_tokenizer_without(
+        "checkpoint", lambda t: _train(ENCODER, "model.checkpoint=" + str(tokenizer_without(
             t, "gpt2", "pad", "eos", "bos", "unk")), "lora.targets=[c_attn]"), "has no pad token"),
     "causal LM with a tokenizer without an eos token": Case(
-        "checkpoint", lambda t: _train(CLM, f"model.checkpoint={_tokenizer_without(t, 'gpt2', 'eos', 'bos', 'unk')}"),
+        "checkpoint", lambda t: _train(CLM, f"model.checkpoint={tokenizer_without(t, 'gpt2', 'eos', 'bos', 'unk')}"),
         "has no eos token"),
     "image processor for another image size": Case(
-        "checkpoint", lambda t: _train(VISION, f"model.checkpoint={_vit_with(t, 64)}"),
+        "checkpoint", lambda t: _train(VISION, f"model.checkpoint={vit_with(t, 64)}"),
         "makes 64x64 images but the model's position embeddings take 32x32"),
     "vision checkpoint without its image processor": Case(
-        "checkpoint", lambda t: _train(VISION, f"model.checkpoint={_vit_with(t, None)}"),
+        "checkpoint", lambda t: _train(VISION, f"model.checkpoint={vit_with(t, None)}"),
         "no image processor file (preprocessor_config.json)"),
     "preference on an encoder": Case(
         "recipe", lambda t: _train(PREFERENCE, "model.checkpoint=init:bert"),
@@ -463,12 +405,12 @@ CASES: dict[str, Case] = {
         "recipe", lambda t: _train(PREFERENCE, "preference.method=kto_pair"),  # (TRL 0.x's, since removed)
         "preference.method: input should be 'dpo', 'ipo', 'orpo' or 'kto'"),
     "an adapter whose base is gone": Case(
-        "checkpoint", lambda t: _train(PREFERENCE, "model.checkpoint=" + str(_write(
+        "checkpoint", lambda t: _train(PREFERENCE, "model.checkpoint=" + str(write_file(
             t, "adapter/adapter_config.json", '{"peft_type": "LORA", "base_model_name_or_path": "/gone/base"}'
         ).parent)),
         "checkpoint directory /gone/base not found: check the path (the base the adapter"),
     "kto answers labelled neither good nor bad": Case(
-        "data", lambda t: _data(PREFERENCE, _write(t, "answers.jsonl", "".join(
+        "data", lambda t: _data(PREFERENCE, write_file(t, "answers.jsonl", "".join(
             json.dumps({"text": f"q{i}", "target": f"a{i}", "label": ["yes", 1][i % 2]}) + "\n" for i in range(8))),
             "preference.method=kto"),
         "labels its answer 'yes'; kto reads true (a good answer) or false (a bad one), or 1 or 0"),

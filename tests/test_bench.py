@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from tests import browser
-from tests.conftest import RECIPES, run_cli
+from tests.helpers import RECIPES, browser, run_cli
 
 SHORT = ["training.max_steps=4", "data.max_train_samples=64", "data.max_eval_samples=16", "eval.max_predictions=4",
          "training.logging_steps=1", "eval.generation.max_new_tokens=8"]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hftoolkit.runs.summary import BEST, format_value
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 pytest.importorskip("lm_eval")
 
@@ -219,7 +219,7 @@ def ai2_arc_easy(n: int = 6) -> tuple:
 
 @pytest.mark.slow  # (the harness indexes its own thousands of tasks to find arc_easy)
 def test_a_hub_task_runs_from_a_planted_data_set_cache_with_limit(monkeypatch, tmp_path):
-    from tests import hub_cache
+    from tests.helpers import hub_cache
 
     home = tmp_path / "hf"
     hub_cache.plant_dataset(home / "hub", home / "datasets", "allenai/ai2_arc", {"ARC-Easy": ai2_arc_easy()},
@@ -258,7 +258,7 @@ def test_a_run_killed_during_its_benchmarks_keeps_its_weights_and_eval_completes
     import sys
     import time
 
-    from tests.processes import kill_tree, start_in_group
+    from tests.helpers.processes import kill_tree, start_in_group
 
     tasks = tmp_path / "tasks"
     tasks.mkdir()
@@ -314,7 +314,7 @@ def test_the_report_sets_each_benchmark_of_the_tuned_run_beside_its_base(lora_ru
 
 
 def test_the_benchmark_section_shows_in_a_browser(base_and_tuned_report, tmp_path):
-    from tests import browser
+    from tests.helpers import browser
 
     if browser.missing_reason() is not None:
         pytest.skip(browser.missing_reason())

@@ -140,7 +140,7 @@ def test_resume_accepts_changes_around_the_steps_and_refuses_changes_to_them(tmp
 
     from hftoolkit.config.recipe import load_recipe, recipe_to_yaml
     from hftoolkit.runs.rundir import RunDirectory
-    from tests.conftest import RECIPES
+    from tests.helpers import RECIPES
 
     recipe = RECIPES / "encoder-classification.yaml"
     run = RunDirectory(tmp_path)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import RECIPES, run_cli
+from tests.helpers import RECIPES, run_cli
 
 # predict's generation options are checked by the recipe's eval.generation schema (all problems at once, named by
 # their recipe key): tests/test_predict_cli.py.

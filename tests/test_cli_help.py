@@ -9,7 +9,7 @@ import typer
 
 from hftoolkit.cli.app import app
 from hftoolkit.cli.helpformat import HIDDEN_ALIASES
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 COMMANDS = [info.name or info.callback.__name__ for info in app.registered_commands]
 METAVAR = re.compile(r"[A-Z][A-Z0-9_]*([=|/,.-]*[A-Z0-9_]+)*(\|-)?(\.\.\.)?")  # RUN_DIR, KEY=VALUE, TEXT|FILE|-

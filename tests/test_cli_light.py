@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.conftest import RECIPES, ROOT, plain, run_cli
+from tests.helpers import RECIPES, ROOT, plain, run_cli
 
 HEAVY = ("torch", "transformers", "peft", "datasets", "accelerate", "lm_eval")
 

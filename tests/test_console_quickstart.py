@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from tests.conftest import RECIPES, run_cli
+from tests.helpers import RECIPES, run_cli
 
 QUICKSTART = RECIPES / "encoder-classification.yaml"
 # What the libraries print during this run when nothing hides it (seen with -v): transformers' load report

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 RECIPE = RECIPES / "smollm2-conversations.yaml"
 TALK = [{"role": "system", "content": "Answer in one short sentence."},
@@ -148,7 +148,7 @@ def test_the_recipe_s_hub_set_loads_as_conversations_through_its_hub_id(tmp_path
 
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.sources.data import load_data
-    from tests import hub_cache
+    from tests.helpers import hub_cache
 
     turn = {"role": datasets.Value("string"), "content": datasets.Value("string")}
     features = datasets.Features({"prompt": datasets.Value("string"), "prompt_id": datasets.Value("string"),

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
+from hftoolkit.base.run_layout import FILES
 from hftoolkit.config.recipe import RecipeError, load_recipe
-from hftoolkit.runs.rundir import FILES
-from tests.conftest import RECIPES, SHARED_DATA, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, SHARED_DATA, plain, run_cli, train_recipe
 
 RECIPE = RECIPES / "decoder-clm.yaml"
 SHAKESPEARE = SHARED_DATA / "tinyshakespeare" / "input.txt"

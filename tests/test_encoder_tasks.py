@@ -12,7 +12,8 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import RECIPES, SHARED_DATA, run_cli, train_recipe
+
+from tests.helpers import RECIPES, SHARED_DATA, run_cli, train_recipe
 
 TAGGING = RECIPES / "encoder-tagging.yaml"
 MLM = RECIPES / "encoder-mlm.yaml"

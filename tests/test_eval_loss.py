@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from tests.conftest import RECIPES, train_recipe
+from tests.helpers import RECIPES, train_recipe
 
 # Instruction tuning on a tiny GPT-2: the five kinds of builtin:instructions have answers of different lengths, so
 # a mean of batch means differs from the mean over tokens.

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from hftoolkit.base import extras
-from tests.conftest import RECIPES, run_cli
+from tests.helpers import RECIPES, run_cli
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hftoolkit"
 

@@ -3,12 +3,12 @@
 For LoRA and for full fine-tuning, one session-scoped set of runs serves every assertion:
 - `one`: the recipe on 1 process (in-process), the reference;
 - `fsdp`: `train --accelerate-config recipes/accelerate/fsdp.yaml` on 2 processes, a checkpoint every 2 of 4 steps;
-- `killed`: the same through tests/test_kills.py's chain: SIGKILL of the launcher's group, of the top process and
-  of one training process, after checkpoints 1, 2 and 3, each followed by `train --resume` on 2 processes.
+- `killed`: the same through the kill chain (tests/helpers/kills.py): SIGKILL of the launcher's group, of the top
+  process and of one training process, after checkpoints 1, 2 and 3, each followed by `train --resume` on 2 processes.
 The killed run starts first and waits at its first pause (asleep) while `fsdp` runs, so the two launches overlap.
 
 Tolerances: 1 vs 2 processes sum float32 in another order, so per-step losses and final weights are held to
-tests/test_distributed.py's derived bounds (LOSS_RTOL, Adam's 2 x lr x steps, NOISY_SHARE); a resumed run
+tests/helpers/launches.py's derived bounds (LOSS_RTOL, Adam's 2 x lr x steps, NOISY_SHARE); a resumed run
 replays the same sums in the same order, so it must equal the uninterrupted 2-process run to the bit.
 The runs use a copy of the tiny BERT with dropout 0 (each process draws its own dropout masks).
 """
@@ -20,9 +20,9 @@ import sys
 
 import pytest
 
-from tests import test_distributed
-from tests.conftest import RECIPES, run_cli, train_recipe
-from tests.test_distributed import (
+from tests.helpers import RECIPES, run_cli, train_recipe
+from tests.helpers.kills import KILLS, assert_same_run, kill_chain
+from tests.helpers.launches import (
     LOSS_RTOL,
     NOISY_SHARE,
     SAME_BATCHES,
@@ -30,14 +30,12 @@ from tests.test_distributed import (
     run_bounded,
     step_losses,
 )
-from tests.test_kills import KILLS, assert_same_run, kill_chain
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 FSDP = RECIPES / "accelerate" / "fsdp.yaml"
 MODES = {"lora": (), "full": ("lora.enabled=false",)}
-no_dropout = test_distributed.no_dropout  # (the fixture: the tiny BERT with every dropout at 0)
 
 
 def _weights(run):
@@ -72,7 +70,7 @@ def runs(request, tmp_path_factory, no_dropout):
 
 
 def test_fsdp_shards_every_parameter_over_both_processes(runs):
-    from hftoolkit.runs.rundir import FILES
+    from hftoolkit.base.run_layout import FILES
 
     run = runs["fsdp"]
     names = {p.name for p in run.iterdir()}

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
-from tests.hub_cache import plant_model, use_hf_home
+from tests.helpers import ROOT
+from tests.helpers.hub_cache import plant_model, use_hf_home
 
 # What the air-gapped server has: these, with what their own metadata requires.
 SERVER_HAS = ("torch", "transformers", "peft", "accelerate", "typer")

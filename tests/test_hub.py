@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from tests import hub_cache
-from tests.conftest import RECIPES
+from tests.helpers import RECIPES, hub_cache
 
 MIRROR = "https://hf-mirror.example.org"
 UNREACHABLE = "http://127.0.0.1:9"  # the discard port on loopback: the connection is refused at once

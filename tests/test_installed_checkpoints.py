@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from hftoolkit.sources import installed
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 CLASSIFICATION = RECIPES / "encoder-classification.yaml"
 INSTRUCT = RECIPES / "smollm2-instruct.yaml"

@@ -12,7 +12,7 @@ import pytest
 from pydantic import ValidationError
 
 from hftoolkit.config.recipe import load_recipe, replaced
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 OLD_RUN = Path(__file__).resolve().parent / "fixtures" / "run-before-job"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.test_packing import _examples, _tiny, _Tokenizer
+from tests.helpers.packing import PadOnlyTokenizer, prompt_answer_examples, tiny_causal_lm
 
 
 def _padded(examples):
@@ -26,8 +26,8 @@ def test_the_labelled_positions_loss_and_gradients_equal_the_models_own(model_ty
     from hftoolkit.models.families.packing import FlatCollator
     from hftoolkit.training.loss import _labelled_logits_loss
 
-    model, examples = _tiny(model_type), _examples(16)
-    packed = FlatCollator(_Tokenizer(), padded=None)([dict(e) for e in examples])
+    model, examples = tiny_causal_lm(model_type), prompt_answer_examples(16)
+    packed = FlatCollator(PadOnlyTokenizer(), padded=None)([dict(e) for e in examples])
     batch = _padded(examples) if layout == "padded" else packed
     found = []
     for labelled_only in (False, True):
@@ -51,7 +51,7 @@ def test_a_toolkit_trainer_takes_the_labelled_path_for_a_causal_lm_and_not_for_a
 
     trainer_class = type("T", (ItemNormalizedLoss, Trainer), {})
     args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
-    lm = trainer_class(model=_tiny("llama").train(), args=args)
+    lm = trainer_class(model=tiny_causal_lm("llama").train(), args=args)
     classifier = trainer_class(model=BertForSequenceClassification(BertConfig(
         vocab_size=97, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)), args=args)
     assert lm._projects_labelled_only(lm.model) and not classifier._projects_labelled_only(classifier.model)

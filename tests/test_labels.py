@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES, plain, run_cli
+from tests.helpers import RECIPES, plain, run_cli
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 STARS = [("a dreadful film", 1), ("rather poor", 2), ("it was fine", 3), ("a good watch", 4), ("a triumph", 5)]

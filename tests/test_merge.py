@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.conftest import RECIPES, run_cli, train_recipe
+from tests.helpers import RECIPES, run_cli, train_recipe
 
 # family -> (smoke recipe, transformers Auto class, how to build a batch from the processor)
 CASES = {

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -18,9 +17,18 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import train_recipe
-from tests.processes import kill_tree, start_in_group
-from tests.test_distributed import ENCODER, SAME_BATCHES, STEPS, assert_complete_run, assert_same_training, step_losses
+from tests.helpers import RECIPES, run_cli, train_recipe
+from tests.helpers.launches import (
+    SAME_BATCHES,
+    STEPS,
+    assert_complete_run,
+    assert_same_training,
+    free_port,
+    step_losses,
+)
+from tests.helpers.processes import kill_tree, start_in_group
+
+ENCODER = RECIPES / "encoder-classification.yaml"
 
 BOUND_S = 240  # per pair of launched machines; a loaded 2-core machine takes ~30-50 s for one pair
 # The other machine notices a lost peer as its connection closes (gloo): measured 1.5-3 s from the kill to its
@@ -35,7 +43,7 @@ pytestmark = pytest.mark.xdist_group("processes")  # several processes each: one
 @pytest.fixture(scope="session")
 def bert_no_dropout(tiny_cache, tmp_path_factory):
     """The tiny BERT with every dropout at 0: each process draws its own masks, so with dropout on, one and two
-    processes would differ by design (as in test_distributed.py)."""
+    processes would differ by design (as conftest.py's no_dropout says)."""
     import shutil
 
     from hftoolkit.sources.tiny import ensure_tiny
@@ -46,12 +54,6 @@ def bert_no_dropout(tiny_cache, tmp_path_factory):
     config.update({k: 0.0 for k, v in config.items() if "dropout" in k and isinstance(v, float)})
     (target / "config.json").write_text(json.dumps(config))
     return target
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def start_machines(outputs: tuple[Path, Path], sets: tuple[str, ...], *extra: str,
@@ -95,7 +97,7 @@ def no_staging_left(*runs: Path) -> None:
 
 def assert_complete_copy(run: Path) -> None:
     """A full fine-tuning run directory with every file of the contract, complete, from two machines."""
-    from hftoolkit.runs.rundir import FILES
+    from hftoolkit.base.run_layout import FILES
 
     names = {p.name for p in run.iterdir()}
     assert set(FILES) | {"model", "train.log"} <= names, f"{run}: missing {set(FILES) | {'model'} - names}"
@@ -236,16 +238,12 @@ def test_machines_options_reach_accelerate_launch_and_override_the_config(tmp_pa
     assert (flags["--main_process_ip"], flags["--main_process_port"]) == ("10.1.2.3", "29600")
     assert cmd[cmd.index("-m", 3):] == ["-m", "hftoolkit", "train", "r.yaml", "--overwrite"]  # none relaunches
     # The shipped multi-node config's keys, with this machine's rank from the command line.
-    from tests.conftest import RECIPES
-
     plan = plan_from_config(RECIPES / "accelerate" / "multi-node.yaml", None, machines=Machines(machine_rank=1))
     assert (plan.num_processes, plan.num_machines, plan.machine_rank) == (16, 2, 1)
     assert (plan.main_process_ip, plan.main_process_port) == ("10.0.0.1", 29500) and plan.relaunch
 
 
 def test_machines_that_cannot_form_one_run_are_refused_before_launching():
-    from tests.conftest import run_cli
-
     result = run_cli("train", ENCODER, "--num-machines", "2", "--machine-rank", "2", "--num-processes", "3",
                      expect=2)
     assert "--num-processes 3: counts the processes of all 2 machines together" in result.output

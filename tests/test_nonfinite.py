@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from tests.conftest import RECIPES, plain, train_recipe
+from tests.helpers import RECIPES, plain, train_recipe
 
 RECIPE = RECIPES / "encoder-classification.yaml"
 TINY = ("data.max_train_samples=32", "data.max_eval_samples=8", "training.batch_size=8", "training.logging_steps=1",

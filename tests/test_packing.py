@@ -6,45 +6,11 @@ import json
 
 import pytest
 
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
+from tests.helpers.packing import PadOnlyTokenizer, prompt_answer_examples, tiny_causal_lm
 
 INSTRUCT = RECIPES / "smollm2-instruct.yaml"
 ON_GPT2 = ("model.checkpoint=init:gpt2", "model.gguf_file=null", "model.revision=null")
-
-
-def _tiny(model_type: str):
-    """A tiny random causal LM, with use_cache off as the Trainer sets it (TrainingArguments.use_cache): with a
-    cache, transformers builds the mask from it and not from the position ids, and packed examples would leak."""
-    import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    if model_type == "llama":
-        config = LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-        model = LlamaForCausalLM(config)
-    else:
-        model = GPT2LMHeadModel(GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=4, n_positions=128,
-                                           bos_token_id=1, eos_token_id=2))
-    model.config.use_cache = False
-    return model.eval()
-
-
-def _examples(n: int = 7):
-    """Prompt + answer examples of different lengths, the prompt's labels masked as instruction tuning does."""
-    import random
-
-    rng = random.Random(1)
-    rows = []
-    for _ in range(n):
-        prompt, answer = rng.randint(2, 9), rng.randint(1, 12)
-        ids = [rng.randrange(1, 97) for _ in range(prompt + answer)]
-        rows.append({"input_ids": ids, "labels": [-100] * prompt + ids[prompt:], "length": len(ids)})
-    return rows
-
-
-class _Tokenizer:
-    pad_token_id = 0
 
 
 @pytest.mark.parametrize("model_type", ["llama", "gpt2"])
@@ -55,7 +21,7 @@ def test_the_loss_of_packed_rows_equals_the_loss_of_the_same_examples_unpacked(m
 
     from hftoolkit.models.families.packing import PackedCollator, pack
 
-    model, examples = _tiny(model_type), _examples()
+    model, examples = tiny_causal_lm(model_type), prompt_answer_examples()
     width = max(e["length"] for e in examples)
     pad = lambda values, fill: [v + [fill] * (width - len(v)) for v in values]  # noqa: E731 (right padding)
     padded = {"input_ids": torch.tensor(pad([e["input_ids"] for e in examples], 0)),
@@ -63,7 +29,7 @@ def test_the_loss_of_packed_rows_equals_the_loss_of_the_same_examples_unpacked(m
               "attention_mask": torch.tensor(pad([[1] * e["length"] for e in examples], 0))}
     rows = pack(Dataset.from_list(examples), 24)
     assert len(rows) < len(examples), "several examples share a row"
-    packed = PackedCollator(_Tokenizer(), flat=flat)([dict(r) for r in rows])
+    packed = PackedCollator(PadOnlyTokenizer(), flat=flat)([dict(r) for r in rows])
     assert "attention_mask" not in packed
     with torch.no_grad():
         unpacked_loss = model(**padded).loss
@@ -79,7 +45,7 @@ def test_rows_hold_every_example_once_within_the_capacity():
 
     from hftoolkit.models.families.packing import pack, split_row
 
-    examples = _examples(30)
+    examples = prompt_answer_examples(30)
     rows = pack(Dataset.from_list(examples), 24)
     assert all(length <= 24 for length in rows["length"]) and len(rows) < 30
     found = sorted(tuple(e["input_ids"]) for row in rows for e in split_row(row))
@@ -230,14 +196,14 @@ def test_a_batch_packed_into_rows_has_the_loss_and_gradients_of_the_same_batch_p
 
     from hftoolkit.models.families.packing import FlatCollator, attention_break_even
 
-    model, examples = _tiny(model_type), _examples(16)
+    model, examples = tiny_causal_lm(model_type), prompt_answer_examples(16)
     width = max(e["length"] for e in examples)
     pad = lambda values, fill: [v + [fill] * (width - len(v)) for v in values]  # noqa: E731 (right padding)
     padded = {"input_ids": torch.tensor(pad([e["input_ids"] for e in examples], 0)),
               "labels": torch.tensor(pad([e["labels"] for e in examples], -100)),
               "attention_mask": torch.tensor(pad([[1] * e["length"] for e in examples], 0))}
     break_even = attention_break_even(model.config)
-    flat = FlatCollator(_Tokenizer(), padded=None, break_even=break_even)([dict(e) for e in examples])
+    flat = FlatCollator(PadOnlyTokenizer(), padded=None, break_even=break_even)([dict(e) for e in examples])
     total = sum(e["length"] for e in examples)
     rows, row_width = flat["input_ids"].shape
     assert 1 < rows < len(examples) and row_width < total and "attention_mask" not in flat

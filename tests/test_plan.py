@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 DECODER = RECIPES / "decoder-clm.yaml"
@@ -86,7 +86,7 @@ def test_llama_7b_from_its_config_alone_on_a100s(tmp_path):
 
 
 def test_a_hub_id_whose_config_alone_is_cached_is_planned_offline(tmp_path, monkeypatch):
-    from tests.hub_cache import plant_model, use_hf_home
+    from tests.helpers.hub_cache import plant_model, use_hf_home
 
     hub = use_hf_home(monkeypatch, tmp_path / "home")
     plant_model(hub, "meta-llama/Llama-2-70b-hf", llama_folder(tmp_path, hidden_size=8192, intermediate_size=28672,

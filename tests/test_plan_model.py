@@ -15,7 +15,7 @@ from hftoolkit.planning.model import (
     plan_memory,
     plan_time,
 )
-from tests.conftest import RECIPES
+from tests.helpers import RECIPES
 
 LENGTHS = {"max_length": 32, "max_target_length": 16, "max_new_tokens": 8}
 SINGLE = Spread("single", 1, 1, False, False, False)

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 TEXTS = ["the movie was wonderful", "a dull and boring plot", "every scene was superb"]
 
@@ -202,7 +202,7 @@ def _glue_sst2(n: int = 24) -> tuple:
 
 
 def test_split_test_writes_a_glue_submission_of_index_and_label_name(tmp_path, monkeypatch):
-    from tests import hub_cache
+    from tests.helpers import hub_cache
 
     home = tmp_path / "hf-home"
     hub_cache.plant_dataset(home / "hub", home / "datasets", "nyu-mll/glue", {"sst2": _glue_sst2()})

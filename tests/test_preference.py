@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.conftest import RECIPES, run_cli, train_recipe
+from tests.helpers import RECIPES, run_cli, train_recipe
 
 PREFERENCE = RECIPES / "decoder-preference.yaml"
 QUICK = ("data.max_train_samples=160", "data.max_eval_samples=32", "eval.max_predictions=4",
@@ -255,7 +255,7 @@ def ultrafeedback(n: int = 6) -> tuple:
 def test_the_ultrafeedback_recipe_reads_the_hub_set_as_an_online_run_leaves_it(monkeypatch, tmp_path):
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.sources.data import load_data
-    from tests import hub_cache
+    from tests.helpers import hub_cache
 
     home = tmp_path / "hf"
     hub_cache.plant_dataset(home / "hub", home / "datasets", "HuggingFaceH4/ultrafeedback_binarized",

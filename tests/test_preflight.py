@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 SUMMARIZATION = RECIPES / "seq2seq-summarization.yaml"
@@ -111,9 +111,9 @@ def test_an_eval_image_folder_may_hold_one_class(tmp_path):
 
 
 def test_decoder_without_a_pad_token_classifies_padding_with_eos(tmp_path):
-    from tests.test_bad_inputs import _tokenizer_without
+    from tests.helpers.inputs import tokenizer_without
 
-    ckpt = _tokenizer_without(tmp_path, "gpt2", "pad")
+    ckpt = tokenizer_without(tmp_path, "gpt2", "pad")
     run = tmp_path / "run"
     train_recipe(ENCODER, run, f"model.checkpoint={ckpt}", "lora.targets=[c_attn]", *QUICK)
     assert _manifest(run)["status"] == "complete"
@@ -196,7 +196,7 @@ def no_weights(monkeypatch):
 
 
 def test_validate_data_reports_every_problem_of_every_recipe_at_once(tmp_path, no_weights):
-    from tests.test_bad_inputs import _images, _sentiment_csv, _vit_with, _without_tokenizer
+    from tests.helpers.inputs import class_images, sentiment_csv, vit_with, without_tokenizer
 
     def recipe(base: Path, name: str, checkpoint: Path, **data) -> Path:
         raw = yaml.safe_load(base.read_text())
@@ -205,9 +205,9 @@ def test_validate_data_reports_every_problem_of_every_recipe_at_once(tmp_path, n
         (tmp_path / name).write_text(yaml.safe_dump(raw))
         return tmp_path / name
 
-    text = recipe(ENCODER, "text.yaml", _without_tokenizer(tmp_path), train=_sentiment_csv(tmp_path),
-                  eval=_sentiment_csv(tmp_path, "e.csv", ("pos", "meh")))
-    vision = recipe(VISION, "vision.yaml", _vit_with(tmp_path, None), train=_images(tmp_path, classes=("cat",)))
+    text = recipe(ENCODER, "text.yaml", without_tokenizer(tmp_path), train=sentiment_csv(tmp_path),
+                  eval=sentiment_csv(tmp_path, "e.csv", ("pos", "meh")))
+    vision = recipe(VISION, "vision.yaml", vit_with(tmp_path, None), train=class_images(tmp_path, classes=("cat",)))
     result = run_cli("validate", text, vision, "--data", expect=2)
     errors = result.output.split("Error: ", 1)[1].splitlines()
     assert len(errors) == 4, result.output

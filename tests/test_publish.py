@@ -18,7 +18,7 @@ from hftoolkit.base.errors import UserError
 from hftoolkit.config.recipe import recipe_to_yaml, validate_recipe
 from hftoolkit.runs import publish
 from hftoolkit.runs.card import check_card
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 SENTINEL = "hf_SENTINELtoken0123456789abcdefABCDEF"
 EVAL = {"loss": 0.3125, "accuracy": 0.9132653061224489, "f1": 0.9, "matthews_correlation": 0.0}

@@ -11,7 +11,7 @@ import shlex
 
 import pytest
 
-from tests.conftest import ROOT, run_cli
+from tests.helpers import ROOT, run_cli
 
 GOOD = ["superb", "wonderful", "moving", "brilliant", "delightful"]
 BAD = ["dreadful", "boring", "clumsy", "tedious", "awful"]

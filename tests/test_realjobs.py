@@ -1,7 +1,7 @@
 """The real-job recipes, offline: their hub ids planted in the caches exactly as an online run leaves them.
 
-Planted (tests/hub_cache.py): the MiniLM checkpoint under its real id sentence-transformers/all-MiniLM-L6-v2, and
-generated rows under the real data set ids and configs the recipes name (nyu-mll/glue sst2, mnli and stsb;
+Planted (tests/helpers/hub_cache.py): the MiniLM checkpoint under its real id sentence-transformers/all-MiniLM-L6-v2,
+and generated rows under the real data set ids and configs the recipes name (nyu-mll/glue sst2, mnli and stsb;
 wmt/wmt16 de-en; tomaarsen/conll2003; Salesforce/wikitext wikitext-2-raw-v1; abisee/cnn_dailymail 3.0.0;
 AI-Lab-Makerere/beans). Every shipped recipe validates; every real recipe's data loads through its hub id; the
 BERT recipes train a few steps on the planted MiniLM; a config with a nested column (WMT16), sentence pairs (MNLI)
@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 
 from hftoolkit.config import tasks
-from tests import hub_cache
-from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, ROOT, hub_cache, plain, run_cli, train_recipe
 
 SHIPPED = sorted(p for p in RECIPES.glob("*.yaml"))
 SMOKE = [p for p in SHIPPED if "checkpoint: init:" in p.read_text()]

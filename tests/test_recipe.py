@@ -9,7 +9,7 @@ from hftoolkit.config import tasks
 from hftoolkit.config.families import static_family
 from hftoolkit.config.recipe import RecipeError, load_recipe, validate_recipe
 from hftoolkit.job.resolve import resolve_job
-from tests.conftest import RECIPES, plain, run_cli
+from tests.helpers import RECIPES, plain, run_cli
 
 GOOD = {
     "name": "t", "task": "classification",

@@ -11,7 +11,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from hftoolkit.config.recipe import Recipe, RecipeError, load_recipe
-from tests.conftest import RECIPES
+from tests.helpers import RECIPES
 
 SHIPPED = yaml.safe_load((RECIPES / "encoder-classification.yaml").read_text())
 # Keys the schema knows, so that random documents get past "unknown key" and into the validators.

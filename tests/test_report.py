@@ -13,9 +13,9 @@ import pytest
 from hftoolkit.runs.report import BEST, DASH, ReportError, load_run, summary_rows, write_report
 
 try:
-    from tests import browser
+    from tests.helpers import browser
 except ImportError:  # tests/ itself on sys.path (pytest's rootdir-less prepend mode)
-    import browser
+    from helpers import browser
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 PLOTS = ("loss.png", "eval.png", "params.png", "resources.png")

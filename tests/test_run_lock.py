@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hftoolkit.runs.rundir import LOCK, RunDirectory
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 TINY = ("data.max_train_samples=16", "data.max_eval_samples=8", "training.max_steps=2", "training.save_steps=1",

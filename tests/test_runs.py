@@ -11,7 +11,7 @@ import pytest
 
 from hftoolkit.runs.listing import find_runs, list_runs
 from hftoolkit.runs.rundir import RunDirectory
-from tests.conftest import run_cli
+from tests.helpers import run_cli
 
 GARBAGE_MTIME = time.mktime((2024, 6, 1, 12, 0, 0, 0, 0, -1))  # local time, like the fallback
 

@@ -15,7 +15,7 @@ import json
 import pytest
 
 from hftoolkit.config.recipe import RecipeError, load_recipe
-from tests.conftest import RECIPES, ROOT, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, ROOT, plain, run_cli, train_recipe
 
 RECIPE = RECIPES / "encoder-classification.yaml"
 SOURCES = sorted((ROOT / "hftoolkit").rglob("*.py"))

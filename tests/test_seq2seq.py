@@ -11,7 +11,7 @@ import pytest
 
 from hftoolkit.models.families import noising
 from hftoolkit.sources.builtin import LEXICON
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 FEW_STEPS = ("training.max_steps=6", "data.max_train_samples=96", "data.max_eval_samples=12",
              "training.logging_steps=2")

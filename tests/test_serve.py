@@ -12,53 +12,19 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
-from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES, run_cli, train_recipe
-from tests.processes import kill_tree, start_in_group
+from tests.helpers import RECIPES, run_cli, train_recipe
+from tests.helpers.processes import kill_tree, start_in_group
+from tests.helpers.serving import QUICK, predicted, serving
 
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
 
 ENCODER, PREFERENCE = RECIPES / "encoder-classification.yaml", RECIPES / "decoder-preference.yaml"
-QUICK = ("training.max_steps=4", "data.max_train_samples=64", "data.max_eval_samples=8", "eval.max_predictions=0")
-
-
-@contextmanager
-def serving(pairs, api_key=None, max_batch=8, max_wait=0.05, **limits):
-    """The runs (NAME, RUN_DIR) served on 127.0.0.1 from a thread; yields (base URL, the served runs, the batcher)."""
-    import uvicorn
-
-    from hftoolkit.serving.api import Limits, build_app
-    from hftoolkit.serving.batcher import Batcher
-    from hftoolkit.serving.registry import load_runs
-
-    served = load_runs(pairs, max_batch, progress=lambda line: None)
-    batcher = Batcher(max_batch, max_wait)
-    from hftoolkit.cli.serving import listening
-
-    sock = listening("127.0.0.1", 0)
-    server = uvicorn.Server(uvicorn.Config(build_app(served, batcher, Limits(**limits), api_key),
-                                           log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    try:
-        for _ in range(600):
-            if server.started:
-                break
-            time.sleep(0.05)
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", served, batcher
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
-        batcher.close()
-        sock.close()
 
 
 @pytest.fixture(scope="session")
@@ -69,10 +35,6 @@ def tiny_runs(tmp_path_factory):
         train_recipe(ENCODER, root / f"labels{seed}", *QUICK, f"training.seed={seed}")
     train_recipe(PREFERENCE, root / "chat", *QUICK)
     return root
-
-
-def predicted(run: Path, *args: str) -> list[dict]:
-    return [json.loads(line) for line in run_cli("predict", run, *args, "--format", "jsonl").stdout.splitlines()]
 
 
 def test_adapters_on_one_base_share_it_and_one_batch_serves_both(tiny_runs):
@@ -237,7 +199,7 @@ def test_openai_s_client_lists_chats_streams_and_classifies_as_predict_answers(s
     """SmolLM2 tuned on instructions, two adapters on MiniLM: the `openai` package against the server."""
     import openai
 
-    from tests.hub_cache import minilm_folder
+    from tests.helpers.hub_cache import minilm_folder
 
     instruct = tmp_path / "instruct"
     train_recipe(RECIPES / "smollm2-instruct.yaml", instruct, f"model.checkpoint={smollm2_checkpoint}",

@@ -2,8 +2,8 @@
 
 What a client notices: the same greedy answers as the static path gives (and predict), fp32 and bf16, adapter and
 merged runs; a lone request answered without waiting out --max-wait-ms; streaming, stop strings and max_tokens as
-before; and adapters of one base still mixed in one static batch. Servers run in this process (test_serve.py's
-`serving`); the static path is had by switching continuous batching off for a server.
+before; and adapters of one base still mixed in one static batch. Servers run in this process
+(tests/helpers/serving.py's `serving`); the static path is had by switching continuous batching off for a server.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from unittest import mock
 
 import pytest
 
-from tests.conftest import RECIPES, run_cli, train_recipe
-from tests.test_serve import QUICK, predicted, serving
+from tests.helpers import RECIPES, run_cli, train_recipe
+from tests.helpers.serving import QUICK, predicted, serving
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")

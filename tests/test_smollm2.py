@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from tests.conftest import RECIPES, SHARED_DATA, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, SHARED_DATA, plain, run_cli, train_recipe
 
 CLM = RECIPES / "smollm2-shakespeare-clm.yaml"
 INSTRUCT = RECIPES / "smollm2-instruct.yaml"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES
+from tests.helpers import RECIPES
 
 PACKAGE = Path(__file__).resolve().parent.parent / "hftoolkit"
 HOME = (PACKAGE / "training" / "strategies", PACKAGE / "patches")

@@ -1,7 +1,8 @@
 """Streaming (data.streaming): a corpus read row by row as training takes it, its first rows held out for eval,
 and a run killed with SIGKILL resumed at the row its checkpoint had reached, exactly as if never stopped.
 
-The hub recipe's data set (HuggingFaceFW/fineweb-edu, sample-10BT) is planted offline as tests/hub_cache.py does.
+The hub recipe's data set (HuggingFaceFW/fineweb-edu, sample-10BT) is planted offline as
+tests/helpers/hub_cache.py does.
 """
 
 from __future__ import annotations
@@ -11,9 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests import hub_cache
-from tests.conftest import RECIPES, run_cli, train_recipe
-from tests.test_resume import assert_same_training, kill_when_paused, killed_on_error, start_training
+from tests.helpers import RECIPES, hub_cache, run_cli, train_recipe
+from tests.helpers.resume import assert_same_training, kill_when_paused, killed_on_error, start_training
 
 CLM = RECIPES / "decoder-clm.yaml"
 ENCODER = RECIPES / "encoder-classification.yaml"

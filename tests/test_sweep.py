@@ -12,9 +12,9 @@ import sys
 
 import pytest
 
-from tests.conftest import RECIPES, run_cli
-from tests.processes import kill_tree, start_in_group
-from tests.test_resume import kill_when_paused
+from tests.helpers import RECIPES, run_cli
+from tests.helpers.processes import kill_tree, start_in_group
+from tests.helpers.resume import kill_when_paused
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 SHORT = ("training.max_steps=4", "data.max_train_samples=64", "data.max_eval_samples=16", "eval.max_predictions=4",

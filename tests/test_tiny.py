@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from tests.processes import start_in_group
+from tests.helpers.processes import start_in_group
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES, train_recipe
+from tests.helpers import RECIPES, train_recipe
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 REUSED = "tokenized data reused from the cache"

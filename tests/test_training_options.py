@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
-from tests.test_resume import kill_when_paused, killed_on_error, losses, start_training
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
+from tests.helpers.resume import kill_when_paused, killed_on_error, losses, start_training
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 TINY = ("data.max_train_samples=24", "data.max_eval_samples=8", "training.batch_size=8", "training.epochs=3",

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from tests.conftest import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
 
 RECIPE = RECIPES / "vision-classification.yaml"
 # The smoke recipe shortened from 12 epochs to 4: still far above guessing, in about 10 s of training.

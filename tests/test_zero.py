@@ -3,7 +3,7 @@ the shipped accelerate configs, equal training on one process.
 
 Each (stage, LoRA or full fine-tuning) pair trains once on 2 processes, shared by the tests below. The runs use a
 copy of the tiny BERT with every dropout at 0 and the same global batches as the 1-process run (see
-tests/test_distributed.py, whose tolerance derivation applies unchanged: ZeRO sums the same float32 gradients,
+tests/helpers/launches.py, whose tolerance derivation applies unchanged: ZeRO sums the same float32 gradients,
 partitioned, as DDP does). What each process holds is asserted from inside the run, from manifest.json's
 "distributed" record, which a user reads too.
 """
@@ -19,14 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import RECIPES, run_cli, train_recipe
-from tests.processes import kill_tree, start_in_group
-from tests.test_distributed import BOUND_S, LOSS_RTOL, SAME_BATCHES, STEPS, no_dropout, run_bounded, step_losses
-from tests.test_kills import KILLS, assert_same_run, kill_chain
+from tests.helpers import RECIPES, run_cli, train_recipe
+from tests.helpers.kills import KILLS, assert_same_run, kill_chain
+from tests.helpers.launches import BOUND_S, LOSS_RTOL, SAME_BATCHES, STEPS, run_bounded, step_losses
+from tests.helpers.processes import kill_tree, start_in_group
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install -e '.[test]'")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
-__all__ = ["no_dropout"]  # (a fixture, imported to be shared)
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 CONFIGS = {2: RECIPES / "accelerate" / "deepspeed-zero2.yaml", 3: RECIPES / "accelerate" / "deepspeed-zero3.yaml"}
@@ -147,7 +146,7 @@ def test_saved_weights_are_whole_and_score_as_the_run_did(zero_runs, one_process
     run = zero_runs[stage, lora]
     saved, reference = saved_weights(run, lora), saved_weights(one_process[lora], lora)
     assert {k: v.shape for k, v in saved.items()} == {k: v.shape for k, v in reference.items()}
-    # The weights agree as tests/test_distributed.py bounds them (Adam's steps where a gradient is float noise).
+    # The weights agree as tests/helpers/launches.py bounds them (Adam's steps where a gradient is float noise).
     lr = yaml.safe_load((run / "recipe.yaml").read_text())["training"]["learning_rate"]
     assert max(float((saved[k] - reference[k]).abs().max()) for k in saved) <= 2 * lr * STEPS
     trained = json.loads((run / "metrics.json").read_text())["eval"]

@@ -1,0 +1,38 @@
+"""The one place test helpers live: the repository's paths and the in-process CLI runner here; what helps with one
+kind of test in a module named for it (launches, kills, resume, packing, inputs, serving, processes, hub_cache,
+browser). Test modules import from here, never from one another; pytest's fixtures stay in tests/conftest.py."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+RECIPES = ROOT / "recipes"
+SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def run_cli(*args: str, expect: int | None = 0):
+    """Invoke the CLI in-process (no 10 s import per call); asserts the exit code when `expect` is set."""
+    from typer.testing import CliRunner
+
+    from hftoolkit.cli.app import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    if expect is not None and result.exit_code != expect:
+        raise AssertionError(f"exit {result.exit_code} (expected {expect}) for {args}:\n{result.output}"
+                             + (f"\n{result.exception!r}" if result.exception else ""))
+    return result
+
+
+def plain(text: str) -> str:
+    """Output without rich's box drawing and line wrapping, for matching sentences."""
+    return re.sub(r"\s+", " ", re.sub(r"[│╭╮╰╯─]", " ", text)).strip()
+
+
+def train_recipe(recipe: str | Path, out: Path, *sets: str, expect: int | None = 0):
+    """Train a recipe into `out` with --set overrides; returns the CliRunner result."""
+    args = ["train", str(recipe), "--output", str(out)]
+    for s in sets:
+        args += ["--set", s]
+    return run_cli(*args, expect=expect)
