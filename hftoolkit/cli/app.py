@@ -77,9 +77,9 @@ for _info in app.registered_commands:
 
 def main() -> None:
     """The console script. A stop signal (Ctrl-C, SIGTERM, a closed terminal) ends a command in one line with exit
-    status 128 + the signal; a process started by a launcher ends with it (processes.die_with_parent). Once every
+    status 128 + the signal; a process started by a launcher ends with it (base/lifecycle.die_with_parent). Once every
     exit handler has run, the process ends without the interpreter's teardown: freeing the modules torch,
-    transformers and datasets import is slow and comes after the results are written (README, Performance has
+    transformers and datasets import is slow and comes after the results are written (docs/performance.md has
     the time); the handlers that flush logs and remove temporary files still run."""
     from hftoolkit.base.lifecycle import Stopped, die_with_parent, record_reason, stop_on_signals
     from hftoolkit.base.ranks import is_main_process

@@ -1,1 +1,1 @@
-"""`hftoolkit serve`: trained runs behind an OpenAI-compatible HTTP API (README, Serving)."""
+"""`hftoolkit serve`: trained runs behind an OpenAI-compatible HTTP API (docs/serving.md)."""
