@@ -169,7 +169,8 @@ class TrainingSection(Section):
     tf32: bool = Field(False, description="TF32 matmuls for fp32 work (NVIDIA Ampere or newer)")
     gradient_checkpointing: bool = Field(False, description="recompute activations in the backward pass: "
                                                             "less memory, about a third more compute")
-    compile: bool = Field(False, description="torch.compile the model (GPU-first; see docs/performance.md for CPU figures)")
+    compile: bool = Field(False, description="torch.compile the model (GPU-first; docs/performance.md has CPU "
+                                             "figures)")
     sampling: Literal["random", "group_by_length", "sequential"] = Field(
         "random", description="training batch order: random shuffles (each batch a sample of the whole set), "
                               "group_by_length sorts the whole set by length (least padding, but each batch holds "
