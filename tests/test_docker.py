@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.docker import SECTION_TITLE, docker_section
+
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the pyproject cross-check is skipped
@@ -25,8 +27,6 @@ REPO = Path(__file__).resolve().parents[1]
 DOCKERFILE = REPO / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 README = REPO / "README.md"
-DOCKER_DOC = REPO / "docs" / "docker.md"
-SECTION_TITLE = "Docker on GPU servers"
 HF_CACHE = "/home/app/.cache/huggingface"
 RUNS = "/workspace/runs"
 
@@ -71,27 +71,6 @@ def _exec_form(args: str) -> list[str]:
     value = json.loads(args)
     assert isinstance(value, list), f"not the exec (JSON) form: {args}"
     return value
-
-
-def _docker_section() -> tuple[Path, str]:
-    """The "Docker on GPU servers" section of docs/docker.md, the one copy of the Docker documentation."""
-    lines = DOCKER_DOC.read_text(encoding="utf-8").splitlines()
-    in_code, start, level = False, None, None
-    for i, line in enumerate(lines):
-        if line.lstrip().startswith("```"):
-            in_code = not in_code
-            continue
-        heading = re.match(r"(#{1,6})\s+(.*?)\s*#*\s*$", line)
-        if in_code or not heading:
-            continue
-        depth, title = len(heading.group(1)), heading.group(2)
-        if start is None and title.strip().lower() == SECTION_TITLE.lower():
-            start, level = i, depth
-        elif start is not None and depth <= level:
-            return DOCKER_DOC, "\n".join(lines[start:i])
-    if start is None:
-        pytest.fail(f'no "{SECTION_TITLE}" section in {DOCKER_DOC.relative_to(REPO)}')
-    return DOCKER_DOC, "\n".join(lines[start:])
 
 
 def test_the_docker_page_is_the_one_copy():
@@ -158,7 +137,7 @@ def test_installs_the_package_with_the_documented_extras():
     image_extras = _extras(installs[0][0])
     assert any(k == "COPY" and args.split()[0] == "." for k, args in INSTRUCTIONS), "the source is not copied"
 
-    doc_path, section = _docker_section()
+    doc_path, section = docker_section()
     documented = _package_installs(section)
     assert documented, f"{doc_path.name}: the Docker section shows no `pip install '.[extras]'` line"
     doc_extras = set().union(*(_extras(t) for targets in documented for t in targets))

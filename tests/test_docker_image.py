@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_docker import _docker_section
+from tests.helpers.docker import docker_section
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("docker")]
 
@@ -46,7 +46,7 @@ def _docker(*args: str, timeout: float = 600, cwd: Path | None = None) -> subpro
 
 def _documented_commands() -> list[tuple[list[str], list[str]]]:
     """Each shell command of the Docker page as words, with the block it stands in."""
-    _, section = _docker_section()
+    _, section = docker_section()
     commands = []
     for block in re.findall(r"```bash\n(.*?)```", section, re.S):
         lines = [line.strip() for line in block.replace("\\\n", " ").splitlines() if line.strip()]

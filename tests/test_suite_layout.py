@@ -9,11 +9,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
-# (importing file, imported test module) pairs whose helper has not moved yet, each with who moves it: an entry that no
-# longer holds fails too, so the list only shrinks.
-NOT_MOVED_YET = {
-    ("tests/test_docker_image.py", "tests.test_docker"),  # _docker_section: the Docker tests' owner moves it
-}
 
 
 def imported_test_modules(source: str) -> set[str]:
@@ -46,12 +41,9 @@ def imports_of_test_modules() -> set[tuple[str, str]]:
 
 def test_no_module_imports_a_test_module():
     assert (TESTS / "helpers" / "__init__.py").is_file() and (TESTS / "helpers" / "launches.py").is_file()
-    found = imports_of_test_modules()
-    imports = sorted(found - NOT_MOVED_YET)
+    imports = sorted(imports_of_test_modules())
     assert not imports, "helpers belong in tests/helpers/, fixtures in tests/conftest.py:\n" + "\n".join(
         f"{path} imports {module}" for path, module in imports)
-    moved = sorted(NOT_MOVED_YET - found)
-    assert not moved, f"no longer imported, so take them off NOT_MOVED_YET: {moved}"
 
 
 def test_the_reader_finds_each_way_of_importing_a_test_module():
