@@ -147,11 +147,28 @@ def test_every_python_module_the_docs_name_imports():
     assert missing == [], "modules the docs name that do not import:\n" + "\n".join(missing)
 
 
+def test_every_hftoolkit_command_the_docs_show_parses_run_or_not():
+    """The options of every documented `hftoolkit` command exist and take the values given, marked blocks too
+    (a Docker page's `docker run ... hftoolkit train ...` included)."""
+    errors = [f"{block.source}:{command.line}: {command.text}\n    {error}" for page in PAGES for block in page.blocks
+              for command in commands(block) for error in doc_blocks.usage_errors(command)]
+    assert errors == [], "documented commands the CLI refuses:\n" + "\n".join(errors)
+
+
+def test_a_stale_option_is_said_without_running_the_command():
+    command = doc_blocks.Command(1, "docker run --rm -v \"$PWD/runs:/workspace/runs\" hftoolkit train recipes/x.yaml "
+                                    "--set model.checkpoint=$(python -c \"print(1)\") --num-proceses 4")
+    [error] = doc_blocks.usage_errors(command)
+    assert error.startswith("hftoolkit train: No such option: --num-proceses") and "--num-processes" in error
+    assert doc_blocks.usage_errors(doc_blocks.Command(1, "hftoolkit plan RECIPE --gpu-memory 24")) == []
+
+
 @pytest.mark.parametrize("block", NOT_RUN, ids=[block.where for block in NOT_RUN])
 def test_not_run_here(block):
     """One skip per block the docs mark: `-ra` lists them with their reasons."""
     assert block.reason.strip()
-    pytest.skip(f"{block.where}: {block.reason}: {block.text.splitlines()[0][:80]}")
+    shown = " / ".join(command.text.splitlines()[0] for command in commands(block))
+    pytest.skip(f"{block.where}: {block.reason}: {shown if len(shown) <= 100 else shown[:99] + '…'}")
 
 
 @pytest.fixture(scope="session")

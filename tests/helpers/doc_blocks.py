@@ -230,6 +230,36 @@ def missing_module(name: str) -> str | None:
     return None if hasattr(imported, attribute) else f"{module} has no {attribute}"
 
 
+def usage_errors(command: Command) -> list[str]:
+    """What the CLI's parser says of each `hftoolkit CMD ...` in the command (in a `docker run` or an `accelerate
+    launch -m` too), without running it: an option that does not exist, a value of the wrong type. `$(...)`
+    counts as one word."""
+    import typer
+
+    from hftoolkit.cli.app import app
+
+    text, spans = command.text, substitutions(command.text)
+    for start, end in reversed(spans):
+        text = text[:start] + "SUBSTITUTED" + text[end:]
+    try:
+        words = shlex.split(text, comments=True)
+    except ValueError:
+        return []
+    group = typer.main.get_command(app)
+    context = group.context_class(group, info_name="hftoolkit")
+    errors = []
+    for i, word in enumerate(words[:-1]):
+        name = words[i + 1]
+        if word != "hftoolkit" or group.get_command(context, name) is None:
+            continue
+        try:
+            group.get_command(context, name).make_context(name, words[i + 2:], parent=context)
+        except Exception as err:  # click's UsageError and BadParameter, as the CLI would say them
+            said = err.format_message() if hasattr(err, "format_message") else repr(err)
+            errors.append(f"hftoolkit {name}: {said}")
+    return errors
+
+
 # ---------------------------------------------------------------- running
 
 
