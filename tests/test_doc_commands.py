@@ -77,6 +77,8 @@ def test_a_recipe_header_s_command_lines_are_found_joined_and_marked():
         (6, "hftoolkit eval recipes/r.yaml --split test", "needs the Hugging Face Hub")]
     assert recipe_page("# (not run: )\n#   hftoolkit doctor\n", "recipes/r.yaml").problems == [
         "recipes/r.yaml:1: a not-run marker without a reason (write # (not run: REASON)): # (not run: )"]
+    assert recipe_page("# (not run: needs a GPU)\n# prose\n#   hftoolkit doctor\n", "recipes/r.yaml").problems == [
+        "recipes/r.yaml:1: a not-run marker that is not on the line right before a `# hftoolkit ...` command"]
 
 
 def test_a_python_one_liner_s_modules_are_named_and_a_moved_one_does_not_import():
@@ -87,6 +89,8 @@ def test_a_python_one_liner_s_modules_are_named_and_a_moved_one_does_not_import(
                                     "hftoolkit.training.launcher"]
     assert doc_blocks.python_module_mentions("# prose\n#   --set a=$(python -c 'from hftoolkit.gguf import x')") == [
         (2, "hftoolkit.gguf.x")]
+    page = "Serve:\n\n```python\nimport json\nfrom hftoolkit.serve import app\n```\n"
+    assert doc_blocks.python_module_mentions(page) == [(4, "json"), (5, "hftoolkit.serve.app")]
     assert doc_blocks.missing_module("hftoolkit.gguf.installed_smollm2")
     assert doc_blocks.missing_module("hftoolkit.sources.gguf.installed_smollm2") is None
     assert doc_blocks.missing_module("hftoolkit.sources.gguf.no_such_name") == "hftoolkit.sources.gguf has no " \

@@ -123,6 +123,10 @@ def recipe_page(text: str, source: str) -> Page:
             page.problems.append(f"{source}:{i + 1}: a not-run marker without a reason "
                                  f"(write # (not run: REASON)): #{content}")
         if not content.strip().startswith("hftoolkit "):
+            following = header[i + 1].strip() if i + 1 < len(header) else ""
+            if marker and not following.startswith("hftoolkit "):
+                page.problems.append(f"{source}:{i + 1}: a not-run marker that is not on the line right before a "
+                                     "`# hftoolkit ...` command")
             i += 1
             continue
         previous = RECIPE_MARKER.match(header[i - 1].strip()) if i else None
@@ -205,12 +209,25 @@ def python_modules(text: str) -> list[str]:
 
 def python_module_mentions(text: str) -> list[tuple[int, str]]:
     """(line, module) for each module that a `python -c` or `python -m` anywhere in `text` names (a doc's prose,
-    its inline code and its blocks alike; a recipe's header)."""
+    its inline code and its blocks alike; a recipe's header), and that a ```python block imports."""
+    import ast
+
     found = []
     for match in re.finditer(r"python3?\s+-c\s+(?:\"[^\"]*\"|'[^']*')|python3?\s+-m\s+[\w.]+", text):
         line = text.count("\n", 0, match.start()) + 1
         found += [(line, name) for name in python_modules(match[0])]
-    return found
+    for match in re.finditer(r"^([ \t]*)```python[^\n]*\n(.*?)^\1```", text, re.S | re.M):
+        first = text.count("\n", 0, match.start()) + 2
+        try:
+            tree = ast.parse(re.sub(rf"(?m)^{match[1]}", "", match[2]))
+        except SyntaxError:
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found += [(first + node.lineno - 1, f"{node.module}.{alias.name}") for alias in node.names]
+            elif isinstance(node, ast.Import):
+                found += [(first + node.lineno - 1, alias.name) for alias in node.names]
+    return sorted(found)
 
 
 def missing_module(name: str) -> str | None:
