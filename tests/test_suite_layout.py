@@ -1,6 +1,7 @@
-"""The suite's own layout: test helpers live in tests/helpers/, so no module imports a test module (tests/test_*.py)
-or tests/conftest.py (pytest's fixture file, not a library). Imports are read with ast, at module level and inside
-functions, as tests/test_imports.py reads the package's."""
+"""The suite's own layout: unit tests mirror the package (tests/unit/<stage>/), whole commands, processes, kills,
+Docker, the browser and the docs sit apart (tests/e2e/), and test helpers live in tests/helpers/, so no module imports
+a test module (test_*.py) or a conftest.py (pytest's fixture file, not a library). Imports are read with ast, at
+module level and inside functions, as tests/unit/test_imports.py reads the package's."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ TESTS = ROOT / "tests"
 
 
 def imported_test_modules(source: str) -> set[str]:
-    """The test modules (tests.test_*, tests.conftest; bare test_* and conftest, as with tests/ itself on sys.path)
+    """The test modules (test_* and conftest, at any depth of tests/, or bare as with a test folder on sys.path)
     that `source` imports."""
     found = set()
     for node in ast.walk(ast.parse(source)):
@@ -27,8 +28,10 @@ def imported_test_modules(source: str) -> set[str]:
             parts = name.split(".")
             if parts[0] == "tests":
                 parts = parts[1:]
-            if parts and (parts[0].startswith("test_") or parts[0] == "conftest"):
-                found.add(f"tests.{parts[0]}")
+            for depth, part in enumerate(parts):
+                if part.startswith("test_") or part == "conftest":
+                    found.add(".".join(["tests", *parts[:depth + 1]]))
+                    break
     return found
 
 
@@ -58,7 +61,30 @@ def f():
     import conftest
 from {t}.helpers import run_cli
 from {t}.helpers.launches import step_losses
+from {t}.unit.runs.test_report import ARTIFACTS
 import testing, tests_extra
 """.format(t="tests")
     assert imported_test_modules(source) == {"tests.test_resume", "tests.test_distributed", "tests.test_kills",
-                                             "tests.conftest", "tests.test_serve"}
+                                             "tests.conftest", "tests.test_serve", "tests.unit.runs.test_report"}
+
+
+# The suite's own checks, at the top of tests/: they are about the suite, not a stage of the package.
+SUITE = {"test_suite.py", "test_suite_layout.py"}
+
+
+def test_unit_tests_mirror_the_package_and_the_rest_sit_in_e2e():
+    """Each test module is in tests/unit/ (a folder named after a stage of the package: hftoolkit/<stage>/), in
+    tests/e2e/, or one of the suite's own checks; a module anywhere else fails here."""
+    package = {p.name for p in (ROOT / "hftoolkit").iterdir() if (p / "__init__.py").is_file()}
+    misplaced = []
+    for path in sorted(TESTS.rglob("test_*.py")):
+        where = path.relative_to(TESTS).parts
+        if where[0] == "unit":
+            ok = len(where) == 2 or (len(where) == 3 and where[1] in package)
+        else:
+            ok = where[0] == "e2e" and len(where) == 2 or len(where) == 1 and where[0] in SUITE
+        if not ok:
+            misplaced.append(path.relative_to(ROOT).as_posix())
+    assert not misplaced, ("test modules belong in tests/unit/<stage>/ (a stage of hftoolkit/) or tests/e2e/:\n"
+                           + "\n".join(misplaced))
+    assert {p.name for p in (TESTS / "unit").iterdir() if p.is_dir() and p.name != "__pycache__"} <= package

@@ -5,7 +5,7 @@
 - reference/commands.md: every command and its options, from the Typer app (cli/app.py), through click;
 - index.md and contributing.md: README.md and CONTRIBUTING.md, their links rewritten for the site.
 
-Each page is a function returning Markdown, so tests/test_docs_reference.py calls them directly. Light: the schema
+Each page is a function returning Markdown, so tests/e2e/test_docs_reference.py calls them directly. Light: the schema
 and the Typer app import no torch.
 """
 

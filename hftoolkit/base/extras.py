@@ -8,7 +8,7 @@ import importlib.util
 from hftoolkit.base.errors import UserError
 
 # pyproject's optional dependencies, by extra: the modules their libraries install, each with the name it goes by
-# (tests/test_extras.py holds this table to pyproject.toml).
+# (tests/unit/base/test_extras.py holds this table to pyproject.toml).
 EXTRAS = {
     "serve": {"fastapi": "FastAPI", "uvicorn": "uvicorn"},
     "benchmarks": {"lm_eval": "lm-evaluation-harness"},

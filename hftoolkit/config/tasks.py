@@ -3,7 +3,7 @@
 Everything the toolkit knows per task (the columns it reads, the head each family loads for it, how it is
 scored, whether benchmarks apply, the main metric of a report) is read from `TASKS` here, at call time. To add
 a task, add one entry and give each family it names a formulation (models/families/*.py, `FORMULATIONS`);
-tests/test_tasks.py shows a new entry reaching every consumer. Light: the standard library only.
+tests/unit/config/test_tasks.py shows a new entry reaching every consumer. Light: the standard library only.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Where hftoolkit steps into a library's own code: one module per patched library and version range, named after
 both (`accelerate_1_15` patches accelerate 1.15). Each module says what it changes and why in its docstring, and
-states the range it was checked against in `VERSIONS`; tests/test_patches.py fails when the installed library
-leaves that range, or when the code a patch relies on has changed, so that a new release is checked, not assumed.
+states the range it was checked against in `VERSIONS`; tests/unit/patches/test_patches.py fails when the installed
+library leaves that range, or when the code a patch relies on has changed, so that a new release is checked, not
+assumed.
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ def deepspeed_cpu_state():
 
 def still_needed() -> list[str]:
     """What in accelerate's code these patches rely on, and whether it still reads so: an empty list when all
-    holds (tests/test_patches.py)."""
+    holds (tests/unit/patches/test_patches.py)."""
     import inspect
 
     from accelerate import state

@@ -3,7 +3,7 @@
 Each comparison is a function returning `(reference_tensor, library_tensor)`,
 registered with `@comparison(component, against, kind)` in one of the
 `parity_*.py` modules; `all_comparisons()` collects them, the `hftoolkit parity`
-command prints them as a table, and tests/reference parametrizes over the same
+command prints them as a table, and tests/unit/reference parametrizes over the same
 list. A comparison builds a tiny random library module (nothing is downloaded),
 copies its weights into the reference module through the weight map, runs both
 on the same random fp32 inputs and compares the whole output tensors. Nothing is

@@ -15,7 +15,7 @@ class ItemNormalizedLoss:
     and multiplies by the number of processes (DDP averages gradients, and a sum was wanted).
     BERT's and T5's heads (and most task heads) ignore the count and return their own batch mean, so
     the loss and the gradients both come out num_processes x gradient_accumulation too large
-    (tests/test_distributed.py compares 1 and 2 processes). Here every model is called without the count,
+    (tests/e2e/test_distributed.py compares 1 and 2 processes). Here every model is called without the count,
     so every model returns
     its mean over its own labelled items, and the mean is turned into that share of the step's sum.
 

@@ -24,8 +24,9 @@ PAIRS = [
 ]
 
 
-# Regression trains with a decoder and an encoder-decoder in tests/test_realjobs.py, on a planted STS-B (no built-in
-# set has float labels); instruction with an encoder-decoder in tests/test_smollm2.py (its recipe names a GGUF file).
+# Regression trains with a decoder and an encoder-decoder in tests/e2e/test_realjobs.py, on a planted STS-B (no
+# built-in set has float labels); instruction with an encoder-decoder in tests/e2e/test_smollm2.py (its recipe names a
+# GGUF file).
 ELSEWHERE = {("regression", "decoder"), ("regression", "seq2seq"), ("instruction", "seq2seq")}
 
 

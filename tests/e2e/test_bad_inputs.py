@@ -3,7 +3,7 @@
 Each row must end the command with a non-zero exit and one sentence (one line) that names
 the input and what to do, no traceback, and nothing half-written: no run directory (or
 output folder) appears, and an existing run directory is left byte for byte as it was.
-tests/test_encoder_classification.py holds issue 2's first eleven cases; none repeat here.
+tests/e2e/test_encoder_classification.py holds issue 2's first eleven cases; none repeat here.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tests.helpers import RECIPES, browser, run_cli
+from tests.helpers import RECIPES, ROOT, browser, run_cli
 
 SHORT = ["training.max_steps=4", "data.max_train_samples=64", "data.max_eval_samples=16", "eval.max_predictions=4",
          "training.logging_steps=1", "eval.generation.max_new_tokens=8"]
@@ -61,7 +61,7 @@ def test_real_report_renders_in_chromium(bench_out, tmp_path):
         widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.naturalWidth)")
         headings = page.eval_on_selector_all("section.same-task h2", "hs => hs.map(h => h.innerText)")
         text = page.inner_text("body")
-        page.screenshot(path=str(browser.Path(__file__).parent / "artifacts" / "bench-report.png"), full_page=True)
+        page.screenshot(path=str(ROOT / "tests" / "artifacts" / "bench-report.png"), full_page=True)
     assert not record.console_errors and not record.page_errors
     assert widths and all(w > 0 for w in widths)
     assert headings == ["Same-task comparison: classification", "Same-task comparison: translation"]

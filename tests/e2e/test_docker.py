@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from tests.helpers.docker import SECTION_TITLE, docker_section
 
 try:
@@ -23,10 +24,9 @@ try:
 except ModuleNotFoundError:  # Python 3.10: the pyproject cross-check is skipped
     tomllib = None
 
-REPO = Path(__file__).resolve().parents[1]
-DOCKERFILE = REPO / "Dockerfile"
-DOCKERIGNORE = REPO / ".dockerignore"
-README = REPO / "README.md"
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+README = ROOT / "README.md"
 HF_CACHE = "/home/app/.cache/huggingface"
 RUNS = "/workspace/runs"
 
@@ -144,7 +144,7 @@ def test_installs_the_package_with_the_documented_extras():
     assert image_extras == doc_extras, \
         f"Dockerfile installs extras {image_extras}, {doc_path.name} documents {doc_extras}"
 
-    pyproject = REPO / "pyproject.toml"
+    pyproject = ROOT / "pyproject.toml"
     if tomllib is not None and pyproject.is_file():  # pip only warns about an unknown extra: the image would lack it
         data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
         defined = set(data.get("project", {}).get("optional-dependencies", {}))
@@ -205,7 +205,7 @@ def test_hadolint_default_rules_report_nothing(tmp_path):
     config.write_text("ignored: []\n", encoding="utf-8")
     result = subprocess.run(
         [hadolint, "--no-color", "--config", str(config), "--disable-ignore-pragma", "--failure-threshold", "info",
-         str(REPO / "Dockerfile")],
+         str(ROOT / "Dockerfile")],
         capture_output=True,
         text=True,
         timeout=120,

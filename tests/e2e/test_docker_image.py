@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import ROOT
 from tests.helpers.docker import docker_section
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("docker")]
 
-REPO = Path(__file__).resolve().parents[1]
-STANDIN = REPO / "tests" / "docker" / "standin-base.sh"
+STANDIN = ROOT / "tests" / "docker" / "standin-base.sh"
 IMAGE = "hftoolkit:ci-test"
 DOC_IMAGE, DOC_VOLUME = "hftoolkit", "hf-cache"
 # `docker run` options that take a value as the next word (the Docker page's and this test's).
@@ -105,7 +105,7 @@ def image(engine):
     [build] = [words for words, _ in _documented_commands() if words[:2] == ["docker", "build"] and len(words) == 5]
     assert build == ["docker", "build", "-t", DOC_IMAGE, "."], build
     previous = _docker("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip()
-    built = _docker("build", "--network", "host", "-t", IMAGE, ".", timeout=1800, cwd=REPO)
+    built = _docker("build", "--network", "host", "-t", IMAGE, ".", timeout=1800, cwd=ROOT)
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr
     if previous and previous != _docker("image", "inspect", "--format", "{{.Id}}", IMAGE).stdout.strip():
         _docker("rmi", previous)  # the last session's image, untagged now: 2 GB a run otherwise
@@ -212,7 +212,7 @@ def test_any_uid_with_docker_run_user(image, volume, tmp_path, user):
 def test_app_uid_zero_is_refused_at_build(image):
     # --force-rm: the classic builder otherwise keeps the failed step's container
     result = _docker("build", "--force-rm", "--network", "host", "--build-arg", "APP_UID=0", "-t", f"{IMAGE}-root",
-                     ".", timeout=600, cwd=REPO)
+                     ".", timeout=600, cwd=ROOT)
     assert result.returncode != 0
     assert "APP_UID=0 APP_GID=1000: id 0 is root's" in result.stdout + result.stderr
 

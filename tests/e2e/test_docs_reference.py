@@ -7,11 +7,11 @@ import importlib.util
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 HOOK = ROOT / "docs" / "hooks" / "reference.py"
 README = ROOT / "README.md"
 

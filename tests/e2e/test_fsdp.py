@@ -125,7 +125,7 @@ def test_saved_weights_are_the_gathered_state(runs):
 
 
 def test_killed_every_way_and_resumed_fsdp_run_ends_as_the_uninterrupted_one(runs):
-    """tests/test_kills.py's chain: the launcher's group, the top process and one training process SIGKILLed
+    """tests/e2e/test_kills.py's chain: the launcher's group, the top process and one training process SIGKILLed
     after checkpoints 1, 2 and 3 in turn, each followed by --resume."""
     assert_same_run(runs["killed"], runs["fsdp"])
 

@@ -10,7 +10,7 @@ After each: no process of the run is alive 10 s later, every checkpoint left is 
 while the first interruption's run waits at its pause).
 
 DDP and two machines on loopback are here; FSDP and ZeRO-3 run the same chain (tests/helpers/kills.py) in
-tests/test_fsdp.py and tests/test_zero.py, against the uninterrupted runs those files train anyway.
+tests/e2e/test_fsdp.py and tests/e2e/test_zero.py, against the uninterrupted runs those files train anyway.
 """
 
 from __future__ import annotations

@@ -191,7 +191,7 @@ def test_killed_and_resumed_continues_exactly(zero_runs, no_dropout, tmp_path, s
 
 
 def test_zero3_killed_every_way_and_resumed_ends_as_the_uninterrupted_run(zero_runs, no_dropout, tmp_path):
-    """tests/test_kills.py's chain under ZeRO-3 (LoRA): the launcher's group, the top process and one training
+    """tests/e2e/test_kills.py's chain under ZeRO-3 (LoRA): the launcher's group, the top process and one training
     process SIGKILLed after checkpoints 1, 2 and 3 in turn, each followed by --resume."""
     overrides = [a for s in (*sets_for(no_dropout["bert"], True), "training.save_steps=1") for a in ("--set", s)]
     kill_chain(tmp_path, [str(ENCODER), *overrides], tmp_path / "killed", list(KILLS),

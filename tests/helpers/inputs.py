@@ -1,6 +1,6 @@
 """Inputs a user gets wrong, built on disk: files of rows, copies of the session's tiny checkpoints with something
-taken away or changed, image folders. tests/test_bad_inputs.py's catalogue and tests/test_preflight.py build from
-these."""
+taken away or changed, image folders. tests/e2e/test_bad_inputs.py's catalogue and tests/unit/job/test_preflight.py
+build from these."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The kill chain: one run trained through a chain of interruptions, one at each checkpoint (a test hook pauses the
 writing process once checkpoint k is committed, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=k), each followed by `train --resume`,
 and what it needs: launching `hftoolkit train` on one or two machines, dealing each interruption, and the checks
-after it (no process left, complete checkpoints, one line for a stop signal). tests/test_kills.py describes the
-matrix; tests/test_fsdp.py and tests/test_zero.py run the same chain.
+after it (no process left, complete checkpoints, one line for a stop signal). tests/e2e/test_kills.py describes the
+matrix; tests/e2e/test_fsdp.py and tests/e2e/test_zero.py run the same chain.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parent.parent / "hftoolkit"
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "hftoolkit"
 
 
 def module_name(path: Path) -> str:

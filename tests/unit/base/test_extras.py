@@ -4,14 +4,13 @@ where it is missing the feature is refused in one line: what is missing, for wha
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import pytest
 
 from hftoolkit.base import extras
-from tests.helpers import RECIPES, run_cli
+from tests.helpers import RECIPES, ROOT, run_cli
 
-PACKAGE = Path(__file__).resolve().parent.parent / "hftoolkit"
+PACKAGE = ROOT / "hftoolkit"
 
 
 def hidden(monkeypatch, *modules: str) -> None:

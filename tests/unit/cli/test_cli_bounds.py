@@ -1,5 +1,5 @@
 """Every numeric option of the CLI has a range, and a value outside it is refused in one line before any work.
-(Ports' upper bound is a callback's, so --help shows no "<=": tests/test_cli_help.py.)"""
+(Ports' upper bound is a callback's, so --help shows no "<=": tests/unit/cli/test_cli_help.py.)"""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from tests.helpers import RECIPES, run_cli
 
 # predict's generation options are checked by the recipe's eval.generation schema (all problems at once, named by
-# their recipe key): tests/test_predict_cli.py.
+# their recipe key): tests/unit/workflows/test_predict_cli.py.
 SCHEMA_CHECKED = {("predict", "--num-beams"), ("predict", "--max-new-tokens"), ("predict", "--temperature"),
                   ("predict", "--top-k"), ("predict", "--top-p")}
 PORTS = {("serve", "--port"), ("train", "--main-process-port")}

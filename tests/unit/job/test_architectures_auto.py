@@ -4,7 +4,6 @@ types hftoolkit's hand table lists and for those it does not. Configs only, or t
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from hftoolkit.config import tasks
 from hftoolkit.job import architectures as arch
 from hftoolkit.models import lora
+from tests.helpers import ROOT
 
 # The hand-typed table hftoolkit kept before it read transformers' own: every type in it must keep its family.
 MODEL_TYPE_FAMILIES: dict[str, str] = {
@@ -42,7 +42,7 @@ UNLISTED = {
                                    max_position_embeddings=64)),
 }
 VOCAB = 128
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+RECIPES = ROOT / "recipes"
 # The task each family's model is built for in the forward and backward pass.
 MAIN_TASK = {"decoder": "clm", "seq2seq": "translation", "encoder": "classification"}
 # peft 0.21's table has these types; the others of UNLISTED fall back on their attention's linear layers.

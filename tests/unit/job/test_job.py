@@ -12,10 +12,10 @@ import pytest
 from pydantic import ValidationError
 
 from hftoolkit.config.recipe import load_recipe, replaced
-from tests.helpers import run_cli
+from tests.helpers import ROOT, run_cli
 
-RECIPES = Path(__file__).resolve().parent.parent / "recipes"
-OLD_RUN = Path(__file__).resolve().parent / "fixtures" / "run-before-job"
+RECIPES = ROOT / "recipes"
+OLD_RUN = ROOT / "tests" / "fixtures" / "run-before-job"
 
 
 def test_a_validated_recipe_cannot_be_changed_and_replaced_gives_a_new_one():

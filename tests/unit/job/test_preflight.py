@@ -1,7 +1,7 @@
 """Preflight: what it settles itself (clamped lengths, dropped empty rows) and the run still trains; a run whose
 eval fails keeps its weights and `hftoolkit eval` completes it; `validate --data` lists every problem at once.
 
-The refusals (data x model problems found before the first step) are rows of tests/test_bad_inputs.py.
+The refusals (data x model problems found before the first step) are rows of tests/e2e/test_bad_inputs.py.
 """
 
 from __future__ import annotations

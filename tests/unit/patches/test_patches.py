@@ -5,13 +5,13 @@ relies on reads differently, so that a new release is checked before it is trust
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 from hftoolkit.patches import in_range, patch_modules
+from tests.helpers import ROOT
 
-PACKAGE = Path(__file__).resolve().parent.parent / "hftoolkit"
+PACKAGE = ROOT / "hftoolkit"
 MODULES = patch_modules()
 
 

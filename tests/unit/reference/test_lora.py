@@ -7,8 +7,7 @@ import torch
 from hftoolkit.reference import lora
 from hftoolkit.reference.bert import Bert, BertConfig
 from hftoolkit.reference.parity_models import peft_lora_query, reference_lora_from
-
-from .helpers import assert_close
+from tests.helpers.reference import assert_close
 
 
 def test_b_is_zero_at_init_so_the_adapter_starts_as_the_base_layer():

@@ -5,8 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hftoolkit.reference.parity import TOLERANCES, all_comparisons, run_comparison
-
-from .helpers import assert_close
+from tests.helpers.reference import assert_close
 
 COMPARISONS = all_comparisons()
 

@@ -10,8 +10,7 @@ from hypothesis import strategies as st
 from transformers.models.t5.modeling_t5 import T5Attention
 
 from hftoolkit.reference import attention, norm, t5_attention
-
-from .helpers import assert_close
+from tests.helpers.reference import assert_close
 
 shapes = st.tuples(st.integers(1, 3), st.integers(1, 4), st.integers(1, 9), st.integers(1, 9), st.integers(1, 16))
 

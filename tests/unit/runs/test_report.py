@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from hftoolkit.runs.report import BEST, DASH, ReportError, load_run, summary_rows, write_report
+from tests.helpers import ROOT
 
 try:
     from tests.helpers import browser
@@ -22,7 +23,7 @@ PLOTS = ("loss.png", "eval.png", "params.png", "resources.png")
 # Tasks with two runs or more in build_runs: each gets a same-task comparison and its figure.
 SAME_TASK = ("same-task-classification-accuracy.png", "same-task-clm-perplexity.png",
              "same-task-image-classification-accuracy.png")
-ARTIFACTS = Path(__file__).parent / "artifacts"
+ARTIFACTS = ROOT / "tests" / "artifacts"
 
 
 def make_run(root: Path, name: str, *, family: str, task: str, main_metric: str | None = None,
@@ -359,7 +360,7 @@ def test_labels_of_points_close_together_in_the_parameters_plot_are_stacked_apar
 
 # ---------------------------------------------------------------- runs that share a recipe name
 
-PREFERENCE = Path(__file__).parent.parent / "recipes" / "decoder-preference.yaml"
+PREFERENCE = ROOT / "recipes" / "decoder-preference.yaml"
 
 
 def preference_run(folder: Path, *sets: str, accuracy: float = 0.6) -> Path:

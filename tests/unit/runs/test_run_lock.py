@@ -2,7 +2,7 @@
 
 A writer in another process is a small Python process that holds the lock as a training process does (flock: the
 kernel releases it when the holder ends, SIGKILL included); the end-to-end case, a live 2-process run, is
-tests/test_kills.py's.
+tests/e2e/test_kills.py's.
 """
 
 from __future__ import annotations

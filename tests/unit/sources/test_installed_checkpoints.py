@@ -97,7 +97,7 @@ def test_minilm_trains_through_the_classification_recipe_and_its_run_evaluates_a
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("smollm2")  # one worker converts the GGUF file (tests/test_smollm2.py)
+@pytest.mark.xdist_group("smollm2")  # one worker converts the GGUF file (tests/e2e/test_smollm2.py)
 def test_smollm2_trains_through_the_instruction_recipe(smollm2_checkpoint, tmp_path):
     run = tmp_path / "instruct"
     train_recipe(INSTRUCT, run, "model.checkpoint=installed:smollm2-135m-instruct", *SHORT, "training.batch_size=4",

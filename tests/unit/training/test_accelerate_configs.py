@@ -19,8 +19,9 @@ from accelerate.commands.launch import _validate_launch_command, launch_command_
 from accelerate.utils import DeepSpeedPlugin, DistributedType, FullyShardedDataParallelPlugin
 from accelerate.utils.launch import prepare_deepspeed_cmd_env, prepare_multi_gpu_env
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIG_DIR = REPO / "recipes" / "accelerate"
+from tests.helpers import ROOT
+
+CONFIG_DIR = ROOT / "recipes" / "accelerate"
 CONFIGS = sorted(CONFIG_DIR.rglob("*.yaml"))
 EXPECTED = {"ddp", "fsdp", "deepspeed-zero2", "deepspeed-zero3", "multi-node", "cpu-2proc"}
 
@@ -77,7 +78,7 @@ def test_starts_with_the_command_that_uses_it(path):
         if not line.startswith("#"):
             break
         header.append(line)
-    rel = path.relative_to(REPO).as_posix()
+    rel = path.relative_to(ROOT).as_posix()
     commands = [ln for ln in header if "hftoolkit train" in ln and rel in ln]
     assert commands, f"{path.name}: its leading comment gives no `hftoolkit train` command using {rel}"
 

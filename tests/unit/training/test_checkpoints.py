@@ -1,7 +1,7 @@
 """Atomic checkpoints: a checkpoint folder is complete or absent, and retention keeps the newest.
 
 These drive hftoolkit.training.checkpoints directly on small folders; the kill during a real save
-and the exact resume after it are in tests/test_resume.py.
+and the exact resume after it are in tests/e2e/test_resume.py.
 """
 
 from __future__ import annotations

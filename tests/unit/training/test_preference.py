@@ -1,7 +1,7 @@
 """task preference: pairs read in both layouts, tokenized as instruction runs are, learned with TRL's DPO trainer
 (and ORPO's loss, which has no reference); the base scores 0, the tuned model prefers the chosen answers of
 held-out pairs, a run starts from an earlier one, and the run reloads, predicts and merges like any other. (Bad
-input: tests/test_bad_inputs.py; the losses at parity with TRL: tests/reference.)"""
+input: tests/e2e/test_bad_inputs.py; the losses at parity with TRL: tests/unit/reference.)"""
 
 from __future__ import annotations
 

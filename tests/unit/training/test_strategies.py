@@ -4,13 +4,12 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import RECIPES
+from tests.helpers import RECIPES, ROOT
 
-PACKAGE = Path(__file__).resolve().parent.parent / "hftoolkit"
+PACKAGE = ROOT / "hftoolkit"
 HOME = (PACKAGE / "training" / "strategies", PACKAGE / "patches")
 # What reads the launch back: accelerate's and torchrun's variables, and the Trainer's own flags.
 LAUNCH_READS = re.compile(r"ACCELERATE_USE_(FSDP|DEEPSPEED|\{)|ACCELERATE_DEEPSPEED_|FSDP_CPU|LOCAL_WORLD_SIZE|"
