@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import inspect
 import json
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,9 +66,10 @@ def encode(job: Job, tokenizer, dataset, fn, *, batch_size: int | None = 1000, k
     with console.work_progress("tokenizing", len(dataset)) as advance:
         if processes == 1:  # (with several, fn runs in other processes: each shard's end is all that is seen)
             fn = _counted(fn, advance)
-        out = dataset.map(fn, batched=True, batch_size=batch_size, remove_columns=columns,
-                          num_proc=processes if processes > 1 else None, new_fingerprint=key,
-                          cache_file_name=str(folder / f"{key}.arrow"), load_from_cache_file=True, **kwargs)
+        with _environ_kept():
+            out = dataset.map(fn, batched=True, batch_size=batch_size, remove_columns=columns,
+                              num_proc=processes if processes > 1 else None, new_fingerprint=key,
+                              cache_file_name=str(folder / f"{key}.arrow"), load_from_cache_file=True, **kwargs)
     files = {Path(f["filename"]) for f in out.cache_files}
     if _tally is not None:
         _tally.rows += len(dataset)
@@ -75,6 +77,22 @@ def encode(job: Job, tokenizer, dataset, fn, *, batch_size: int | None = 1000, k
         _tally.processes = max(_tally.processes, processes)
         _tally.seconds += time.perf_counter() - started
     return out
+
+
+@contextlib.contextmanager
+def _environ_kept():
+    """datasets' map with num_proc (5.x) sets `os.environ` to a copy of itself. Whatever kept the process's
+    mapping (rich's consoles read the width from it) then reads a stale one, and a later setenv goes past it. So
+    the process's own mapping comes back afterwards, holding what the copy held."""
+    original = os.environ
+    try:
+        yield
+    finally:
+        replaced, os.environ = os.environ, original
+        if replaced is not original:
+            for name in set(original) - set(replaced):
+                del original[name]
+            original.update(replaced)
 
 
 def _counted(fn, advance):

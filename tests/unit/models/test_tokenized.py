@@ -68,9 +68,14 @@ def test_a_second_run_reuses_the_tokenized_data_and_a_new_max_length_or_tokenize
 
 @pytest.mark.slow
 def test_num_proc_tokenizes_with_several_processes_into_the_same_rows(tmp_path):
+    import os
+
+    environ = os.environ
     data = reviews(tmp_path)
     parallel = train_recipe(ENCODER, tmp_path / "parallel", *short(data, "data.num_proc=2")).output
     assert "tokenized 60 rows in" in parallel and "with 2 processes" in parallel
+    # (datasets' map with num_proc swaps os.environ for a copy: the process's own mapping is put back)
+    assert os.environ is environ
     train_recipe(ENCODER, tmp_path / "serial", *short(data))  # (the parallel run's files are shards: no reuse)
     assert eval_of(tmp_path / "parallel") == eval_of(tmp_path / "serial")
 
