@@ -39,8 +39,7 @@ def train_recipe(recipe: str | Path, out: Path, *sets: str, expect: int | None =
 
 
 def terminal_width(monkeypatch, columns: int) -> None:
-    """Play a terminal `columns` wide for rich, whatever ran before in this process: rich takes COLUMNS only with
-    LINES on a dumb terminal (TERM=dumb) and ignores both where it thinks it is in a notebook."""
+    """Play a terminal `columns` wide for rich's consoles: COLUMNS, with LINES, which rich then takes as given
+    instead of asking the terminal."""
     monkeypatch.setenv("COLUMNS", str(columns))
     monkeypatch.setenv("LINES", "50")
-    monkeypatch.setattr("rich.console._is_jupyter", lambda: False)
