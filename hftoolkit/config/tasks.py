@@ -22,6 +22,8 @@ INSTRUCTION = "instruction"
 DENOISE = "denoise"
 IMAGE_CLASSIFICATION = "image-classification"
 PREFERENCE = "preference"
+REWARD = "reward"
+GRPO = "grpo"
 
 # The transformers Auto classes a family's formulation loads (job/architectures.py reads their tables).
 SEQ_CLS = "AutoModelForSequenceClassification"
@@ -42,8 +44,10 @@ class TaskSpec:
         the first is the input that prediction records show.
     labels: "class" (one class per example), "tags" (one class per word), "value" (one float) or None.
     scoring: "logits" (metrics from the Trainer's eval pass), "generation" (metrics on generated
-        text over the eval split), "loss" (perplexity, exp of the eval loss) or "preference" (the implicit
-        rewards of held-out pairs: reward accuracy and margin).
+        text over the eval split), "loss" (perplexity, exp of the eval loss), "preference" (the implicit
+        rewards of held-out pairs: reward accuracy and margin), "reward" (a reward model's scores of held-out
+        pairs: pairwise accuracy and mean margin) or "rl" (the mean reward of answers sampled for held-out
+        prompts).
     metrics: the shipped evaluate modules used when eval.metrics is auto; main_metric comes first.
     heads: family -> the Auto class its formulation loads, for every family that does the task; a
         refusal names the families in this order.
@@ -134,6 +138,15 @@ TASKS = (
              main_metric="reward_accuracy", greater_is_better=True, metrics=(),
              heads={"decoder": CAUSAL_LM}, recommended="decoder",
              why="the answer is ranked against another answer to the same prompt", pipeline_tag="text-generation"),
+    # A reward model: one score per prompt and answer, learned from the same pairs (Bradley-Terry).
+    TaskSpec(REWARD, columns=("text", "chosen", "rejected"), labels=None, scoring="reward",
+             main_metric="reward_accuracy", greater_is_better=True, metrics=(),
+             heads={"encoder": SEQ_CLS, "decoder": SEQ_CLS}, recommended="encoder",
+             why="the output is one score for a whole prompt and answer", pipeline_tag="text-classification"),
+    # Online RL on prompts: the model samples answers, reward functions score them (TRL's GRPO trainer).
+    TaskSpec(GRPO, columns=("text",), labels=None, scoring="rl", main_metric="reward", greater_is_better=True,
+             metrics=(), heads={"decoder": CAUSAL_LM}, recommended="decoder",
+             why="the model's own answers are sampled and scored", pipeline_tag="text-generation"),
 )
 
 # The recipe key that names each canonical column in the user's data.
