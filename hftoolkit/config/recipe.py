@@ -26,6 +26,7 @@ from hftoolkit.config.sections import (
     ModelSection,
     OutputSection,
     PreferenceSection,
+    RLSection,
     Section,
     TrainingSection,
 )
@@ -70,6 +71,7 @@ class Recipe(Section):
     training: TrainingSection = TrainingSection()
     eval: EvalSection = EvalSection()
     preference: PreferenceSection | None = Field(None, description="task preference: the method and its beta")
+    rl: RLSection | None = Field(None, description="task grpo: the rewards, the method and its sampling")
     output: OutputSection = OutputSection()
 
     @model_validator(mode="before")
@@ -104,6 +106,9 @@ class Recipe(Section):
         if self.preference is not None and self.task != tasks.PREFERENCE:
             raise ValueError(f"the preference section says how preference pairs are learned, and the task is "
                              f"{self.task}: remove it, or set task to preference")
+        problems = _rl_rules(self)
+        if problems:
+            raise ValueError("; ".join(problems))
         if self.preference is not None and self.preference.unpaired and self.training.batch_size < 2:
             raise ValueError("preference.method kto takes each answer's KL term against the other answers of its "
                              "batch, and training.batch_size is 1: set training.batch_size to 2 or more")
@@ -124,6 +129,28 @@ class Recipe(Section):
     @property
     def run_dir(self) -> Path:
         return Path(self.output.dir) / self.name
+
+
+def _rl_rules(recipe: Recipe) -> list[str]:
+    """The rl section and task grpo need each other; a step's answers fill whole groups; a checkpoint falls where
+    answers are sampled afresh, so a resumed run samples what the uninterrupted one did."""
+    rl, t = recipe.rl, recipe.training
+    if rl is None:
+        return ["task grpo learns from rewards, and the recipe has no rl section: add rl.rewards (for example "
+                "[{exact: answer}])"] if recipe.task == tasks.GRPO else []
+    if recipe.task != tasks.GRPO:
+        return [f"the rl section says how sampled answers are rewarded, and the task is {recipe.task}: remove it, "
+                "or set task to grpo"]
+    problems = []
+    if t.batch_size % rl.num_generations:
+        problems.append(f"training.batch_size counts sampled answers, and {t.batch_size} is not a whole number of "
+                        f"groups of rl.num_generations {rl.num_generations}: set training.batch_size to a multiple "
+                        f"of {rl.num_generations}")
+    if t.save_steps and t.save_steps % rl.num_iterations:
+        problems.append(f"training.save_steps: answers are sampled every rl.num_iterations ({rl.num_iterations}) "
+                        f"steps, and a checkpoint at step {t.save_steps} would fall between: set it to a multiple "
+                        f"of {rl.num_iterations}")
+    return problems
 
 
 def _training_rules(recipe: Recipe) -> list[str]:

@@ -280,6 +280,119 @@ class PreferenceSection(Section):
         return self
 
 
+# rl.method -> the clipping defaults its paper uses where the recipe leaves them unset: (epsilon, epsilon_high).
+RL_CLIPPING = {"grpo": (0.2, None), "dapo": (0.2, 0.28), "dr_grpo": (0.2, None), "gspo": (3e-4, 4e-4),
+               "rloo": (0.2, None)}
+# Where a reward entry's kind is named, in the order a refusal lists them.
+REWARD_KINDS = ("exact", "regex", "length", "function", "run")
+
+
+class RewardEntry(Section):
+    """One reward of task grpo, scoring each sampled answer; `weight` scales it in the sum the advantage is taken
+    of. Exactly one of the kinds is set."""
+
+    exact: str | None = Field(None, description="the data column holding the right answer: 1 where the answer "
+                                                "(the last <answer>...</answer>, the part after ####, or for a number "
+                                                "the last number) equals it after normalising, else 0")
+    regex: str | None = Field(None, description="a regular expression the whole answer must match (a format "
+                                                "reward): 1 where it does, else 0")
+    length: int | None = Field(None, gt=0, description="a length penalty: 0 up to this many tokens, then minus "
+                                                       "the share of tokens over it")
+    function: str | None = Field(None, description="a Python reward function, module:function or "
+                                                   "path/to/file.py:function, called as TRL calls one (prompts, "
+                                                   "completions, completion_ids and the data's other columns as "
+                                                   "keyword lists) and returning one float per completion")
+    run: str | None = Field(None, description="the run directory of a task reward run: its model scores each "
+                                              "prompt and answer")
+    weight: float = Field(1.0, description="the reward's weight in the sum")
+
+    @model_validator(mode="after")
+    def _one_kind(self):
+        given = [kind for kind in REWARD_KINDS if getattr(self, kind) is not None]
+        if len(given) != 1:
+            said = f"sets {' and '.join(given)}" if given else "sets none of them"
+            raise ValueError(f"a reward is one of {', '.join(REWARD_KINDS)}, and this one {said}: give each reward "
+                             "its own entry")
+        if self.regex is not None:
+            import re
+
+            try:
+                re.compile(self.regex)
+            except re.error as err:
+                raise ValueError(f"regex {self.regex!r} is not a regular expression ({err}): fix the pattern") from None
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in REWARD_KINDS if getattr(self, kind) is not None)
+
+    @property
+    def name(self) -> str:
+        """The reward's name in logs and reports: its kind, a function's own name."""
+        if self.function is not None:
+            return self.function.rsplit(":", 1)[-1]
+        return {"exact": "exact_answer", "regex": "format", "run": "reward_model"}.get(self.kind, self.kind)
+
+
+class RLSection(Section):
+    """task grpo: how sampled answers are scored and learned from, through TRL's GRPO (and RLOO) trainers."""
+
+    method: Literal["grpo", "dapo", "dr_grpo", "gspo", "rloo"] = Field(
+        "grpo", description="grpo (Shao et al. 2024: each answer's loss a mean over its tokens), dapo (Yu et al. "
+                            "2025: a mean over all tokens, clip-higher), dr_grpo (Liu et al. 2025: no length or "
+                            "std normalisation), gspo (Zheng et al. 2025: one importance ratio per answer) or rloo "
+                            "(Ahmadian et al. 2024: leave-one-out baseline, TRL's RLOO trainer)")
+    rewards: list[RewardEntry] = Field(min_length=1, description="the rewards, summed with their weights")
+    num_generations: int = Field(4, description="answers sampled per prompt: the group each answer is compared "
+                                                "with (training.batch_size counts answers)")
+    max_completion_length: int = Field(64, gt=0, description="the most tokens an answer may have")
+    temperature: float = Field(1.0, gt=0, description="sampling temperature of the answers")
+    top_p: float = Field(1.0, gt=0, le=1, description="nucleus sampling of the answers")
+    beta: float = Field(0.0, ge=0, description="weight of the KL term to the reference model: 0 loads no "
+                                               "reference (with LoRA the reference is the base, its adapter off)")
+    epsilon: float | None = Field(None, gt=0, description="the clipping of the importance ratio, below (and above "
+                                                          "unless epsilon_high): the method's default when unset")
+    epsilon_high: float | None = Field(None, gt=0, description="the clipping above (DAPO's clip-higher): the "
+                                                               "method's default when unset")
+    scale_rewards: Literal["group", "batch", "none"] | None = Field(
+        None, description="advantages divided by the std of their group, of the batch, or not at all: group for "
+                          "grpo, dapo and gspo, none for dr_grpo and rloo when unset")
+    num_iterations: int = Field(1, ge=1, description="optimizer steps taken on each batch of answers")
+    mask_truncated_completions: bool = Field(False, description="leave answers cut at max_completion_length out "
+                                                                "of the loss (DAPO's overlong filtering)")
+    generation: Literal["generate", "continuous", "vllm"] = Field(
+        "generate", description="how answers are sampled: the model's generate, transformers' continuous "
+                                "batching, or vLLM in the training process (a GPU with vllm installed)")
+
+    @property
+    def clipping(self) -> tuple[float, float | None]:
+        """(epsilon, epsilon_high), the method's defaults where unset."""
+        low, high = RL_CLIPPING[self.method]
+        return (self.epsilon if self.epsilon is not None else low,
+                self.epsilon_high if self.epsilon_high is not None else high)
+
+    @property
+    def reward_scaling(self) -> str:
+        if self.scale_rewards is not None:
+            return self.scale_rewards
+        return "none" if self.method in ("dr_grpo", "rloo") else "group"
+
+    @field_validator("num_generations")
+    @classmethod
+    def _a_group(cls, value):
+        if value < 2:
+            raise ValueError(f"{value} answer per prompt leaves no group to compare it with (its advantage is always "
+                             "0): set rl.num_generations to 2 or more")
+        return value
+
+    @model_validator(mode="after")
+    def _rloo_scales_by_batch(self):
+        if self.method == "rloo" and self.scale_rewards == "group":
+            raise ValueError("rl.scale_rewards: rloo's leave-one-out advantages are scaled over the batch or not at "
+                             "all: set it to batch or none")
+        return self
+
+
 class OutputSection(Section):
     dir: str = "runs"
 

@@ -30,7 +30,7 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
     raw = data["eval"]
     if task.scoring == "preference" and "label" in raw.column_names:  # kto: records answer its good answers' prompts
         raw = raw.filter(lambda row: row["label"])
-    count = len(raw) if task.scoring == "generation" else min(len(raw), job.recipe.eval.max_predictions)
+    count = len(raw) if task.scoring in ("generation", "rl") else min(len(raw), job.recipe.eval.max_predictions)
     eval_set, order = shortest_first(encoded["eval"])
     outputs = None
     if task.labels in ("class", "value"):
@@ -39,6 +39,8 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
         scored = output.metrics
         predicted = output.predictions if order is None else output.predictions[order.argsort()]
         outputs = _pass_records(task, predicted[:count], trainer.model.config.id2label)
+    elif task.scoring == "rl":
+        scored = {}  # (no loss pass: TRL's eval loop would sample and score answers again)
     else:
         scored = trainer.evaluate(eval_set, metric_key_prefix="eval")
     results = {k.removeprefix("eval_"): v for k, v in scored.items()
@@ -51,6 +53,10 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
         outputs = generate_everywhere(form, job, trainer.model, processor, inputs, **prompt)  # shared
     if task.scoring == "generation":
         results.update(scorer.compute([o["text"] for o in outputs], references(job, raw, count)))
+    if task.scoring == "rl":  # the rewards of the answers, each prompt as training gave it
+        columns = {c: raw[c][:count] for c in raw.column_names if c != "text"}
+        prompts = [form.prompt(job, processor, x) for x in raw["text"][:count]]
+        results.update(scorer.compute(prompts, [o["text"] for o in outputs], columns))
     refs = references(job, raw, count)
     pairs = raw["text_pair"][:count] if "text_pair" in raw.column_names else [None] * len(inputs)
     predictions = [{"input": _show(x), **({"input_pair": p} if p is not None else {}),

@@ -11,6 +11,7 @@ import io
 from dataclasses import dataclass
 from typing import Any
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.families import reads_text
 from hftoolkit.config.recipe import Recipe
@@ -367,7 +368,6 @@ def check_conversations(s: Subject, found: Findings) -> None:
         return
     if processor is None:
         return
-    from hftoolkit.base.errors import UserError
     from hftoolkit.sources.conversations import cut_counts
 
     size = found.lengths.get("max_length", recipe.data.max_length)
@@ -398,5 +398,42 @@ def check_pairs(s: Subject, found: Findings) -> None:
                            "cut to fit (raise them to keep the pairs whole)")
 
 
+def check_rewards(s: Subject, found: Findings) -> None:
+    """Each reward of rl.rewards can score answers: an exact answer's column is in the data; a function is found,
+    and called once on a dry batch of the data's first prompts it neither raises nor returns other than one number
+    per answer; a run is a finished task reward run. vLLM sampling needs vllm and a GPU."""
+    from hftoolkit.sources import rewards
+
+    rl = s.recipe.rl
+    if rl is None:
+        return
+    train = s.data["train"] if s.data is not None else None
+    columns = [c for c in train.column_names if c != "text"] if train is not None else []
+    for i, entry in enumerate(rl.rewards):
+        key = f"rl.rewards.{i}.{entry.kind}"
+        if entry.exact is not None and train is not None and entry.exact not in columns:
+            found.problems.append(f"{key}: column {entry.exact!r} not found in data.train (its other columns: "
+                                  f"{', '.join(columns) or 'none'}): set it to the column holding the right answers")
+        elif entry.run is not None and (problem := rewards.reward_run_problem(entry.run, key)):
+            found.problems.append(problem)
+        elif entry.function is not None:
+            try:
+                function = rewards.load_function(entry.function, key)
+            except UserError as err:
+                found.problems.append(err.message)
+                continue
+            if train is not None and len(train):
+                rows = train.select(range(min(2, len(train))))
+                problem = rewards.dry_call(function, key, rows["text"], {c: rows[c] for c in columns})
+                if problem:
+                    found.problems.append(problem)
+    if rl.generation == "vllm":
+        import importlib.util
+
+        if importlib.util.find_spec("vllm") is None:
+            found.problems.append("rl.generation: vllm samples answers on a GPU with the vllm package, which is not "
+                                  "installed: pip install vllm on a CUDA machine, or set rl.generation to generate")
+
+
 CHECKS = (check_head, check_tokenizer, check_lengths, check_labels, check_images, check_packing, check_conversations,
-          check_pairs)
+          check_pairs, check_rewards)

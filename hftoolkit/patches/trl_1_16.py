@@ -12,6 +12,8 @@ collators) and that the parity rows drive (reference/parity_preference.py).
   (trl.experimental in 1.x) with the DPO trainer as its `self`, and logs into the trainer's `_metrics`.
 - TRL copies an adapter it is handed into a frozen "ref" adapter; it is deleted (`TokenizedPreference.__init__`).
 - The collators are imported from TRL's trainer modules (trl does not export them).
+- GRPO and RLOO build a full fine-tuning's reference by reading the checkpoint again from the model's path
+  (`create_model_from_path` in their modules); `reference_copied` hands them a frozen copy of the loaded model.
 
 Why 1.16 and not earlier: 1.14 and before compute log-probabilities from full logits, with no fused head for ORPO's
 loss and the parity rows to read; 1.15 has the head, but its kernel needs Triton (trl/trainer/utils.py sets
@@ -23,6 +25,7 @@ the attributes `_compute_loss` reads; `LOSS_READS` records those, and `still_nee
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 
 LIBRARY = "trl"
@@ -88,6 +91,32 @@ class TokenizedPreference:
         if self.loss_in_place is None:
             return super()._compute_loss(model, inputs, return_outputs)
         return self.loss_in_place(model, inputs)
+
+
+# The trainer modules whose reference model `reference_copied` provides.
+REFERENCE_BUILDERS = ("trl.trainer.grpo_trainer", "trl.trainer.rloo_trainer")
+
+
+@contextlib.contextmanager
+def reference_copied(model, beta: float):
+    """While GRPO's or RLOO's trainer is built: with a KL term (beta > 0) and no adapter to switch off, its
+    reference is a frozen copy of `model` as loaded, not the checkpoint read again from the model's path."""
+    import copy
+    import importlib
+
+    if beta == 0 or getattr(model, "peft_config", None):
+        yield
+        return
+    reference = copy.deepcopy(model).eval().requires_grad_(False)
+    modules = [importlib.import_module(name) for name in REFERENCE_BUILDERS]
+    originals = [module.create_model_from_path for module in modules]
+    try:
+        for module in modules:
+            module.create_model_from_path = lambda *args, **kwargs: reference
+        yield
+    finally:
+        for module, original in zip(modules, originals):
+            module.create_model_from_path = original
 
 
 def fused_log_probs(model, inputs: dict, labels):

@@ -3,7 +3,8 @@
 All text sets are SYNTHETIC: generated from small templates with a fixed seed, so a
 model can learn them in seconds and nothing is downloaded. `digits` is real:
 scikit-learn's 8x8 handwritten digits (1,797 images), upscaled for the model.
-Every set uses the canonical column names data.py produces: text, label, target, image, chosen, rejected.
+Every set uses the canonical column names data.py produces: text, label, target, image, chosen, rejected;
+`arithmetic` adds an `answer` column for task grpo's exact-answer reward.
 """
 
 from __future__ import annotations
@@ -149,6 +150,20 @@ def preferences(n: int = 1000, seed: int = 0) -> list[dict]:
     return pairs
 
 
+def arithmetic(n: int = 1000, seed: int = 0) -> list[dict]:
+    """Questions of sums and differences of two numbers up to 20, each with its answer in the `answer` column: a
+    verifiable task for grpo (the exact answer, and a format reward for answering with the number alone)."""
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(0, 20), rng.randint(0, 20)
+        plus = rng.random() < 0.5
+        said = "plus" if plus else "minus"
+        rows.append({"text": f"What is {a} {said} {b}? Answer with the number only.",
+                     "answer": str(a + b if plus else a - b)})
+    return rows
+
+
 def digits(n: int | None = None, seed: int = 0, size: int = 32) -> list[dict]:
     """scikit-learn's real 8x8 handwritten digits, upscaled to size x size RGB images, labels '0'-'9'."""
     from PIL import Image
@@ -167,7 +182,7 @@ def digits(n: int | None = None, seed: int = 0, size: int = 32) -> list[dict]:
 BUILTIN: dict[str, Callable[..., list[dict]]] = {
     "sentiment": sentiment, "tagging": tagging, "translation": translation,
     "summarization": summarization, "text": text, "instructions": instructions, "preferences": preferences,
-    "digits": digits,
+    "arithmetic": arithmetic, "digits": digits,
 }
 
 

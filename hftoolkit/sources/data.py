@@ -389,9 +389,23 @@ def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fal
         raise UserError(f"{', '.join(missing)}: column{'s' * many} {', '.join(map(repr, missing.values()))} not "
                         f"found in {source}; columns found: {', '.join(ds.column_names)}; set "
                         f"{' and '.join(missing)} to {'the names' if many else 'the name'} in the data{also}")
-    ds = ds.select_columns(list(mapping))
+    ds = ds.select_columns(list(mapping) + _reward_columns(recipe, ds, mapping))
     ds = ds.rename_columns({k: v for k, v in mapping.items() if k != v})
     return good_or_bad(ds, key, source) if labelled else ds
+
+
+# The names TRL's GRPO trainer gives what it passes reward functions besides the data's columns.
+RL_RESERVED = ("prompt", "completion", "completion_ids", "prompts", "completions", "trainer_state", "log_extra",
+               "log_metric")
+
+
+def _reward_columns(recipe: Recipe, ds, mapping: dict) -> list[str]:
+    """Task grpo keeps the data's other columns: they reach the reward functions (an exact answer, test cases);
+    a column named as a canonical one or as what TRL passes itself would be taken for it, and is left out."""
+    if recipe.task != tasks.GRPO:
+        return []
+    taken = {*mapping, *mapping.values(), *tasks.COLUMN_KEYS, *RL_RESERVED}
+    return [c for c in ds.column_names if c not in taken]
 
 
 def labelled_answers(recipe: Recipe, ds) -> bool:

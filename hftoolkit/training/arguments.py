@@ -20,7 +20,7 @@ OPTIMIZERS = {"adamw": "adamw_torch", "adamw_fused": "adamw_torch_fused", "adamw
 PROJECT_VARIABLES = {"wandb": "WANDB_PROJECT", "mlflow": "MLFLOW_EXPERIMENT_NAME", "comet_ml": "COMET_PROJECT_NAME"}
 
 
-def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
+def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer, rewards=None):
     """TrainingArguments for the job, in the precision it resolved: the batch split over processes, optimizer,
     schedule, checkpointing, eval and save strategies, data loader and trackers."""
     import torch
@@ -40,6 +40,10 @@ def training_arguments(job: Job, run: RunDirectory, model, encoded, scorer):
         from hftoolkit.training.preference import arguments_class
 
         arguments, extra = arguments_class(job)
+    elif rewards is not None:  # task grpo: TRL's GRPO (or RLOO) config, the rewards' weights among its settings
+        from hftoolkit.training.grpo import arguments_class
+
+        arguments, extra = arguments_class(job, rewards.weights)
     return arguments(
         **extra,
         output_dir=str(run / CHECKPOINTS),

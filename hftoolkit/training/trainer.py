@@ -24,33 +24,42 @@ from hftoolkit.training.strategies import strategy_of
 from hftoolkit.training.streaming import StreamPosition, row_stream
 
 
-def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counter, scorer, data=None):
-    """The Trainer for `recipe`. `data` (the raw splits) lets eval during training score generated text."""
+def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counter, scorer, data=None, rewards=None):
+    """The Trainer for `recipe`. `data` (the raw splits) lets eval during training score generated text; `rewards`
+    (workflows/rewards.py) scores task grpo's sampled answers."""
     from transformers import Trainer
 
     from hftoolkit.training.arguments import batch_order, training_arguments
 
-    t, args, strategy = job.recipe.training, training_arguments(job, run, model, encoded, scorer), strategy_of(job)
+    t, strategy = job.recipe.training, strategy_of(job)
+    args = training_arguments(job, run, model, encoded, scorer, rewards)
     if job.precision == "bf16" and attention_in_fp32():
         attention_in_fp32_on_cpu()
     scoring = tasks.spec(job.recipe.task).scoring
     train = encoded["train"]
     if job.recipe.data.streaming:  # its position is saved with each checkpoint (streaming.py)
         train = row_stream(train, args.per_device_train_batch_size)
+    mixins = MIXINS
     if scoring == "preference":  # TRL's trainer: its own loss, no logits for metrics
         from hftoolkit.training.preference import trainer_base
 
-        base, loss, extra = trainer_base(job), (), {}
+        base, loss, extra = trainer_base(job), (), dict(data_collator=counter)
+    elif scoring == "rl":  # TRL's trainer samples its own batches, of answers it scores with the rewards
+        from hftoolkit.training import grpo
+
+        base, loss, mixins, extra = grpo.trainer_base(job), (), grpo.MIXINS, dict(reward_funcs=list(rewards.functions))
     else:
         base, loss = Trainer, (ItemNormalizedLoss,)
         extra = dict(compute_metrics=scorer.compute if scoring == "logits" else None,
-                     preprocess_logits_for_metrics=scorer.reduce_logits)
+                     preprocess_logits_for_metrics=scorer.reduce_logits, data_collator=counter)
     with strategy.building_trainer():  # (the Trainer builds its Accelerator here)
-        trainer = toolkit_trainer(base, *loss)(
+        trainer = toolkit_trainer(base, *loss, mixins=mixins)(
             model=model, args=args, train_dataset=train,
             eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
-            data_collator=counter, processing_class=processor, **extra)
+            processing_class=processor, **extra)
     trainer.batch_order = batch_order(job.recipe, encoded["train"])
+    if scoring == "rl":
+        trainer.token_counter = counter  # (TRL collates nothing: the answers are counted as they are sampled)
     use_progress(trainer)  # one progress bar instead of the Trainer's tqdm bars and printed log dicts
     trainer.nonfinite_policy, trainer.max_nonfinite_skips = t.on_nonfinite, t.max_nonfinite_skips
     trainer.nonfinite_skippable = strategy.can_skip_nonfinite
@@ -110,10 +119,13 @@ def epoch_to_collator(collate):
     return EpochToCollator()
 
 
-def toolkit_trainer(base, *loss):
-    """`base` (Trainer, Seq2SeqTrainer or TRL's preference trainer) with the non-finite guard, atomic checkpoints
+# The mixins every Trainer gets (training/grpo.py has the set for trainers that sample their own batches).
+MIXINS = (NonFiniteGuard, AtomicCheckpoints, StreamPosition, LengthBatching, EvalDuringTraining)
+
+
+def toolkit_trainer(base, *loss, mixins=MIXINS):
+    """`base` (Trainer, Seq2SeqTrainer or one of TRL's trainers) with the non-finite guard, atomic checkpoints
     and length-bucketed batches; `loss` the mixin that scales the loss (ItemNormalizedLoss: a loss scale that holds
     on any number of processes), none where `base` computes a loss of its own."""
     # (the loss mixin after EvalDuringTraining: the eval loss is final before the metrics derived from it)
-    mixins = (NonFiniteGuard, AtomicCheckpoints, StreamPosition, LengthBatching, EvalDuringTraining, *loss)
-    return type(f"Toolkit{base.__name__}", (*mixins, base), {})
+    return type(f"Toolkit{base.__name__}", (*mixins, *loss, base), {})

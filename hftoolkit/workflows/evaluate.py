@@ -19,6 +19,7 @@ from hftoolkit.models.families import formulation
 from hftoolkit.runs.record import metrics_record
 from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.sources.data import use_split
+from hftoolkit.workflows.rewards import scoring
 from hftoolkit.workflows.trained import load_trained
 
 
@@ -38,9 +39,10 @@ def reevaluate(run_dir: Path) -> dict:
     run, data = RunDirectory(run_dir), job.data
     console.phase(console.data_line({"eval": len(data["eval"])}))
     encoded = {split: form.preprocess(job, processor, ds) for split, ds in data.items()}
-    scorer = form.metrics(job, processor)
+    scorer, rewards = scoring(job, form, processor)
     # The run's own Trainer settings; with saving off, an evaluate-only Trainer writes nothing there.
-    trainer = build_trainer(job, run, model, processor, encoded, TokenCounter(form.collator(job, processor)), scorer)
+    trainer = build_trainer(job, run, model, processor, encoded, TokenCounter(form.collator(job, processor)), scorer,
+                            rewards=rewards)
     results, predictions, seconds = evaluate(job, form, trainer, processor, data, encoded, scorer)
     trainable, total = count_parameters(model)
     metrics = {**metrics_record(job, scorer, trainable_params=trainable, total_params=total),
@@ -146,9 +148,9 @@ def _score(job: Job, form, model, processor, data):
 
     encoded_eval = form.preprocess(job, processor, data["eval"])
     encoded = {"train": encoded_eval, "eval": encoded_eval}
-    scorer = form.metrics(job, processor)
+    scorer, rewards = scoring(job, form, processor)
     with tempfile.TemporaryDirectory(prefix="hftoolkit-eval-") as tmp:
         trainer = build_trainer(job, RunDirectory(tmp), model, processor, encoded,
-                                TokenCounter(form.collator(job, processor)), scorer)
+                                TokenCounter(form.collator(job, processor)), scorer, rewards=rewards)
         results, predictions, seconds = evaluate(job, form, trainer, processor, data, encoded, scorer)
     return scorer, results, predictions, seconds

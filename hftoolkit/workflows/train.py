@@ -34,6 +34,7 @@ from hftoolkit.training.checkpoints import CHECKPOINT
 from hftoolkit.training.strategies import Strategy, strategy_for
 from hftoolkit.training.strategies.launch import current_launch
 from hftoolkit.training.throughput import TokenCounter, efficiency
+from hftoolkit.workflows.rewards import scoring
 
 
 def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False,
@@ -231,8 +232,9 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
     with state.main_process_first(), tokenizing(job) as tokenization:  # (the main process fills the cache)
         encoded = {split: form.preprocess(job, processor, ds) for split, ds in job.data.items()}
     counter = TokenCounter(form.collator(job, processor))
-    scorer = form.metrics(job, processor)
-    trainer = progress.trainer = build_trainer(job, run, model, processor, encoded, counter, scorer, data=job.data)
+    scorer, rewards = scoring(job, form, processor)
+    trainer = progress.trainer = build_trainer(job, run, model, processor, encoded, counter, scorer, data=job.data,
+                                               rewards=rewards)
     ran = strategy.record(trainer, job.precision)  # (a collective call: every process)
     if writer:
         run.update_manifest(distributed=ran, batch_order=trainer.batch_order_record())
