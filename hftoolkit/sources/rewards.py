@@ -192,7 +192,7 @@ def dry_call(function: Callable, key: str, prompts: list, columns: dict) -> str 
     except TypeError:
         values = None
     if values is None or len(values) != len(completions):
-        got = f"{len(values)} values" if values is not None else f"a {type(out).__name__}"
+        got = f"{len(values)} value{'s' * (len(values) != 1)}" if values is not None else f"a {type(out).__name__}"
         return (f"{key}: reward function {name} returned {got} for a dry batch of {len(completions)} answers: "
                 "return one float (or None) per completion")
     bad = next((v for v in values if v is not None and not _is_number(v)), "ok")
