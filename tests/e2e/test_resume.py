@@ -14,6 +14,8 @@ the final adapter weights.
 - seq2seq: killed inside the save of checkpoint 8, so checkpoint 6 (the end of epoch 2) is the
   newest complete one; resumed at that epoch boundary with `train RECIPE --resume`.
 - preference (DPO and KTO through TRL's trainers): killed after checkpoint 4, mid-epoch 2, as the encoder.
+- grpo (TRL's GRPO trainer, answers sampled in the run): killed after checkpoint 4 of 6 steps; the resumed run samples
+  the answers the uninterrupted one did, so its rewards per step match too.
 """
 
 from __future__ import annotations
@@ -127,6 +129,25 @@ def test_preference_resumed_mid_epoch_matches_the_uninterrupted_run(tmp_path, me
     assert_same_training(reference, killed, steps=STEPS * (2 if method == "kto" else 1))  # (kto: two answers a pair)
     metrics = [json.loads((run / "metrics.json").read_text())["eval"] for run in (reference, killed)]
     assert metrics[1]["reward_margin"] == pytest.approx(metrics[0]["reward_margin"], abs=TOLERANCE)
+
+
+@pytest.mark.slow
+def test_grpo_resumed_matches_the_uninterrupted_run_in_weights_and_rewards(tmp_path):
+    reward = tmp_path / "vowels.py"
+    reward.write_text("def vowels(completions, **_):\n"
+                      "    return [sum(ch in 'aeiou' for ch in c) / max(len(c), 1) for c in completions]\n")
+    sets = ("data.max_train_samples=32", "data.max_eval_samples=8", "training.max_steps=6", "training.save_steps=2",
+            "training.logging_steps=1", "rl.max_completion_length=8", "eval.generation.max_new_tokens=8",
+            f"rl.rewards=[{{function: {reward}:vowels}}]", "rl.beta=0.05")
+    reference, killed = reference_and_killed(RECIPES / "decoder-grpo.yaml", tmp_path, sets,
+                                             HFTOOLKIT_TEST_PAUSE_AFTER_SAVE="4")
+    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == ["checkpoint-2", "checkpoint-4"]
+    run_cli("train", "--resume", killed)
+    assert_same_training(reference, killed, steps=6)
+    logged = [[json.loads(line) for line in (run / "log_history.jsonl").read_text().splitlines()]
+              for run in (reference, killed)]
+    rewards = [{r["step"]: (r["reward"], r["kl"]) for r in rows if "reward" in r} for rows in logged]
+    assert len(rewards[0]) == 6 and rewards[1] == pytest.approx(rewards[0], abs=TOLERANCE)
 
 
 # ---------------------------------------------------------------- resume refuses what it cannot do exactly

@@ -45,7 +45,8 @@ def test_the_length_penalty_starts_past_its_limit():
 
 
 def test_a_function_is_found_by_file_or_module_and_refused_in_one_line_when_it_is_not(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text("def brevity(completions, **_):\n    return [-len(c) for c in completions]\n"
+    (tmp_path / "my_rewards.py").write_text("def brevity(completions, **_):\n"
+                                            "    return [-len(c) for c in completions]\n"
                                             "def _helper():\n    pass\n")
     by_file = rewards.load_function(f"{tmp_path}/my_rewards.py:brevity", "rl.rewards.0.function")
     assert by_file(completions=["ab", "abcd"]) == [-2, -4]
