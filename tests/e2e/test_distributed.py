@@ -274,3 +274,28 @@ def test_a_sharding_launch_that_accelerate_sets_up_as_ddp_stops_instead_of_train
         strategy.record(trainer, "fp32")
     state.distributed_type = DistributedType[asked]
     assert strategy.record(trainer, "fp32")["type"] == asked
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
+def test_grpo_on_two_processes_samples_whole_groups_and_trains(tmp_path):
+    """TRL's GRPO trainer over DDP: each process samples answers for its share of the prompts (its own random stream,
+    so the answers, and the weights, are not one process's), and every group's rewards are compared over all of
+    its answers: the step's reward is over the 8 answers of both processes, its advantages sum to 0 per group."""
+    reward = tmp_path / "vowels.py"
+    reward.write_text("def vowels(completions, **_):\n"
+                      "    return [sum(ch in 'aeiou' for ch in c) / max(len(c), 1) for c in completions]\n")
+    sets = ("data.max_train_samples=32", "data.max_eval_samples=8", "training.max_steps=3", "training.logging_steps=1",
+            "rl.max_completion_length=8", "eval.generation.max_new_tokens=8",
+            f"rl.rewards=[{{function: {reward}:vowels}}]")
+    rc, output, _ = run_bounded([sys.executable, "-m", "hftoolkit", "train", RECIPES / "decoder-grpo.yaml",
+                                 "--output", tmp_path / "two", "--num-processes", "2",
+                                 *[a for s in sets for a in ("--set", s)]])
+    assert rc == 0, output[-4000:]
+    assert_complete_run(tmp_path / "two", "--num-processes")
+    steps = [r for r in read_json_lines(tmp_path / "two" / "log_history.jsonl") if "loss" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    assert all(0 <= r["rewards/vowels/mean"] <= 1 and r["num_tokens"] > 0 for r in steps)
+    manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
+    assert manifest["distributed"]["processes"] == 2
+    assert "reward" in json.loads((tmp_path / "two" / "metrics.json").read_text())["eval"]
