@@ -279,9 +279,9 @@ def test_a_sharding_launch_that_accelerate_sets_up_as_ddp_stops_instead_of_train
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 def test_grpo_on_two_processes_samples_whole_groups_and_trains(tmp_path):
-    """TRL's GRPO trainer over DDP: each process samples answers for its share of the prompts (its own random stream,
-    so the answers, and the weights, are not one process's), and every group's rewards are compared over all of
-    its answers: the step's reward is over the 8 answers of both processes, its advantages sum to 0 per group."""
+    """TRL's GRPO trainer over DDP trains, logs and scores as on one process. Each process samples answers for its
+    share of the prompts from its own random stream, so the answers (and the weights) are not one process's and are
+    not compared with a one-process run; TRL gathers every group's rewards over the processes."""
     reward = tmp_path / "vowels.py"
     reward.write_text("def vowels(completions, **_):\n"
                       "    return [sum(ch in 'aeiou' for ch in c) / max(len(c), 1) for c in completions]\n")
