@@ -236,11 +236,15 @@ def _activations(shape: dict, recipe, batch: int, precision: str, lengths: dict,
         acts = _stack(shape, batch, source, shape["layers"], e, checkpointing, 0, matrix, frozen[-1])
         out_tokens = source
     acts += 2 * e * batch * source * shape["hidden"]  # the embeddings' output and the final norm's input
-    vocab = shape["vocab"] if tasks.spec(recipe.task).scoring in ("loss", "generation", "preference") else 0
+    vocab = shape["vocab"] if tasks.spec(recipe.task).scoring in LANGUAGE_MODEL_SCORING else 0
     # The logits, the loss's fp32 copy (the same tensor in fp32), its log-softmax and the logits' gradient; a
     # preference step's reference pass adds its fp32 log-probabilities while the policy's activations are held.
     copies = 4 * 3 + (e if e != 4 else 0) + (4 if _preference(recipe) and scored else 0)
     return acts, batch * out_tokens * vocab * copies
+
+
+# The scorings whose loss projects onto the vocabulary.
+LANGUAGE_MODEL_SCORING = ("loss", "generation", "preference", "rl")
 
 
 def _preference(recipe) -> bool:
@@ -251,7 +255,11 @@ def decoder_sequences(recipe, lengths: dict) -> tuple[int, int, int]:
     """(sequences per example trained with gradients, scored without, tokens per sequence) of a one-stack model. A
     prompted task's example is its prompt and its answer, one sequence; a preference pair two, each scored by the
     reference too (orpo has none); a kto answer one, scored by the reference, with its mismatched KL answer scored
-    by both models."""
+    by both models; a grpo example is one sampled answer, scored by the reference where rl.beta > 0 and by the
+    policy that sampled it where it is learned from more than once (rl.num_iterations)."""
+    if recipe.rl is not None:  # a sampled answer after its prompt, scored again by the reference and the old policy
+        rl = recipe.rl
+        return 1, int(rl.beta > 0) + int(rl.num_iterations > 1), lengths["max_length"] + rl.max_completion_length
     answered = recipe.task in tasks.prompted() or _preference(recipe)
     tokens = lengths["max_length"] + ((lengths.get("max_target_length") or 0) if answered else 0)
     if not _preference(recipe):
@@ -277,6 +285,9 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     buffers = logits + max(0.0, step - activations - logits) + _strategy_buffers(shape, recipe, spread, states)
     shared = min(states["gradients"], activations + logits) if spread.runtime == "torch" else 0.0
     items = {"runtime": runtime, **states, "activations": activations, "buffers": buffers, "gradients freed": -shared}
+    if recipe.rl is not None:  # (held while answers are sampled, freed before the step's forward pass)
+        items["generation cache"] = max(0.0, generation_cache_bytes(shape, recipe, spread, precision, lengths)
+                                        - activations - logits)
     if not cuda:
         # (with checkpointing the backward pass allocates every layer's activations again, as many as without it;
         # sharded parameters are gathered in the forward and the backward pass and their gradients reduced from
@@ -295,6 +306,27 @@ def plan_memory(shape: dict, recipe, spread: Spread, device: Device | None, prec
     if device is not None:
         available = device.memory if cuda else device.memory // max(1, spread.processes_per_machine)
     return MemoryPlan(items, peak, None if available is None else peak <= available, available)
+
+
+def generation_cache_bytes(shape: dict, recipe, spread: Spread, precision: str, lengths: dict) -> float:
+    """The key-value cache of a process's answers as they are sampled (every answer of its share of the step's
+    batch, prompt and answer at full length) with the logits of the last position of each."""
+    e = 2 if precision in ("bf16", "fp16") else shape.get("dtype_bytes", 4)
+    answers = max(1, math.ceil(recipe.training.batch_size * recipe.training.gradient_accumulation / spread.processes))
+    tokens = lengths["max_length"] + recipe.rl.max_completion_length
+    head_dim = shape["hidden"] // max(1, shape["heads"])
+    cache = 2 * shape["layers"] * shape["kv_heads"] * head_dim * tokens * answers * e
+    return cache + answers * shape["vocab"] * 4
+
+
+def generation_flops(shape: dict, recipe, lengths: dict) -> float:
+    """A step's sampling: the prompts' forward pass, then each answer's tokens one at a time (2N each, and the
+    attention over the cache so far)."""
+    rows = recipe.training.batch_size * recipe.training.gradient_accumulation / recipe.rl.num_iterations
+    prompt, answer = lengths["max_length"], recipe.rl.max_completion_length
+    per_token = 2 * shape["non_embedding"] + 2 * shape["hidden"] * shape["vocab"]
+    attention = 4 * shape["layers"] * shape["hidden"] * (prompt * prompt / 2 + answer * (prompt + answer / 2))
+    return rows * ((prompt + answer) * per_token + attention)
 
 
 def _runtime(recipe, spread: Spread, cuda: bool, precision: str) -> str:
@@ -332,13 +364,15 @@ def logit_positions(shape: dict, recipe, lengths: dict) -> tuple[int, int]:
     predicted (training/loss.py: a prompted example's answer, all of a text but its last token); TRL's preference
     trainers project every position of each sequence, the reference's without gradients; an encoder's masked LM and a
     seq2seq decoder make their own loss at every position (of the text, of the target)."""
-    if tasks.spec(recipe.task).scoring not in ("loss", "generation", "preference") or shape["image_tokens"]:
+    if tasks.spec(recipe.task).scoring not in LANGUAGE_MODEL_SCORING or shape["image_tokens"]:
         return 0, 0
     if shape["seq2seq"]:
         return lengths.get("max_target_length") or lengths["max_length"], 0
     trained, scored, tokens = decoder_sequences(recipe, lengths)
     if _preference(recipe):
         return trained * tokens, scored * tokens
+    if recipe.rl is not None:  # (TRL projects the answer's positions only)
+        return recipe.rl.max_completion_length, scored * recipe.rl.max_completion_length
     if recipe.task in tasks.prompted():
         return lengths.get("max_target_length") or 0, 0
     return tokens, 0
@@ -417,6 +451,8 @@ def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precis
     if rate is None:
         return TimePlan(None, None, None, flops + vocabulary, None)
     items = {"products": flops / spread.processes / rate, "vocabulary": vocabulary / spread.processes / rate}
+    if recipe.rl is not None:  # (at the products' rate: a lower bound where one token at a time is memory-bound)
+        items["generation"] = generation_flops(shape, recipe, lengths) / spread.processes / rate
     if device.kind == "cpu":
         items.update(_cpu_items(shape, recipe, spread, precision, lengths))
     step = sum(items.values())

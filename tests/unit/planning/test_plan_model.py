@@ -276,3 +276,26 @@ def test_processes_pay_for_their_collectives_and_sharded_optimizers_step_their_s
     assert items["fsdp"]["communication"] > items["ddp"]["communication"], "parameters gathered twice a step"
     assert items["zero2"]["optimizer"] == pytest.approx(items["single"]["optimizer"] / 2)
     assert items["ddp"]["optimizer"] == items["single"]["optimizer"], "DDP steps every parameter on every process"
+
+
+def test_grpo_prices_its_sampling_its_cache_and_the_reference_pass(gpt2):
+    """A grpo step samples batch_size answers of rl.max_completion_length tokens before it learns from them: the
+    time plan has that generation, the memory plan its key-value cache; a KL term (rl.beta) adds the reference's
+    pass over each answer, and longer answers cost more of all three."""
+    def grpo(*sets):
+        return recipe("decoder-grpo.yaml", "lora.enabled=false", "training.max_steps=10", *sets)
+
+    a100 = GPUS["a100-80gb"]
+    plain = plan_time(gpt2, grpo(), SINGLE, a100, "bf16", LENGTHS, None, 100)
+    assert {"products", "vocabulary", "generation"} == set(plain.items) and plain.items["generation"] > 0
+    longer = plan_time(gpt2, grpo("rl.max_completion_length=32"), SINGLE, a100, "bf16", LENGTHS, None, 100)
+    assert longer.items["generation"] > 1.5 * plain.items["generation"]  # (64 tokens a row, not 40)
+    referenced = plan_time(gpt2, grpo("rl.beta=0.04"), SINGLE, a100, "bf16", LENGTHS, None, 100)
+    assert referenced.items["products"] > plain.items["products"]
+    assert referenced.items["generation"] == plain.items["generation"]
+    # Answers are sampled for every accumulated micro-batch at once: their cache outgrows one micro-batch's
+    # activations (it counts where it does).
+    cache = [plan_memory(gpt2, grpo(f"rl.max_completion_length={n}", "training.gradient_accumulation=64"), SINGLE,
+                         a100, "bf16", LENGTHS).items["generation cache"] for n in (8, 96)]
+    assert cache[1] > cache[0] >= 0 and cache[1] > 0
+    assert plan_memory(gpt2, full(), SINGLE, a100, "bf16", LENGTHS).items.get("generation cache") is None
