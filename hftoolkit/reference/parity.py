@@ -7,7 +7,8 @@ command prints them as a table, and tests/unit/reference parametrizes over the s
 list. A comparison builds a tiny random library module (nothing is downloaded),
 copies its weights into the reference module through the weight map, runs both
 on the same random fp32 inputs and compares the whole output tensors. Nothing is
-compared with a stored number.
+compared with a stored number. A row registered slow=True loads a real installed
+checkpoint instead; one that cannot run here raises Skip, and the table says why.
 
 All tolerances live in TOLERANCES, keyed by the kind of thing compared.
 """
@@ -43,6 +44,16 @@ TOLERANCES: dict[str, tuple[float, str]] = {
         "a completion's summed fp32 log-probs: TRL's fused LM head keeps its running log-sum-exp in float32 "
         "(even for a float64 model), so each token's log-prob carries fp32 rounding and the sum adds them up",
     ),
+    "rl loss": (
+        1e-6,
+        "reward-model losses, advantages and GRPO/RLOO losses (and their gradients) against TRL's trainers on float64 "
+        "inputs: what is left is rounding, and a wrong normalisation or clip is orders of magnitude larger",
+    ),
+    "rl loss, real model": (
+        1e-5,
+        "GRPO's loss on a real fp32 model: TRL's fused LM head and a full log-softmax round each token's log-prob "
+        "differently in float32, and the ratio exp(logp - old) carries that rounding into the loss",
+    ),
     "exact": (0.0, "integers (token ids, bucket ids, parameter counts) must be identical"),
     "rate": (
         0.02,
@@ -56,6 +67,7 @@ PARITY_MODULES = (
     "hftoolkit.reference.parity_models",
     "hftoolkit.reference.parity_training",
     "hftoolkit.reference.parity_preference",
+    "hftoolkit.reference.parity_rl",
 )
 
 
@@ -65,6 +77,7 @@ class Comparison:
     against: str  # the library implementation it must equal
     kind: str  # key into TOLERANCES
     run: Callable[[], Pair]
+    slow: bool = False  # loads a real checkpoint: the fast test loop leaves it out (pytest -m 'not slow')
 
     @property
     def group(self) -> str:
@@ -78,7 +91,13 @@ class Comparison:
 COMPARISONS: list[Comparison] = []
 
 
-def comparison(component: str, against: str, kind: str) -> Callable[[Callable[[], Pair]], Callable[[], Pair]]:
+class Skip(Exception):
+    """Raised by a row that cannot run on this machine (an optional package is absent): skipped, with the reason."""
+
+
+def comparison(
+    component: str, against: str, kind: str, slow: bool = False
+) -> Callable[[Callable[[], Pair]], Callable[[], Pair]]:
     """Register a function returning (reference, library) as one row of the parity table."""
     if kind not in TOLERANCES:
         raise ValueError(f"Comparison {component!r}: unknown kind {kind!r}; use one of {sorted(TOLERANCES)}.")
@@ -86,7 +105,7 @@ def comparison(component: str, against: str, kind: str) -> Callable[[Callable[[]
     def register(run: Callable[[], Pair]) -> Callable[[], Pair]:
         if any(c.component == component for c in COMPARISONS):
             raise ValueError(f"Comparison {component!r} is registered twice; give each row its own name.")
-        COMPARISONS.append(Comparison(component, against, kind, run))
+        COMPARISONS.append(Comparison(component, against, kind, run, slow))
         return run
 
     return register
@@ -116,10 +135,15 @@ class Result:
     max_diff: float
     seconds: float
     error: str | None = None
+    skipped: str | None = None  # why the row could not run here; neither a pass nor a failure
 
     @property
     def passed(self) -> bool:
-        return self.error is None and self.max_diff <= self.comparison.tolerance
+        return self.error is None and self.skipped is None and self.max_diff <= self.comparison.tolerance
+
+    @property
+    def failed(self) -> bool:
+        return self.skipped is None and not self.passed
 
 
 def run_comparison(c: Comparison) -> Result:
@@ -132,6 +156,8 @@ def run_comparison(c: Comparison) -> Result:
         error = None
         if reference.shape != library.shape:
             error = f"shape {tuple(reference.shape)} vs {tuple(library.shape)}"
+    except Skip as reason:
+        return Result(c, math.nan, time.perf_counter() - start, skipped=str(reason))
     except Exception as exc:  # noqa: BLE001 - reported in the table, the run goes on
         diff, error = math.nan, f"{type(exc).__name__}: {exc}"
     return Result(c, diff, time.perf_counter() - start, error)
@@ -145,6 +171,8 @@ def select(comparisons: list[Comparison], only: str | None) -> list[Comparison]:
 
 
 def _format_diff(result: Result) -> str:
+    if result.skipped is not None:
+        return "-"
     if result.error is not None:
         return result.error if len(result.error) < 60 else result.error[:57] + "..."
     return "0" if result.max_diff == 0 else f"{result.max_diff:.2e}"
@@ -193,12 +221,17 @@ def main(only: str | None = None, worked_examples: bool = False) -> int:
     with quiet_libraries():
         results = [run_comparison(c) for c in chosen]
     for r in results:
-        verdict = "[green]pass[/green]" if r.passed else "[bold red]FAIL[/bold red]"
+        verdict = ("[green]pass[/green]" if r.passed else "[yellow]skipped[/yellow]" if r.skipped is not None
+                   else "[bold red]FAIL[/bold red]")
         row = (r.comparison.component, r.comparison.against, _format_diff(r), f"{r.comparison.tolerance:g}")
         table.add_row(*(escape(cell) for cell in row), verdict)  # "[causal]" is text, not rich markup
     console.print(table)
-    failed = [r for r in results if not r.passed]
-    console.print(f"{len(results) - len(failed)} of {len(results)} comparisons pass.")
+    failed = [r for r in results if r.failed]
+    skipped = [r for r in results if r.skipped is not None]
+    ran = len(results) - len(skipped)
+    console.print(f"{ran - len(failed)} of {ran} comparisons pass" + (f", {len(skipped)} skipped:" if skipped else "."))
+    for r in skipped:
+        console.print(f"  {r.comparison.component}: {r.skipped}", soft_wrap=True, markup=False)
     for kind, (tol, why) in TOLERANCES.items():
         if kind in {r.comparison.kind for r in results}:
             console.print(f"  tolerance {kind} = {tol:g}: {why}", soft_wrap=True, markup=False)

