@@ -123,15 +123,23 @@ def interrupt(run: Launch, how: str) -> None:
         victim.send_signal(signal.SIGKILL)
 
 
+def _alive(process: psutil.Process) -> bool:
+    """Running and not a zombie; a process that ends between the two questions is gone (psutil raises then)."""
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def assert_all_gone(tree: list[psutil.Process], how: str) -> float:
     """Every process of `tree` ends within GONE_WITHIN_S; returns the seconds it took."""
     started = time.monotonic()
     while True:
-        alive = [p for p in tree if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+        alive = [p for p in tree if _alive(p)]
         if not alive:
             return time.monotonic() - started
         if time.monotonic() - started > GONE_WITHIN_S:
-            described = [f"{p.pid} {' '.join(p.cmdline())[:120]}" for p in alive]
+            described = [f"{p.pid} {' '.join(p.cmdline())[:120] if _alive(p) else '(ended)'}" for p in alive]
             for process in alive:
                 kill_tree(process.pid)
             pytest.fail(f"{how}: {len(alive)} process(es) of the run still alive after {GONE_WITHIN_S} s: {described}")
