@@ -161,8 +161,9 @@ def _report(figures: dict, args) -> None:
     print(f"{args.steps} steps of {args.batch_size} answers ({args.generations} a question), SmolLM2-135M-Instruct, "
           "LoRA r=16 all-linear, fp32")
     before, after = figures["untuned"]["held_out"], figures["hftoolkit"].get("held_out", {})
+    nan = float("nan")
     for key in ("reward", "rewards/exact_answer", "rewards/format"):
-        print(f"held-out {key:<22} untuned {before.get(key, float('nan')):.3f} -> tuned {after.get(key, float('nan')):.3f}")
+        print(f"held-out {key:<22} untuned {before.get(key, nan):.3f} -> tuned {after.get(key, nan):.3f}")
     print(f"{'run':<10} {'s/step':>7} {'wall s':>7} {'reward first 1/5':>17} {'last 1/5':>9}")
     for name in ("hftoolkit", "trl"):
         f = figures.get(name)

@@ -46,6 +46,12 @@ PREFERENCE_NOTE = ("For preference runs: the reward of an answer is beta x its l
                    "reward_margin the mean chosen-minus-rejected reward (kto ranks no pairs: the mean reward of its "
                    "good answers minus that of its bad ones, its main metric). An untrained base is its own "
                    "reference, so it scores 0 on both (orpo excepted).")
+REWARDS_PLOT = ("rewards.png", "Rewards: per step, answer length and KL")
+REWARDS_NOTE = ("For grpo runs: each step's reward is the mean over the answers it sampled (the band: one spread "
+                "either side), summed with the weights of rl.rewards and shown per reward too; the answers' mean "
+                "length in tokens; and the KL to the reference where rl.beta > 0. Their eval reward is that of greedy "
+                "answers to the held-out prompts. For reward runs, reward_accuracy is the share of held-out pairs "
+                "whose chosen answer the reward model scores higher.")
 PLOTS = (
     ("loss.png", "Training loss"),
     ("eval.png", "Eval main metric by task"),
@@ -310,6 +316,8 @@ def render_markdown(runs: list[RunSummary], plots: list[str]) -> str:
     if PREFERENCE_PLOT[0] in plots:
         parts += [f"## {PREFERENCE_PLOT[1]}", "", PREFERENCE_NOTE, "", f"![{PREFERENCE_PLOT[1]}]({PREFERENCE_PLOT[0]})",
                   ""]
+    if REWARDS_PLOT[0] in plots:
+        parts += [f"## {REWARDS_PLOT[1]}", "", REWARDS_NOTE, "", f"![{REWARDS_PLOT[1]}]({REWARDS_PLOT[0]})", ""]
     for filename, title in PLOTS:
         if filename in plots:
             parts += [f"## {title}", "", f"![{title}]({filename})", ""]
@@ -364,6 +372,9 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
     if PREFERENCE_PLOT[0] in plots:
         parts.append(f'<section id="preference"><h2>{esc(PREFERENCE_PLOT[1])}</h2><p>{esc(PREFERENCE_NOTE)}</p>'
                      + _image(out, *PREFERENCE_PLOT) + "</section>")
+    if REWARDS_PLOT[0] in plots:
+        parts.append(f'<section id="rewards"><h2>{esc(REWARDS_PLOT[1])}</h2><p>{esc(REWARDS_NOTE)}</p>'
+                     + _image(out, *REWARDS_PLOT) + "</section>")
     for filename, title in PLOTS:
         if filename in plots:
             parts.append(f"<h2>{esc(title)}</h2>" + _image(out, filename, title))
@@ -413,6 +424,9 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
     if any(run.margin_curve for run in runs):
         report_plots.plot_preference(runs, out / PREFERENCE_PLOT[0])
         plots.append(PREFERENCE_PLOT[0])
+    if any(run.rl_curves for run in runs):
+        report_plots.plot_rewards(runs, out / REWARDS_PLOT[0])
+        plots.append(REWARDS_PLOT[0])
     (out / "report.html").write_text(render_html(runs, out, plots), encoding="utf-8")
     report = out / "report.md"
     report.write_text(render_markdown(runs, plots), encoding="utf-8")

@@ -307,6 +307,42 @@ def plot_preference(runs: list[RunSummary], path: Path) -> None:
     _save(figure, path)
 
 
+def plot_rewards(runs: list[RunSummary], path: Path) -> None:
+    """grpo runs: each reward's mean over the step's sampled answers (the band: one spread either side), the answers'
+    mean length and the KL to the reference, against step."""
+    members = [run for run in runs if run.rl_curves]
+    lines = sum(1 + sum(name.startswith("reward ") for name in run.rl_curves) for run in members)
+    figure = _figure(14.0, 4.2 + 0.09 * lines)
+    panels = figure.subplots(1, 3)
+    colors = _colors(len(members))
+    for run, color in zip(members, colors):
+        rewards = sorted(name for name in run.rl_curves if name.startswith("reward "))
+        for name, style in zip(["reward", *rewards], ["-", "--", ":", "-.", (0, (1, 3))] * 4):
+            steps, means, spreads = zip(*sorted(run.rl_curves.get(name, [])), strict=True) if name in run.rl_curves \
+                else ((), (), ())
+            if not steps:
+                continue
+            label = f"{run.label}: {'sum' if name == 'reward' else name.removeprefix('reward ')}"
+            panels[0].plot(steps, means, color=color, linestyle=style, label=label,
+                           marker="o" if len(steps) < 3 else None)
+            if all(s is not None for s in spreads):
+                panels[0].fill_between(steps, [m - s for m, s in zip(means, spreads)],
+                                       [m + s for m, s in zip(means, spreads)], color=color, alpha=0.08)
+        for axes, name in ((panels[1], "answer length"), (panels[2], "kl")):
+            if name in run.rl_curves:
+                steps, means, _ = zip(*sorted(run.rl_curves[name]), strict=True)
+                axes.plot(steps, means, color=color, label=run.label, marker="o" if len(steps) < 3 else None)
+    for axes, label in zip(panels, ("reward of the sampled answers", "answer length (tokens)", "KL to the reference")):
+        axes.set_xlabel("step")
+        axes.set_ylabel(label)
+        axes.grid(True, alpha=0.3)
+    if not any("kl" in run.rl_curves for run in members):
+        _no_data(panels[2], "no KL term (rl.beta 0)")
+    figure.legend(*panels[0].get_legend_handles_labels(), fontsize=7, loc="outside lower center", ncol=2)
+    figure.suptitle("Online RL: rewards, answer length and KL per step")
+    _save(figure, path)
+
+
 def write_plots(runs: list[RunSummary], out: Path) -> list[str]:
     """Draw every plot into out; return the file names written."""
     plot_loss(runs, out / "loss.png")

@@ -59,6 +59,9 @@ class RunSummary:
     hftoolkit_version: str | None = None
     loss_curve: list[tuple[float, float]] = field(default_factory=list)  # (step, training loss)
     margin_curve: list[tuple[float, float]] = field(default_factory=list)  # preference: (step, reward margin)
+    # grpo: what the sampled answers measured per step, by curve ("reward", "reward <name>" for each reward,
+    # "answer length", "kl"): (step, mean, spread or None)
+    rl_curves: dict[str, list[tuple[float, float, float | None]]] = field(default_factory=dict)
     trained: bool = True  # False: a recipe's untrained base (`eval RECIPE --output`), the baseline
     benchmarks: dict[str, dict] = field(default_factory=dict)  # metrics.json's benchmarks: task -> record
     notes: list[str] = field(default_factory=list)
@@ -228,8 +231,25 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
             run.loss_curve.append((step, loss))
         if step is not None and margin is not None:
             run.margin_curve.append((step, margin))
+        if step is not None:
+            _read_rl_step(run, step, entry)
     run.notes = notes
     return run
+
+
+def _read_rl_step(run: RunSummary, step: float, entry: dict) -> None:
+    """A grpo step's sampled answers, as TRL logs them: the summed reward and each reward's mean and spread, the
+    answers' mean length, the KL to the reference."""
+    found = {"reward": ("reward", "reward_std"), "answer length": ("completions/mean_length", None), "kl": ("kl", None)}
+    found.update({f"reward {key.split('/')[1]}": (key, key.removesuffix("/mean") + "/std") for key in entry
+                  if key.startswith("rewards/") and key.endswith("/mean")})
+    if "reward" not in entry:  # (only a grpo step logs "reward")
+        return
+    for curve, (mean_key, spread_key) in found.items():
+        mean = _num(entry.get(mean_key))
+        if mean is not None:
+            spread = _num(entry.get(spread_key)) if spread_key else None
+            run.rl_curves.setdefault(curve, []).append((step, mean, spread))
 
 
 def _note_files(run: RunSummary, manifest: dict | None, metrics: dict | None, notes: list[str]) -> None:

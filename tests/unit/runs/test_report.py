@@ -420,3 +420,26 @@ def test_runs_that_share_a_name_without_recipes_get_unique_labels():
             RunSummary(path=Path("elsewhere/x"), name="bert"), RunSummary(path=Path("y"), name="gpt2")]
     assert [row["run"] for row in summary_rows(runs)] == ["bert (nowhere/x)", "bert (elsewhere/x)",
                                                           "bert (elsewhere/x) (2)", "gpt2"]
+
+
+def test_a_grpo_run_gets_a_rewards_section_with_each_reward_its_length_and_kl(tmp_path):
+    from hftoolkit.runs.summary import load_run
+
+    steps = [{"step": s, "loss": 0.0, "reward": 0.2 * s, "reward_std": 0.1, "rewards/exact_answer/mean": 0.1 * s,
+              "rewards/exact_answer/std": 0.05, "rewards/format/mean": 0.2 * s, "rewards/format/std": 0.3,
+              "completions/mean_length": 12 - s, "kl": 0.01 * s} for s in (1, 2, 3)]
+    grpo = make_run(tmp_path, "grpo", family="gpt2", task="grpo", main_metric="reward", eval_={"reward": 0.5},
+                    losses=[], log_extra=[json.dumps(s) for s in steps])
+    other = make_run(tmp_path, "other", family="bert", task="classification", main_metric="accuracy",
+                     eval_={"accuracy": 0.8})
+    run = load_run(grpo)
+    assert sorted(run.rl_curves) == ["answer length", "kl", "reward", "reward exact_answer", "reward format"]
+    assert run.rl_curves["reward format"] == [(1, 0.2, 0.3), (2, 0.4, 0.3), (3, pytest.approx(0.6), 0.3)]
+    assert run.rl_curves["answer length"][-1] == (3, 9, None)
+    assert load_run(other).rl_curves == {}
+    markdown = write_report([grpo, other], tmp_path / "report").read_text()
+    assert "## Rewards: per step, answer length and KL" in markdown
+    assert (tmp_path / "report" / "rewards.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert 'id="rewards"' in (tmp_path / "report" / "report.html").read_text()
+    alone = write_report([other], tmp_path / "alone").read_text()
+    assert "Rewards" not in alone and not (tmp_path / "alone" / "rewards.png").exists()
