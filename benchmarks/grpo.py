@@ -13,7 +13,8 @@ their means over the steps, the first and last fifth of the reward curve, and hf
 and after. Targets: hftoolkit's held-out reward clearly above the untuned model's; its seconds per step no more
 than TRL's; its reward curve the same as TRL's within noise (the runs sample from their own random streams).
 
-    python benchmarks/grpo.py [--steps 30] [--batch-size 16] [--generations 8] [--output grpo.json]
+    python benchmarks/grpo.py [--steps 30] [--batch-size 16] [--generations 8] [--generation continuous]
+                              [--skip-trl] [--output grpo.json]
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def hftoolkit_sets(args, checkpoint: Path, train: Path, test: Path) -> list[str]
             f"training.max_steps={args.steps}", f"training.batch_size={args.batch_size}",
             f"training.learning_rate={args.lr}", "training.warmup_ratio=0", "training.precision=fp32",
             f"training.seed={args.seed}", f"rl.num_generations={args.generations}",
-            f"rl.max_completion_length={args.completion}", "training.logging_steps=1", "eval.max_predictions=8"]
+            f"rl.max_completion_length={args.completion}", "training.logging_steps=1", "eval.max_predictions=8",
+            f"rl.generation={args.generation}"]
     return [x for s in sets for x in ("--set", s)]
 
 
@@ -86,7 +88,7 @@ def trl_command(args, checkpoint: Path, data: Path, out: Path) -> list[str]:
             "--use_peft", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0",
             "--lora_target_modules", "all-linear", "--disable_dropout", "true", "--seed", str(args.seed),
             "--save_strategy", "no", "--report_to", "none", "--logging_steps", "1", "--dtype", "float32",
-            "--use_cpu", "true"]
+            "--use_cpu", "true", "--use_transformers_continuous_batching", str(args.generation == "continuous")]
 
 
 def curve(records: list[dict]) -> dict:
@@ -124,6 +126,8 @@ def main() -> None:
     parser.add_argument("--held-out", type=int, default=64, help="questions scored before and after")
     parser.add_argument("--lr", type=float, default=3e-4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--generation", choices=("generate", "continuous"), default="generate",
+                        help="how both sides sample: the model's generate or transformers' continuous batching")
     parser.add_argument("--skip-trl", action="store_true")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()

@@ -206,8 +206,32 @@ def still_needed() -> list[str]:
     if hasattr(orpo, "odds_ratio_loss") and self_reads(orpo.odds_ratio_loss) - {"beta", "accelerator"}:
         problems.append("ORPOTrainer.odds_ratio_loss reads more of its trainer than beta and accelerator: a DPO "
                         "trainer may not have it")
+    problems += _grpo_still_needed()
     for module, name in (("trl.trainer.dpo_trainer", "DataCollatorForPreference"),
                          ("trl.trainer.kto_trainer", "DataCollatorForUnpairedPreference")):
         if not hasattr(importlib.import_module(module), name):
             problems.append(f"{module}.{name} is gone")
+    return problems
+
+
+def _grpo_still_needed() -> list[str]:
+    """What training/grpo.py relies on in TRL's GRPO and RLOO trainers."""
+    import importlib
+    import inspect
+
+    from trl import GRPOTrainer, RLOOTrainer
+
+    problems = []
+    for trainer, module in zip((GRPOTrainer, RLOOTrainer), REFERENCE_BUILDERS):
+        name, init = trainer.__name__, inspect.getsource(trainer.__init__)
+        if "self.ref_model = create_model_from_path(" not in init or \
+                not hasattr(importlib.import_module(module), "create_model_from_path"):
+            problems.append(f"{name} no longer builds its reference with create_model_from_path: check "
+                            "reference_copied")
+        if 'add_adapter("ref"' not in init:
+            problems.append(f"{name} no longer copies an adapter into a \"ref\" adapter: check training/grpo.py")
+        source = inspect.getsource(trainer._generate_and_score_completions)
+        if '"prompt_mask"' not in source or '"completion_mask"' not in source:
+            problems.append(f"{name}'s batches no longer hold prompt_mask and completion_mask: check "
+                            "training/grpo.SampledBatches")
     return problems

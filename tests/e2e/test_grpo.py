@@ -143,3 +143,27 @@ def test_the_data_s_other_columns_reach_the_reward_functions(tmp_path):
     train_recipe(GRPO, run, *QUICK, f"data.train={data}", "data.text_column=question", "data.eval_fraction=0.25",
                  f"rl.rewards=[{{function: {tmp_path}/seen.py:said_the_word}}]", "training.max_steps=1")
     assert "rewards/said_the_word" in json.loads((run / "metrics.json").read_text())["eval"]
+
+
+def test_a_sweep_over_the_kl_weight_trains_each_variant_and_reports_its_rewards(tmp_path, vowels):
+    out = tmp_path / "sweeps"
+    run_cli("sweep", GRPO, "--grid", "rl.beta=0,0.05", "--output", out, *[a for s in (*QUICK, vowels,
+                                                                                         "training.max_steps=1")
+                                                                       for a in ("--set", s)])
+    variants = sorted(p.name for p in (out / "decoder-grpo").iterdir() if (p / "metrics.json").is_file())
+    assert variants == ["beta-0", "beta-0.05"]
+    assert "## Rewards: per step, answer length and KL" in (out / "decoder-grpo" / "report.md").read_text()
+
+
+def test_a_grpo_run_is_predicted_from_and_merged(tmp_path, vowels):
+    run = tmp_path / "run"
+    train_recipe(GRPO, run, *QUICK, vowels, "training.max_steps=1")
+    question = "What is 2 plus 3? Answer with the number only."
+
+    def answer(folder) -> str:
+        return run_cli("predict", folder, "-i", question).output.rsplit(question, 1)[1].strip()
+
+    adapter_answer = answer(run)
+    assert adapter_answer
+    run_cli("merge", run, "--output", tmp_path / "merged")
+    assert answer(tmp_path / "merged") == adapter_answer, "the merged model answers as the adapter did (greedy)"
