@@ -63,7 +63,7 @@ class ServedRun:
     @property
     def chats(self) -> bool:
         """Whether it answers conversations: it was tuned on prompts and answers through the chat template."""
-        return self.kind == GENERATES and self.task in (tasks.INSTRUCTION, tasks.PREFERENCE) \
+        return self.kind == GENERATES and self.task in (tasks.INSTRUCTION, tasks.PREFERENCE, tasks.GRPO) \
             and self.job.model.family == "decoder"
 
 

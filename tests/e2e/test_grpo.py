@@ -167,3 +167,19 @@ def test_a_grpo_run_is_predicted_from_and_merged(tmp_path, vowels):
     assert adapter_answer
     run_cli("merge", run, "--output", tmp_path / "merged")
     assert answer(tmp_path / "merged") == adapter_answer, "the merged model answers as the adapter did (greedy)"
+
+
+def test_a_grpo_run_is_served_as_a_chat_model(tmp_path, vowels):
+    import httpx
+
+    from tests.helpers.serving import serving
+
+    run = tmp_path / "run"
+    train_recipe(GRPO, run, *QUICK, vowels, "training.max_steps=1")
+    question = [{"role": "user", "content": "What is 2 plus 3? Answer with the number only."}]
+    with serving([("grpo", run)]) as (url, served, _):
+        assert served["grpo"].chats, "tuned on prompts as the instruction task writes them: it answers chats"
+        reply = httpx.post(f"{url}/v1/chat/completions", timeout=60, json={
+            "model": "grpo", "messages": question, "max_tokens": 8, "temperature": 1.0})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["message"]["role"] == "assistant"
