@@ -59,6 +59,7 @@ def test_grpo_samples_rewards_and_moves_the_adapter(tmp_path, vowels):
     assert manifest["batch_order"]["sampling"] == "prompts shuffled, each sampled 4 times"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lora", [True, False], ids=["lora", "full"])
 def test_the_kl_term_starts_at_zero_against_the_reference(tmp_path, vowels, lora):
     """With LoRA the reference is the base with the adapter off (no "ref" adapter is kept or saved); with full
@@ -75,6 +76,7 @@ def test_the_kl_term_starts_at_zero_against_the_reference(tmp_path, vowels, lora
         assert config["peft_type"] == "LORA"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["dapo", "dr_grpo", "gspo", "rloo"])
 def test_every_method_trains(tmp_path, vowels, method):
     run = tmp_path / "run"
@@ -145,6 +147,7 @@ def test_the_data_s_other_columns_reach_the_reward_functions(tmp_path):
     assert "rewards/said_the_word" in json.loads((run / "metrics.json").read_text())["eval"]
 
 
+@pytest.mark.slow
 def test_a_sweep_over_the_kl_weight_trains_each_variant_and_reports_its_rewards(tmp_path, vowels):
     out = tmp_path / "sweeps"
     run_cli("sweep", GRPO, "--grid", "rl.beta=0,0.05", "--output", out, *[a for s in (*QUICK, vowels,
@@ -155,6 +158,7 @@ def test_a_sweep_over_the_kl_weight_trains_each_variant_and_reports_its_rewards(
     assert "## Rewards: per step, answer length and KL" in (out / "decoder-grpo" / "report.md").read_text()
 
 
+@pytest.mark.slow
 def test_a_grpo_run_is_predicted_from_and_merged(tmp_path, vowels):
     run = tmp_path / "run"
     train_recipe(GRPO, run, *QUICK, vowels, "training.max_steps=1")
@@ -169,6 +173,7 @@ def test_a_grpo_run_is_predicted_from_and_merged(tmp_path, vowels):
     assert answer(tmp_path / "merged") == adapter_answer, "the merged model answers as the adapter did (greedy)"
 
 
+@pytest.mark.slow
 def test_a_grpo_run_is_served_as_a_chat_model(tmp_path, vowels):
     import httpx
 
