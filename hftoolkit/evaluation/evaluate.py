@@ -39,6 +39,12 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
         scored = output.metrics
         predicted = output.predictions if order is None else output.predictions[order.argsort()]
         outputs = _pass_records(task, predicted[:count], trainer.model.config.id2label)
+    elif task.scoring == "reward":  # both answers' scores, from the same pass that scored every pair
+        output = trainer.predict(eval_set, metric_key_prefix="eval")
+        trainer.log(output.metrics)
+        scored = output.metrics
+        predicted = output.predictions if order is None else output.predictions[order.argsort()]
+        outputs = form.pair_records(raw[:count], predicted[:count])
     else:
         scored = trainer.evaluate(eval_set, metric_key_prefix="eval")
     results = {k.removeprefix("eval_"): v for k, v in scored.items()
@@ -51,7 +57,7 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
         outputs = generate_everywhere(form, job, trainer.model, processor, inputs, **prompt)  # shared
     if task.scoring == "generation":
         results.update(scorer.compute([o["text"] for o in outputs], references(job, raw, count)))
-    refs = references(job, raw, count)
+    refs = references(job, raw, count) if task.scoring != "reward" else [None] * count  # (its records show both)
     pairs = raw["text_pair"][:count] if "text_pair" in raw.column_names else [None] * len(inputs)
     predictions = [{"input": _show(x), **({"input_pair": p} if p is not None else {}),
                     **({"reference": r} if r is not None else {}), **o}

@@ -41,6 +41,10 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
         from hftoolkit.training.preference import trainer_base
 
         base, loss, extra = trainer_base(job), (), {}
+    elif scoring == "reward":  # the pairs' Bradley-Terry loss; metrics over the gathered pair scores
+        from hftoolkit.training.reward import BradleyTerryLoss
+
+        base, loss, extra = Trainer, (BradleyTerryLoss,), dict(compute_metrics=scorer.compute)
     else:
         base, loss = Trainer, (ItemNormalizedLoss,)
         extra = dict(compute_metrics=scorer.compute if scoring == "logits" else None,

@@ -14,6 +14,7 @@ from hftoolkit.metrics import EvalMetrics
 from hftoolkit.models import tokenized
 from hftoolkit.models.families import decoding_options, labels, packing, sync_pad_token
 from hftoolkit.models.families.preference import PreferencePairs
+from hftoolkit.models.families.reward import RewardModel
 from hftoolkit.sources import conversations
 from hftoolkit.sources.streaming import is_stream
 
@@ -331,4 +332,5 @@ PROMPT_AND_TARGET, CHAT_PROMPT_AND_TARGET = PromptAndTarget(), ChatPromptAndTarg
 FORMULATIONS = {tasks.CLM: CausalLM(), tasks.TRANSLATION: PROMPT_AND_TARGET, tasks.SUMMARIZATION: PROMPT_AND_TARGET,
                 tasks.INSTRUCTION: CHAT_PROMPT_AND_TARGET, tasks.CLASSIFICATION: labels.CLASSIFICATION,
                 tasks.REGRESSION: labels.REGRESSION, tasks.TAGGING: labels.TAGGING,
-                tasks.PREFERENCE: PreferencePairs(CHAT_PROMPT_AND_TARGET)}
+                tasks.PREFERENCE: PreferencePairs(CHAT_PROMPT_AND_TARGET),
+                tasks.REWARD: RewardModel(CHAT_PROMPT_AND_TARGET)}
