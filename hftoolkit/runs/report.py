@@ -45,7 +45,10 @@ PREFERENCE_NOTE = ("For preference runs: the reward of an answer is beta x its l
                    "reward_accuracy is the share of held-out pairs whose chosen answer has the higher reward, "
                    "reward_margin the mean chosen-minus-rejected reward (kto ranks no pairs: the mean reward of its "
                    "good answers minus that of its bad ones, its main metric). An untrained base is its own "
-                   "reference, so it scores 0 on both (orpo excepted).")
+                   "reference, so it scores 0 on both (orpo excepted). For reward runs (task reward): the reward is "
+                   "the reward model's score of a prompt and answer; reward_accuracy is the share of held-out pairs "
+                   "whose chosen answer scores higher (a tie counts half), reward_margin the mean chosen-minus-"
+                   "rejected score, and the training curve is of the pairs of each logging interval.")
 PLOTS = (
     ("loss.png", "Training loss"),
     ("eval.png", "Eval main metric by task"),
