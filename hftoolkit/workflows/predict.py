@@ -51,7 +51,8 @@ def predict(run_dir: Path, given: str | None, generation: dict, batch_size: int 
                             "pass them with --input FILE (a prompt, chosen and rejected column each)")
         from hftoolkit.workflows.reward_model import predict_scores
 
-        return predict_scores(job, form, model, processor, given, table, column, pair_column)
+        lines, rows = (None, read_table(table)) if table is not None else (input_lines(given, recipe.task), None)
+        return predict_scores(job, form, model, processor, lines, rows, table, column, pair_column)
     if split:
         from hftoolkit.sources.data import unlabelled_split
 

@@ -61,8 +61,8 @@ def load_reward_scorer(run_dir: Path, batch_size: int | None = None) -> RewardSc
     return RewardScorer(Path(run_dir), job, form, model, processor)
 
 
-def predict_scores(job, form, model, processor, given: str, table: Path | None, column: str | None,
-                   pair_column: str | None) -> list[dict]:
+def predict_scores(job, form, model, processor, lines: list[str] | None, rows: list[dict] | None, table: Path | None,
+                   column: str | None, pair_column: str | None) -> list[dict]:
     """`hftoolkit predict` on a reward run: a record per input with its score. A text line is an answer, or
     `prompt<TAB>answer`; a table's rows give the prompt (--column, else data.text_column; none: an empty prompt) and
     the answer (--pair-column, else data.chosen_column; a whole conversation there is split at its last user turn),
@@ -70,19 +70,17 @@ def predict_scores(job, form, model, processor, given: str, table: Path | None, 
     from hftoolkit.models.families.reward import split_input
     from hftoolkit.sources.conversations import last_user_text, reference
     from hftoolkit.sources.pairs import is_conversation
-    from hftoolkit.workflows.predict import input_lines, read_table
 
     def shown(value):
         return (reference(value) if value and value[-1]["role"] == "assistant" else last_user_text(value)) \
             if is_conversation(value) else value
 
-    if table is None:
-        lines = input_lines(given, job.recipe.task)
+    if rows is None:
         pairs = [split_input(tuple(line.replace("\\t", "\t").split("\t", 1))) if "\t" in line.replace("\\t", "\t")
                  else ("", line) for line in lines]
         scores = form.generate(job, model, processor, pairs)
         return [{"input": p, "answer": a, **s} for (p, a), s in zip(pairs, scores)]
-    d, rows = job.recipe.data, read_table(table)
+    d = job.recipe.data
     found = list(dict.fromkeys(k for row in rows[:100] for k in row))
     answer = pair_column or d.chosen_column
     if answer not in found:
