@@ -14,6 +14,9 @@ from tests.helpers import RECIPES, run_cli, train_recipe
 
 REWARD = RECIPES / "encoder-reward.yaml"
 QUICK = ("data.max_train_samples=320", "data.max_eval_samples=64", "eval.max_predictions=8")
+# The whole train set (900 pairs): enough steps that the ranking learned stands clear of the untrained head's (its
+# scores nearly tie, so its accuracy is a coin toss over the 64 held-out pairs); every held-out pair recorded.
+WHOLE = ("data.max_eval_samples=64", "eval.max_predictions=64")
 
 
 def sets(*values: str) -> list[str]:
@@ -78,23 +81,24 @@ def test_a_step_is_the_mean_over_its_pairs_however_its_micro_batches_split_them(
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     run = tmp_path_factory.mktemp("reward") / "run"
-    train_recipe(REWARD, run, *QUICK)
+    train_recipe(REWARD, run, *WHOLE)
     return run
 
 
 def test_training_ranks_held_out_pairs_better_than_the_untrained_model(trained):
-    base = json.loads(run_cli("eval", REWARD, *sets(*QUICK), "--json").stdout)["eval"]
+    base = json.loads(run_cli("eval", REWARD, *sets(*WHOLE), "--json").stdout)["eval"]
     metrics = json.loads((trained / "metrics.json").read_text())
     tuned = metrics["eval"]
     assert metrics["main_metric"] == "reward_accuracy"
     assert {"reward_accuracy", "reward_margin", "loss"} <= set(tuned)
-    assert tuned["reward_accuracy"] >= base["reward_accuracy"] + 0.15 and tuned["reward_margin"] > base["reward_margin"]
+    assert tuned["reward_accuracy"] >= max(0.65, base["reward_accuracy"] + 0.1)
+    assert tuned["reward_margin"] > base["reward_margin"]
     assert tuned["loss"] < base["loss"] < 0.7  # (the untrained head scores every answer alike: about log 2)
     history = [json.loads(line) for line in (trained / "log_history.jsonl").read_text().splitlines()]
     steps = [row for row in history if "reward_accuracy" in row and "loss" in row]
     assert len(steps) >= 3 and steps[-1]["loss"] < steps[0]["loss"]
     records = [json.loads(line) for line in (trained / "predictions.jsonl").read_text().splitlines()]
-    assert len(records) == 8 and all({"input", "chosen", "rejected", "chosen_score", "rejected_score"} <= set(r)
+    assert len(records) == 64 and all({"input", "chosen", "rejected", "chosen_score", "rejected_score"} <= set(r)
                                      for r in records)
     adapter = json.loads((trained / "adapter" / "adapter_config.json").read_text())
     assert "classifier" in adapter["modules_to_save"]  # the head trains and is saved beside the adapter
