@@ -180,6 +180,12 @@ def prompted() -> tuple[str, ...]:
     return tuple(t.name for t in TASKS if "target" in t.columns and "decoder" in t.heads)
 
 
+def paired() -> tuple[str, ...]:
+    """Tasks whose examples are two answers to one prompt, the chosen and the rejected (preference, reward): their
+    data is read, checked and counted the same way (sources/pairs.py)."""
+    return tuple(t.name for t in TASKS if "chosen" in t.columns)
+
+
 def packed() -> tuple[str, ...]:
     """The tasks whose decoder formulation packs examples into rows; data.packing true is refused for the others."""
     return tuple(t.name for t in TASKS if t.packs)

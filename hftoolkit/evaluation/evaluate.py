@@ -41,6 +41,12 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
         outputs = _pass_records(task, predicted[:count], trainer.model.config.id2label)
     elif task.scoring == "rl":
         scored = {}  # (no loss pass: TRL's eval loop would sample and score answers again)
+    elif task.scoring == "reward":  # both answers' scores, from the same pass that scored every pair
+        output = trainer.predict(eval_set, metric_key_prefix="eval")
+        trainer.log(output.metrics)
+        scored = output.metrics
+        predicted = output.predictions if order is None else output.predictions[order.argsort()]
+        outputs = form.pair_records(raw[:count], predicted[:count])
     else:
         scored = trainer.evaluate(eval_set, metric_key_prefix="eval")
     results = {k.removeprefix("eval_"): v for k, v in scored.items()
@@ -57,7 +63,7 @@ def evaluate(job: Job, form, trainer, processor, data, encoded, scorer):
         columns = {c: raw[c][:count] for c in raw.column_names if c != "text"}
         prompts = [form.prompt(job, processor, x) for x in raw["text"][:count]]
         results.update(scorer.compute(prompts, [o["text"] for o in outputs], columns))
-    refs = references(job, raw, count)
+    refs = references(job, raw, count) if task.scoring != "reward" else [None] * count  # (its records show both)
     pairs = raw["text_pair"][:count] if "text_pair" in raw.column_names else [None] * len(inputs)
     predictions = [{"input": _show(x), **({"input_pair": p} if p is not None else {}),
                     **({"reference": r} if r is not None else {}), **o}

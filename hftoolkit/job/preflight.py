@@ -169,7 +169,8 @@ def check_lengths(s: Subject, found: Findings) -> None:
     d, ckpt = recipe.data, recipe.model.checkpoint
     where = f"more than {ckpt} takes ({limit} positions)"
     talks = s.data is not None and "messages" in s.data["train"].column_names  # a conversation: max_length bounds it
-    if s.family == "decoder" and recipe.task in tasks.prompted() and not talks:
+    # (a reward model reads prompt and answer as one sequence on either family: a text pair on an encoder)
+    if (s.family == "decoder" and recipe.task in tasks.prompted() or recipe.task == tasks.REWARD) and not talks:
         if d.max_length + d.max_target_length > limit:  # prompt and target are one sequence
             target = min(d.max_target_length, max(limit - d.max_length, limit // 2))
             source = min(d.max_length, limit - target)
@@ -385,9 +386,9 @@ def check_conversations(s: Subject, found: Findings) -> None:
 
 
 def check_pairs(s: Subject, found: Findings) -> None:
-    """Preference pairs (or kto's labelled answers) whose prompt or answers tokenization will cut are counted, in
-    one line."""
-    if s.data is None or s.processor is None or s.recipe.task != tasks.PREFERENCE:
+    """Preference and reward pairs (or kto's labelled answers) whose prompt or answers tokenization will cut are
+    counted, in one line."""
+    if s.data is None or s.processor is None or s.recipe.task not in tasks.paired():
         return
     size, answer = (found.lengths.get(key, getattr(s.recipe.data, key)) for key in ("max_length", "max_target_length"))
     cut = [cut_counts(s.processor, s.data[split], size, answer) for split in ("train", "eval")]

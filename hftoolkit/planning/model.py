@@ -255,13 +255,16 @@ def decoder_sequences(recipe, lengths: dict) -> tuple[int, int, int]:
     """(sequences per example trained with gradients, scored without, tokens per sequence) of a one-stack model. A
     prompted task's example is its prompt and its answer, one sequence; a preference pair two, each scored by the
     reference too (orpo has none); a kto answer one, scored by the reference, with its mismatched KL answer scored
-    by both models; a grpo example is one sampled answer, scored by the reference where rl.beta > 0 and by the
-    policy that sampled it where it is learned from more than once (rl.num_iterations)."""
+    by both models; a reward pair two, through the score head alone (no reference); a grpo example is one sampled
+    answer, scored by the reference where rl.beta > 0 and by the policy that sampled it where it is learned from
+    more than once (rl.num_iterations)."""
     if recipe.rl is not None:  # a sampled answer after its prompt, scored again by the reference and the old policy
         rl = recipe.rl
         return 1, int(rl.beta > 0) + int(rl.num_iterations > 1), lengths["max_length"] + rl.max_completion_length
-    answered = recipe.task in tasks.prompted() or _preference(recipe)
+    answered = recipe.task in tasks.prompted() or recipe.task in tasks.paired()
     tokens = lengths["max_length"] + ((lengths.get("max_target_length") or 0) if answered else 0)
+    if recipe.task == tasks.REWARD:
+        return 2, 0, tokens
     if not _preference(recipe):
         return 1, 0, tokens
     p = recipe.preference
@@ -511,8 +514,11 @@ def _eval_seconds(shape: dict, recipe, spread: Spread, lengths: dict, eval_rows:
         return None
     source = shape["image_tokens"] or lengths["max_length"]
     tokens = source + (lengths.get("max_target_length") or source if shape["seq2seq"] else 0)
+    sequences = 1
+    if recipe.task == tasks.REWARD:  # a pair: two sequences of prompt and answer
+        sequences, _, tokens = decoder_sequences(recipe, lengths)
     forward = 2 * shape["non_embedding"] + 4 * shape["layers"] * tokens * shape["hidden"]
-    flops = eval_rows * tokens * forward
+    flops = sequences * eval_rows * tokens * forward
     if tasks.spec(recipe.task).scoring == "generation" or (recipe.task == tasks.CLM and recipe.eval.max_predictions):
         predicted = eval_rows if recipe.task != tasks.CLM else min(eval_rows, recipe.eval.max_predictions)
         flops += predicted * lengths.get("max_new_tokens", 0) * 2 * shape["non_embedding"]

@@ -45,13 +45,15 @@ PREFERENCE_NOTE = ("For preference runs: the reward of an answer is beta x its l
                    "reward_accuracy is the share of held-out pairs whose chosen answer has the higher reward, "
                    "reward_margin the mean chosen-minus-rejected reward (kto ranks no pairs: the mean reward of its "
                    "good answers minus that of its bad ones, its main metric). An untrained base is its own "
-                   "reference, so it scores 0 on both (orpo excepted).")
+                   "reference, so it scores 0 on both (orpo excepted). For reward runs (task reward): the reward is "
+                   "the reward model's score of a prompt and answer; reward_accuracy is the share of held-out pairs "
+                   "whose chosen answer scores higher (a tie counts half), reward_margin the mean chosen-minus-"
+                   "rejected score, and the training curve is of the pairs of each logging interval.")
 REWARDS_PLOT = ("rewards.png", "Rewards: per step, answer length and KL")
 REWARDS_NOTE = ("For grpo runs: each step's reward is the mean over the answers it sampled (the band: one spread "
                 "either side), summed with the weights of rl.rewards and shown per reward too; the answers' mean "
                 "length in tokens; and the KL to the reference where rl.beta > 0. Their eval reward is that of greedy "
-                "answers to the held-out prompts. For reward runs, reward_accuracy is the share of held-out pairs "
-                "whose chosen answer the reward model scores higher.")
+                "answers to the held-out prompts.")
 PLOTS = (
     ("loss.png", "Training loss"),
     ("eval.png", "Eval main metric by task"),

@@ -289,7 +289,8 @@ def plot_benchmarks(runs: list[RunSummary], path: Path) -> None:
 
 
 def plot_preference(runs: list[RunSummary], path: Path) -> None:
-    """Preference runs: the training loss and the chosen-minus-rejected reward margin against step, side by side."""
+    """Preference and reward runs: the training loss and the chosen-minus-rejected reward margin against step, side by
+    side."""
     members = [run for run in runs if run.margin_curve]
     figure = _figure(11.0, 4.2)
     panels = figure.subplots(1, 2)
@@ -303,7 +304,7 @@ def plot_preference(runs: list[RunSummary], path: Path) -> None:
         axes.grid(True, alpha=0.3)
     panels[1].axhline(0, color="0.5", linewidth=0.8)
     panels[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    figure.suptitle("Preference tuning: loss and reward margin")
+    figure.suptitle("Preference and reward models: loss and reward margin")
     _save(figure, path)
 
 

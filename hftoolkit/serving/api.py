@@ -1,5 +1,5 @@
 """The OpenAI-compatible HTTP API (FastAPI): models, chat and text completions (streamed over server-sent events on
-request), classifications in `predict`'s record shape, and health.
+request), classifications in `predict`'s record shape, a reward model's scores of answers, and health.
 
 Every refusal is a 4xx in the OpenAI error shape, {"error": {"message", "type", "param", "code"}}, and leaves the
 server answering. Completions use the run's own chat template and eval.generation settings, with the request's
@@ -13,6 +13,7 @@ import json
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Annotated
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -22,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hftoolkit.config import tasks
 from hftoolkit.serving.batcher import Batcher, Work
-from hftoolkit.serving.registry import LABELS, ServedRun
+from hftoolkit.serving.registry import LABELS, SCORES, ServedRun
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,19 @@ class ClassificationRequest(BaseModel):
     input: str | list[str] | list[list[str]]
 
 
+class Scored(BaseModel):
+    """One answer to score, and the prompt it answers (a text, or the conversation's turns; empty: none)."""
+    model_config = ConfigDict(extra="forbid")
+    prompt: str | list[Turn] = ""
+    answer: str | list[Turn]
+
+
+class ScoreRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    model: str
+    input: Scored | Annotated[list[Scored], Field(min_length=1)]
+
+
 def error_body(message: str, code: str, param: str | None = None, kind: str = "invalid_request_error") -> dict:
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
@@ -111,6 +125,9 @@ def build_app(served: dict[str, ServedRun], batcher: Batcher, limits: Limits, ap
     @app.post("/v1/classifications")
     async def classifications(body: ClassificationRequest):
         run = _find(served, body.model)
+        if run.kind == SCORES:
+            raise Refused(400, f"model {run.name} is a reward run, which scores answers: POST them to /v1/scores",
+                          "wrong_endpoint", "model")
         if run.kind != LABELS:
             raise Refused(400, f"model {run.name} is a {run.task} run, which writes text: use /v1/completions",
                           "wrong_endpoint", "model")
@@ -122,7 +139,29 @@ def build_app(served: dict[str, ServedRun], batcher: Batcher, limits: Limits, ap
         return {"object": "list", "model": run.name,
                 "data": [{"index": i, "input": x, **r} for i, (x, r) in enumerate(zip(shown, records))]}
 
+    @app.post("/v1/scores")
+    async def scores(body: ScoreRequest):
+        run = _find(served, body.model)
+        if run.kind != SCORES:
+            raise Refused(400, f"model {run.name} is a {run.task} run, not a reward model: use "
+                               f"{'/v1/classifications' if run.kind == LABELS else '/v1/completions'}",
+                          "wrong_endpoint", "model")
+        given = [body.input] if isinstance(body.input, Scored) else body.input
+        pairs = [(_turns_or_text(x.prompt), _turns_or_text(x.answer)) for x in given]
+        _check_input(run, [_plain(p) + "\n" + _plain(a) for p, a in pairs], limits)
+        records = await asyncio.wrap_future(batcher.submit(Work(run, pairs, run.job)))
+        return {"object": "list", "model": run.name,
+                "data": [{"index": i, "score": r["score"]} for i, r in enumerate(records)]}
+
     return app
+
+
+def _turns_or_text(value):
+    return value if isinstance(value, str) else [{"role": t.role, "content": _text(t.content)} for t in value]
+
+
+def _plain(value) -> str:
+    return value if isinstance(value, str) else "\n".join(t["content"] for t in value)
 
 
 def _refusals(app: FastAPI, limits: Limits, api_key: str | None) -> None:
@@ -190,6 +229,9 @@ def _find(served: dict[str, ServedRun], name: str) -> ServedRun:
 
 def _text_run(served: dict[str, ServedRun], name: str, chat: bool) -> ServedRun:
     run = _find(served, name)
+    if run.kind == SCORES:
+        raise Refused(400, f"model {run.name} is a reward run, which scores answers and writes none: POST them to "
+                           "/v1/scores", "wrong_endpoint", "model")
     if run.kind == LABELS:
         raise Refused(400, f"model {run.name} is a {run.task} run, which labels its inputs: POST them to "
                            "/v1/classifications", "wrong_endpoint", "model")

@@ -17,8 +17,8 @@ from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 
 # What a run's requests ask of it: text generation (completions; chat too where the formulation reads
-# conversations) or records of labels, values or tags.
-GENERATES, LABELS = "text", "labels"
+# conversations), records of labels, values or tags, or a reward model's scores of answers.
+GENERATES, LABELS, SCORES = "text", "labels", "scores"
 # Runs serve refuses, and why.
 NOT_SERVED = {tasks.IMAGE_CLASSIFICATION: "and serve reads text (an image path in a request would read this "
                                           "machine's files)",
@@ -58,6 +58,8 @@ class ServedRun:
 
     @property
     def kind(self) -> str:
+        if self.task == tasks.REWARD:
+            return SCORES
         return LABELS if tasks.spec(self.task).labels else GENERATES
 
     @property

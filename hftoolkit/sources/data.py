@@ -15,6 +15,7 @@ from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe, RecipeError
 from hftoolkit.sources.labels import as_names, encode_labels, float_labels, mapped_labels
 from hftoolkit.sources.locations import expand, is_path_like
+from hftoolkit.sources.pairs import MARGIN, margins
 
 FILE_BUILDERS = {".csv": "csv", ".tsv": "csv", ".json": "json", ".jsonl": "json", ".parquet": "parquet",
                  ".txt": "text", ".gz": "text"}
@@ -32,8 +33,10 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
       messages   a conversation, a list of {role, content} turns (instruction, where data.messages_column is in
                  the data)
       image      a PIL image (image-classification)
-      chosen, rejected   the preferred and the rejected answer of a pair, whose prompt is text (preference; as
-                 turns after the shared ones where the pair is two conversations)
+      chosen, rejected   the preferred and the rejected answer of a pair, whose prompt is text (preference, reward;
+                 as turns after the shared ones where the pair is two conversations)
+      margin     how much the chosen answer's score should beat the rejected one's by (reward, where the data has a
+                 `margin` column)
 
     `dropped`, when given, receives the number of rows dropped for an empty input or target, per
     source ("train": data.train, before an eval split is held out of it; "eval": data.eval or data.eval_split),
@@ -46,7 +49,7 @@ def load_data(recipe: Recipe, dropped: dict[str, int] | None = None):
     counts = {"train": 0, "eval": 0}
     train, evaluation = _read_splits(recipe, counts)
     identical = {}
-    if recipe.task == tasks.PREFERENCE:  # (before an eval split is held out, as the empty rows)
+    if recipe.task in tasks.paired():  # (before an eval split is held out, as the empty rows)
         train, evaluation, identical = _without_identical_pairs(recipe, train, evaluation)
     unlabelled = {}
     if d.label_map is not None:  # per source, before an eval split is held out, as the empty rows
@@ -368,7 +371,7 @@ def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fal
     An instruction set with data.messages_column is a conversation set: that column is all it reads."""
     if recipe.task == tasks.INSTRUCTION and recipe.data.messages_column in ds.column_names:
         return _conversations(ds, recipe.data.messages_column, key, source)
-    if recipe.task == tasks.PREFERENCE and _holds_conversations(ds, recipe.data.chosen_column):
+    if recipe.task in tasks.paired() and _holds_conversations(ds, recipe.data.chosen_column):
         return _conversation_pairs(ds, recipe, key, source)
     mapping, missing = {}, {}
     labelled = labelled_answers(recipe, ds)
@@ -389,6 +392,9 @@ def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fal
         raise UserError(f"{', '.join(missing)}: column{'s' * many} {', '.join(map(repr, missing.values()))} not "
                         f"found in {source}; columns found: {', '.join(ds.column_names)}; set "
                         f"{' and '.join(missing)} to {'the names' if many else 'the name'} in the data{also}")
+    if _reads_margin(recipe, ds):
+        ds = ds.remove_columns([MARGIN]).add_column(MARGIN, margins(ds, key, source))
+        mapping[MARGIN] = MARGIN
     ds = ds.select_columns(list(mapping) + _reward_columns(recipe, ds, mapping))
     ds = ds.rename_columns({k: v for k, v in mapping.items() if k != v})
     return good_or_bad(ds, key, source) if labelled else ds
@@ -406,6 +412,11 @@ def _reward_columns(recipe: Recipe, ds, mapping: dict) -> list[str]:
         return []
     taken = {*mapping, *mapping.values(), *tasks.COLUMN_KEYS, *RL_RESERVED}
     return [c for c in ds.column_names if c not in taken]
+
+
+def _reads_margin(recipe: Recipe, ds) -> bool:
+    """Whether the pairs carry a margin for task reward's loss: a `margin` column (sources/pairs.py)."""
+    return recipe.task == tasks.REWARD and MARGIN in ds.column_names
 
 
 def labelled_answers(recipe: Recipe, ds) -> bool:
@@ -470,7 +481,9 @@ def _conversation_pairs(ds, recipe: Recipe, key: str, source: str):
     if d.rejected_column not in ds.column_names:
         raise UserError(f"data.rejected_column: column {d.rejected_column!r} not found in {source}; columns found: "
                         f"{', '.join(ds.column_names)}; set data.rejected_column to the name in the data")
-    return conversation_pairs(ds, d.chosen_column, d.rejected_column, key, source)
+    prompts = ds[d.text_column] if d.text_column in ds.column_names else None
+    return conversation_pairs(ds, d.chosen_column, d.rejected_column, key, source, prompts,
+                              margins(ds, key, source) if _reads_margin(recipe, ds) else None)
 
 
 def _columns(recipe: Recipe) -> list[str]:

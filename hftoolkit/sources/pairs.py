@@ -2,7 +2,10 @@
 
 Texts: data.text_column (the prompt), data.chosen_column and data.rejected_column. Conversations: chosen and
 rejected are whole conversations that share their first turns (HuggingFaceH4/ultrafeedback_binarized): the shared
-turns become the prompt and the rest each answer, as TRL's conversational format holds them. Light: no torch.
+turns become the prompt and the rest each answer, as TRL's conversational format holds them; answers that are
+assistant turns alone take their prompt from data.text_column (a text, the user's turn, or turns), as TRL's
+conversational format with a separate prompt holds them. task reward also reads a pair's margin from a `margin`
+column where the data has one (TRL's RewardTrainer reads the same column). Light: no torch.
 """
 
 from __future__ import annotations
@@ -10,18 +13,25 @@ from __future__ import annotations
 from hftoolkit.base.errors import UserError
 from hftoolkit.sources.conversations import ANSWER, problem
 
+# The column a pair's margin is read from (task reward): the chosen answer should win by at least this much.
+MARGIN = "margin"
+
 
 def is_conversation(value) -> bool:
     return isinstance(value, list) and bool(value) and isinstance(value[0], dict)
 
 
-def conversation_pairs(ds, chosen: str, rejected: str, key: str, source: str):
-    """`ds` as canonical columns text (the shared turns), chosen and rejected (the turns after them); a row whose
-    conversations are not conversations, or do not share their prompt, is refused in one line (with a count)."""
+def conversation_pairs(ds, chosen: str, rejected: str, key: str, source: str, prompts: list | None = None,
+                       margins: list[float] | None = None):
+    """`ds` as canonical columns text (the shared turns), chosen and rejected (the turns after them), and margin where
+    `margins` are given; a row whose conversations are not conversations, or do not share their prompt, is refused in
+    one line (with a count). `prompts` (data.text_column's rows) go before answers that are assistant turns alone."""
     import datasets
 
-    rows, bad = {"text": [], "chosen": [], "rejected": []}, []
+    rows, bad = {"text": [], "chosen": [], "rejected": [], **({MARGIN: []} if margins is not None else {})}, []
     for row, (good, poor) in enumerate(zip(ds[chosen], ds[rejected], strict=True)):
+        if prompts is not None and _answers_only(good) and _answers_only(poor):
+            good, poor = as_turns(prompts[row]) + good, as_turns(prompts[row]) + poor
         line = (problem(good, row, source, f"data.chosen_column {chosen!r}")
                 or problem(poor, row, source, f"data.rejected_column {rejected!r}")
                 or _unshared(good, poor, row, key, source))
@@ -32,10 +42,37 @@ def conversation_pairs(ds, chosen: str, rejected: str, key: str, source: str):
         rows["text"].append(good[:shared])
         rows["chosen"].append(good[shared:])
         rows["rejected"].append(poor[shared:])
+        if margins is not None:
+            rows[MARGIN].append(margins[row])
     if bad:
         more = f" (and {len(bad) - 1} more rows like it)" if len(bad) > 1 else ""
         raise UserError(bad[0] + more)
     return datasets.Dataset.from_dict(rows)
+
+
+def _answers_only(turns) -> bool:
+    return is_conversation(turns) and turns[0].get("role") == ANSWER
+
+
+def as_turns(prompt) -> list[dict]:
+    """A prompt as conversation turns: a text is the user's turn."""
+    return list(prompt) if is_conversation(prompt) else [{"role": "user", "content": str(prompt)}]
+
+
+def margins(ds, key: str, source: str) -> list[float]:
+    """The `margin` column's values as floats; a cell that is not a number is refused in one line."""
+    out = []
+    for row, value in enumerate(ds[MARGIN]):
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if number != number or number in (float("inf"), float("-inf")):
+            raise UserError(f"{key}: row {row} of {source} has margin {value!r}; task reward reads the margin "
+                            "column as the number the chosen answer's score should beat the rejected one's by: "
+                            "write a finite number, or rename the column if it means something else")
+        out.append(number)
+    return out
 
 
 def common_prefix(a: list, b: list) -> int:

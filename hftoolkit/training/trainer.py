@@ -48,6 +48,10 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
         from hftoolkit.training import grpo
 
         base, loss, mixins, extra = grpo.trainer_base(job), (), grpo.MIXINS, dict(reward_funcs=list(rewards.functions))
+    elif scoring == "reward":  # the pairs' Bradley-Terry loss; metrics over the gathered pair scores
+        from hftoolkit.training.reward import BradleyTerryLoss
+
+        base, loss, extra = Trainer, (BradleyTerryLoss,), dict(compute_metrics=scorer.compute, data_collator=counter)
     else:
         base, loss = Trainer, (ItemNormalizedLoss,)
         extra = dict(compute_metrics=scorer.compute if scoring == "logits" else None,

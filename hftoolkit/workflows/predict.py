@@ -45,6 +45,14 @@ def predict(run_dir: Path, given: str | None, generation: dict, batch_size: int 
     if values:
         job = dataclasses.replace(job, recipe=replaced(job.recipe, values, "predict options"))
     recipe = job.recipe
+    if recipe.task == tasks.REWARD:  # a score per answer (workflows/reward_model.py)
+        if split:
+            raise UserError("--split: a reward run scores answers, and a split's rows hold pairs to train on: "
+                            "pass them with --input FILE (a prompt, chosen and rejected column each)")
+        from hftoolkit.workflows.reward_model import predict_scores
+
+        lines, rows = (None, read_table(table)) if table is not None else (input_lines(given, recipe.task), None)
+        return predict_scores(job, form, model, processor, lines, rows, table, column, pair_column)
     if split:
         from hftoolkit.sources.data import unlabelled_split
 

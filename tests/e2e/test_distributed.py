@@ -299,3 +299,24 @@ def test_grpo_on_two_processes_samples_whole_groups_and_trains(tmp_path):
     manifest = json.loads((tmp_path / "two" / "manifest.json").read_text())
     assert manifest["distributed"]["processes"] == 2
     assert "reward" in json.loads((tmp_path / "two" / "metrics.json").read_text())["eval"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
+def test_a_reward_model_on_two_processes_or_accumulated_trains_and_scores_as_on_one(tmp_path, no_dropout):
+    # The Bradley-Terry loss is the mean over a step's pairs: split over processes or micro-batches, the same.
+    reward = RECIPES / "encoder-reward.yaml"
+    sets = (f"model.checkpoint={no_dropout['bert']}", *SAME_BATCHES, "data.max_eval_samples=21", "eval.batch_size=8")
+    train_recipe(reward, tmp_path / "one", *sets)
+    train_recipe(reward, tmp_path / "accumulated", *sets, "training.batch_size=8", "training.gradient_accumulation=2")
+    rc, output, _ = run_bounded([sys.executable, "-m", "hftoolkit", "train", reward, "--output", tmp_path / "two",
+                                 "--num-processes", "2", *[a for s in sets for a in ("--set", s)]])
+    assert rc == 0, output[-4000:]
+    for other in ("accumulated", "two"):
+        assert_same_training(tmp_path / "one", tmp_path / other)
+        one, two = (json.loads((tmp_path / run / "metrics.json").read_text())["eval"] for run in ("one", other))
+        # (every held-out pair once. The loss sees only score differences, so the scores' common level gets a
+        # gradient of rounding noise, which Adam turns into steps: the mean scores may shift together, not apart.)
+        ranked = ("reward_accuracy", "reward_margin", "loss")
+        assert {k: two[k] for k in ranked} == pytest.approx({k: one[k] for k in ranked}, rel=LOSS_RTOL, abs=1e-6)
+        assert two["reward_chosen"] - two["reward_rejected"] == pytest.approx(two["reward_margin"], abs=1e-6)

@@ -15,6 +15,7 @@ from hftoolkit.models import tokenized
 from hftoolkit.models.families import decoding_options, labels, packing, sync_pad_token
 from hftoolkit.models.families.grpo import SampledAnswers
 from hftoolkit.models.families.preference import PreferencePairs
+from hftoolkit.models.families.reward import RewardModel
 from hftoolkit.sources import conversations
 from hftoolkit.sources.streaming import is_stream
 
@@ -333,4 +334,4 @@ FORMULATIONS = {tasks.CLM: CausalLM(), tasks.TRANSLATION: PROMPT_AND_TARGET, tas
                 tasks.INSTRUCTION: CHAT_PROMPT_AND_TARGET, tasks.CLASSIFICATION: labels.CLASSIFICATION,
                 tasks.REGRESSION: labels.REGRESSION, tasks.TAGGING: labels.TAGGING,
                 tasks.PREFERENCE: PreferencePairs(CHAT_PROMPT_AND_TARGET),
-                tasks.GRPO: SampledAnswers(CHAT_PROMPT_AND_TARGET)}
+                tasks.GRPO: SampledAnswers(CHAT_PROMPT_AND_TARGET), tasks.REWARD: RewardModel(CHAT_PROMPT_AND_TARGET)}

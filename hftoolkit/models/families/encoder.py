@@ -1,4 +1,4 @@
-"""Encoder-only models (BERT and kin): sequence classification, token tagging, masked-LM.
+"""Encoder-only models (BERT and kin): sequence classification, token tagging, masked-LM, reward models.
 
 The output is a label (for the text, or for each token) or a masked token, so the model reads
 the whole input with bidirectional attention (the course's decision tree). Classification and
@@ -15,6 +15,7 @@ from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
 from hftoolkit.models import tokenized
 from hftoolkit.models.families import labels
+from hftoolkit.models.families.reward import RewardModel
 
 IGNORE_INDEX = labels.IGNORE_INDEX
 
@@ -62,7 +63,7 @@ class MaskedLM:
 
 
 FORMULATIONS = {tasks.CLASSIFICATION: labels.CLASSIFICATION, tasks.REGRESSION: labels.REGRESSION,
-                tasks.TAGGING: labels.TAGGING, tasks.MLM: MaskedLM()}
+                tasks.TAGGING: labels.TAGGING, tasks.MLM: MaskedLM(), tasks.REWARD: RewardModel()}
 
 
 # ---------------------------------------------------------------- masking

@@ -63,6 +63,22 @@ def test_a_decoder_plans_prompt_and_answer_and_a_preference_step_its_pairs_and_r
     assert planned["orpo"]["memory"]["items"]["buffers"] < planned["dpo"]["memory"]["items"]["buffers"]
 
 
+def test_a_reward_pair_is_planned_as_two_sequences_of_prompt_and_answer_through_a_score_head():
+    def single(recipe: str, *sets: str) -> dict:
+        sets = ("data.max_length=64", "data.max_target_length=64", "training.batch_size=8",
+                "lora.targets=[c_attn,c_proj,c_fc]", *sets)
+        return plan_json(RECIPES / recipe, *[x for s in sets for x in ("--set", s)])["strategies"][0]
+
+    reward = single("encoder-reward.yaml", "model.checkpoint=init:gpt2")
+    instruction = single("decoder-preference.yaml", "task=instruction", "preference=null")
+    items = reward["memory"]["items"]
+    assert items["activations"] == pytest.approx(2 * instruction["memory"]["items"]["activations"], rel=0.05)
+    assert items["buffers"] < instruction["memory"]["items"]["buffers"], "one score a row: no vocabulary logits"
+    assert reward["time"]["items"]["vocabulary"] == 0 and reward["time"]["step_seconds"] > 0
+    encoder = plan_json(RECIPES / "encoder-reward.yaml")
+    assert encoder["cheapest_fit"] == "single" and encoder["strategies"][0]["time"]["eval_seconds"] > 0
+
+
 def test_llama_7b_from_its_config_alone_on_a100s(tmp_path):
     """Full fine-tuning keeps 16 bytes a parameter (fp32 weights and gradients, two Adam moments): more than one
     80 GB card, while sharding the states over 8 fits; LoRA r=16 and QLoRA fit one card."""
