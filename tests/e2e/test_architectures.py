@@ -26,8 +26,8 @@ PAIRS = [
 
 # Regression trains with a decoder and an encoder-decoder in tests/e2e/test_realjobs.py, on a planted STS-B (no
 # built-in set has float labels); instruction with an encoder-decoder in tests/e2e/test_smollm2.py (its recipe names a
-# GGUF file).
-ELSEWHERE = {("regression", "decoder"), ("regression", "seq2seq"), ("instruction", "seq2seq")}
+# GGUF file); a reward model on a decoder in tests/unit/training/test_reward.py (a pair is scored, not predicted).
+ELSEWHERE = {("regression", "decoder"), ("regression", "seq2seq"), ("instruction", "seq2seq"), ("reward", "decoder")}
 
 
 def test_the_pairs_tested_here_are_every_pair_the_task_table_allows_beyond_the_recommended_family():

