@@ -88,15 +88,18 @@ def trl_command(args, checkpoint: Path, data: Path, out: Path) -> list[str]:
             "--use_peft", "--lora_r", "16", "--lora_alpha", "32", "--lora_dropout", "0",
             "--lora_target_modules", "all-linear", "--disable_dropout", "true", "--seed", str(args.seed),
             "--save_strategy", "no", "--report_to", "none", "--logging_steps", "1", "--dtype", "float32",
+            "--bf16", "false",  # (TRL's configs default to bf16 autocast; hftoolkit's side trains in fp32)
             "--use_cpu", "true", "--use_transformers_continuous_batching", str(args.generation == "continuous")]
 
 
 def curve(records: list[dict]) -> dict:
-    """Mean reward and seconds per step over a run's logged steps, and the reward's first and last fifth."""
+    """Mean reward and seconds per step over a run's logged steps, the reward's first and last fifth, and the first
+    step's gradient norm (the same sampled answers on both sides, if they compute alike)."""
     steps = [r for r in records if "reward" in r and "step_time" in r]
     rewards = [r["reward"] for r in steps]
     fifth = max(1, len(rewards) // 5)
     return {"steps": len(steps), "seconds_per_step": round(sum(r["step_time"] for r in steps) / max(1, len(steps)), 2),
+            "first_grad_norm": steps[0].get("grad_norm") if steps else None,
             "reward_first_fifth": round(sum(rewards[:fifth]) / fifth, 4) if rewards else None,
             "reward_last_fifth": round(sum(rewards[-fifth:]) / fifth, 4) if rewards else None,
             "rewards": [round(r, 4) for r in rewards]}
@@ -168,12 +171,13 @@ def _report(figures: dict, args) -> None:
     nan = float("nan")
     for key in ("reward", "rewards/exact_answer", "rewards/format"):
         print(f"held-out {key:<22} untuned {before.get(key, nan):.3f} -> tuned {after.get(key, nan):.3f}")
-    print(f"{'run':<10} {'s/step':>7} {'wall s':>7} {'reward first 1/5':>17} {'last 1/5':>9}")
+    print(f"{'run':<10} {'s/step':>7} {'wall s':>7} {'grad norm 1':>12} {'reward first 1/5':>17} {'last 1/5':>9}")
     for name in ("hftoolkit", "trl"):
         f = figures.get(name)
         if f:
             print(f"{name:<10} {f.get('seconds_per_step', float('nan')):>7} {f['wall_seconds']:>7} "
-                  f"{f.get('reward_first_fifth')!s:>17} {f.get('reward_last_fifth')!s:>9}")
+                  f"{f.get('first_grad_norm')!s:>12} {f.get('reward_first_fifth')!s:>17} "
+                  f"{f.get('reward_last_fifth')!s:>9}")
     if args.output:
         args.output.write_text(json.dumps({"args": vars(args) | {"output": str(args.output)}, "runs": figures},
                                           indent=1))
