@@ -188,3 +188,18 @@ def test_a_grpo_run_is_served_as_a_chat_model(tmp_path, vowels):
             "model": "grpo", "messages": question, "max_tokens": 8, "temperature": 1.0})
     assert reply.status_code == 200, reply.text
     assert reply.json()["choices"][0]["message"]["role"] == "assistant"
+
+
+@pytest.mark.slow
+def test_a_reward_run_scores_the_sampled_answers(tmp_path):
+    """A task reward run as GRPO's reward: its model scores each prompt and sampled answer, and those scores are the
+    step's rewards (they differ between answers, so the step learns from them)."""
+    reward_run = tmp_path / "reward"
+    train_recipe(RECIPES / "encoder-reward.yaml", reward_run, "data.max_train_samples=64", "data.max_eval_samples=8",
+                 "training.max_steps=2", "eval.max_predictions=2")
+    run = tmp_path / "run"
+    train_recipe(GRPO, run, *QUICK, f"rl.rewards=[{{run: {reward_run}}}]", "training.max_steps=2")
+    steps = [h for h in history(run) if "loss" in h]
+    assert all(h["rewards/reward_model/std"] > 0 for h in steps), "the reward model tells answers apart"
+    assert adapter_moved(run) > 0
+    assert "rewards/reward_model" in json.loads((run / "metrics.json").read_text())["eval"]
