@@ -357,7 +357,8 @@ def smollm2_gguf() -> Path:
 
 @functools.cache
 def smollm2_batch() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
-    """SmolLM2 in fp32 with TRL's fused LM head, and the rollouts tokenized as GRPO pads them (prompts on the left,
+    """SmolLM2 in float64 (fp32's rounding alone would exceed the rows' 1e-6) with TRL's fused LM head, and the
+    rollouts tokenized as GRPO pads them (prompts on the left,
     completions on the right)."""
     import transformers
 
@@ -366,7 +367,7 @@ def smollm2_batch() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     with muted("DeepSpeed"), warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
         warnings.simplefilter("ignore")
         tokenizer = transformers.AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+        model = transformers.AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float64)
     model.eval()
     trl().add_fused_lm_head(model, outputs=("log_probs", "entropy"))
     prompts = [tokenizer(prompt).input_ids for prompt, group in REAL_ROLLOUTS for _ in group]
