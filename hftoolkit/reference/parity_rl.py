@@ -358,8 +358,7 @@ def smollm2_gguf() -> Path:
 @functools.cache
 def smollm2_batch() -> tuple[torch.nn.Module, dict[str, torch.Tensor]]:
     """SmolLM2 in float64 (fp32's rounding alone would exceed the rows' 1e-6) with TRL's fused LM head, and the
-    rollouts tokenized as GRPO pads them (prompts on the left,
-    completions on the right)."""
+    rollouts tokenized as GRPO pads them (prompts on the left, completions on the right)."""
     import transformers
 
     path = smollm2_gguf()
