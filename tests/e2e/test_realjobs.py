@@ -111,19 +111,6 @@ def beans(n: int = 12) -> tuple:
     return features, {"train": rows("train", n), "validation": rows("validation", n // 2)}
 
 
-def gsm8k(n: int = 12) -> tuple:
-    """GSM8K's layout: a word problem, and its worked answer ending in "#### <number>"."""
-    import datasets
-
-    features = datasets.Features({"question": datasets.Value("string"), "answer": datasets.Value("string")})
-
-    def rows(split, count):
-        return [{"question": f"({split}) Ann has {i} apples and buys 3 more. How many apples does she have?",
-                 "answer": f"Ann has {i} + 3 = <<{i}+3={i + 3}>>{i + 3} apples.\n#### {i + 3}"} for i in range(count)]
-
-    return features, {"train": rows("train", n), "test": rows("test", n // 2)}
-
-
 @pytest.fixture(scope="session")
 def planted(tmp_path_factory):
     """One HF_HOME for the module: the MiniLM model and the recipes' data sets under their hub ids; the commit shas
@@ -138,7 +125,7 @@ def planted(tmp_path_factory):
         "Salesforce/wikitext": {"wikitext-2-raw-v1": wikitext()},
         "abisee/cnn_dailymail": {"3.0.0": cnn_dailymail()},
         "AI-Lab-Makerere/beans": {"default": beans()},
-        "openai/gsm8k": {"main": gsm8k()},
+        "openai/gsm8k": {"main": hub_cache.gsm8k()},
     }.items():
         shas[repo_id] = hub_cache.plant_dataset(hub, data, repo_id, configs)
     (home / "shas.json").write_text(json.dumps(shas))

@@ -283,8 +283,7 @@ def usage_errors(command: Command) -> list[str]:
 # Appended to the documented commands so each runs in seconds on the planted data: the docs' figures come from
 # full runs, what is tested here is that the command as written is accepted and does its job.
 CAPS = {
-    # (a batch of 8: a whole group of the 8 answers a question grpo's SmolLM2 recipe samples)
-    "train": ("training.max_steps=2", "training.batch_size=8", "training.gradient_accumulation=1",
+    "train": ("training.max_steps=2", "training.batch_size=4", "training.gradient_accumulation=1",
               "training.logging_steps=1", "eval.max_predictions=4", "eval.generation.max_new_tokens=4"),
     "eval": ("eval.max_predictions=4", "eval.generation.max_new_tokens=4"),
 }
@@ -293,6 +292,11 @@ CAPS["sweep"] = CAPS["bench"] = CAPS["train"]
 REFUSED = re.compile(r"(?:^|[;&|(]\s*)(?:sudo\s+)?(?P<what>pip3?\s+install|python3?\s+-m\s+(?:pip|venv|pytest)|"
                      r"pytest|apt(?:-get)?|conda|uv\s+(?:pip|sync|add)|docker|mkdocs\s+serve)\b")
 SHELL_CHARS = set("|&;<>`$*?(){}~")
+
+
+def _samples_answers(recipe: Path) -> bool:
+    """Whether `recipe` is a task grpo recipe, whose batch counts sampled answers in whole groups."""
+    return recipe.suffix in (".yaml", ".yml") and recipe.is_file() and "\ntask: grpo" in recipe.read_text()
 
 
 def shell_needed(text: str) -> bool:
@@ -442,6 +446,8 @@ class PageRunner:
             extra = []
         if args[0] == "eval" and "--benchmark" in args:
             extra += ["--limit", "4"]
+        if args[0] in ("train", "sweep") and len(args) > 1 and _samples_answers(self.folder / args[1]):
+            extra += ["--set", "rl.num_generations=2"]  # (the capped batch of 4 answers: two groups of two)
         return args + extra
 
     def _capped_in_shell(self, text: str) -> str:
@@ -678,6 +684,7 @@ def planted_data_sets() -> dict[str, dict[str, tuple]]:
             {"text": f"Lesson {i}: {prose(i)}", "id": str(i)} for i in range(240)]})},
         "allenai/ai2_arc": {"ARC-Easy": (arc, {s: rows(arc_rows, 6) for s in ("train", "validation", "test")})},
         "tatsu-lab/alpaca": {"default": (alpaca, {"train": rows(alpaca_rows, 16)})},
+        "openai/gsm8k": {"main": hub_cache.gsm8k(16)},
     }
 
 

@@ -263,6 +263,19 @@ def _hub_module_from(snapshot: Path, repo_id: str, sha: str, dataset_name: str):
 # ---------------------------------------------------------------- ready-made sets
 
 
+def gsm8k(n: int = 12) -> tuple:
+    """openai/gsm8k's layout (config main): a word problem, and its worked answer ending in "#### <number>"."""
+    import datasets
+
+    features = datasets.Features({"question": datasets.Value("string"), "answer": datasets.Value("string")})
+
+    def rows(split, count):
+        return [{"question": f"({split}) Ann has {i} apples and buys 3 more. How many apples does she have?",
+                 "answer": f"Ann has {i} + 3 = <<{i}+3={i + 3}>>{i + 3} apples.\n#### {i + 3}"} for i in range(count)]
+
+    return features, {"train": rows("train", n), "test": rows("test", n // 2)}
+
+
 def glue_mnli(n: int = 12) -> tuple:
     import datasets
 
