@@ -436,5 +436,23 @@ def check_rewards(s: Subject, found: Findings) -> None:
                                   "installed: pip install vllm on a CUDA machine, or set rl.generation to generate")
 
 
+def check_prompts(s: Subject, found: Findings) -> None:
+    """Task grpo's prompts that are conversations are well-formed turns, which the tokenizer's chat template
+    renders (TRL samples from the rendering): a tokenizer without one is refused, not failed on at the first step."""
+    from hftoolkit.sources.conversations import problem
+
+    if s.recipe.task != tasks.GRPO or s.data is None:
+        return
+    key, source = "data.text_column", s.recipe.data.train
+    turns = [(row, text) for row, text in enumerate(s.data["train"]["text"]) if isinstance(text, list)]
+    bad = [line for row, text in turns if (line := problem(text, row, source, key)) is not None]
+    if bad:
+        found.problems.append(bad[0] + (f" (and {len(bad) - 1} more rows like it)" if len(bad) > 1 else ""))
+    elif turns and s.processor is not None and not getattr(s.processor, "chat_template", None):
+        found.problems.append(f"{key}: the prompts of {source} are conversations, and the tokenizer of "
+                              f"{s.recipe.model.checkpoint} has no chat template to render them: give the prompts "
+                              "as texts, or use a chat model")
+
+
 CHECKS = (check_head, check_tokenizer, check_lengths, check_labels, check_images, check_packing, check_conversations,
-          check_pairs, check_rewards)
+          check_pairs, check_prompts, check_rewards)

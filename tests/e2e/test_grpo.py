@@ -203,3 +203,16 @@ def test_a_reward_run_scores_the_sampled_answers(tmp_path):
     assert all(h["rewards/reward_model/std"] > 0 for h in steps), "the reward model tells answers apart"
     assert adapter_moved(run) > 0
     assert "rewards/reward_model" in json.loads((run / "metrics.json").read_text())["eval"]
+
+
+def test_conversation_prompts_need_a_chat_template_and_well_formed_turns(tmp_path):
+    chats, broken = tmp_path / "chats.jsonl", tmp_path / "broken.jsonl"
+    chats.write_text("\n".join(json.dumps({"text": [{"role": "user", "content": f"Say {i}."}], "answer": str(i)})
+                               for i in range(8)))
+    broken.write_text("\n".join(json.dumps({"text": [{"role": "user"}], "answer": str(i)}) for i in range(8)))
+    result = run_cli("validate", GRPO, "--data", "--set", f"data.train={chats}", expect=2)
+    assert ("data.text_column: the prompts of " in plain(result.output)
+            and "has no chat template to render them: give the prompts as texts, or use a chat model"
+            in plain(result.output))
+    result = run_cli("validate", GRPO, "--data", "--set", f"data.train={broken}", expect=2)
+    assert "turn 0 is not a {role, content} mapping of two strings" in plain(result.output)

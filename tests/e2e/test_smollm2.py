@@ -268,3 +268,19 @@ def test_grpo_on_arithmetic_samples_real_answers_and_scores_them(tmp_path):
     assert set(evaluation) == {"reward", "rewards/exact_answer", "rewards/format"}
     records = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
     assert any(ch.isdigit() for r in records for ch in r["text"]), "SmolLM2 answers with numbers"
+
+
+@pytest.mark.slow
+def test_grpo_samples_answers_to_conversation_prompts(tmp_path):
+    """Prompts given as conversations are rendered by SmolLM2's chat template; each sampled answer reaches the
+    rewards as a one-message conversation, which the exact-answer reward reads."""
+    data = tmp_path / "chats.jsonl"
+    data.write_text("\n".join(json.dumps({"text": [{"role": "user", "content": f"What is {i} plus 1? Answer with "
+                                                                            "the number only."}],
+                                          "answer": str(i + 1)}) for i in range(12)))
+    run = tmp_path / "run"
+    train_recipe(RECIPES / "smollm2-grpo-arithmetic.yaml", run, f"data.train={data}", "data.eval_fraction=0.34",
+                 "training.max_steps=1", "training.batch_size=8", "rl.max_completion_length=8",
+                 "eval.generation.max_new_tokens=8")
+    evaluation = json.loads((run / "metrics.json").read_text())["eval"]
+    assert 0 <= evaluation["rewards/exact_answer"] <= 1 and evaluation["rewards/exact_answer"] > 0, evaluation
