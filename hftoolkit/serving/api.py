@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hftoolkit.config import tasks
 from hftoolkit.serving.batcher import Batcher, Work
-from hftoolkit.serving.registry import LABELS, SCORES, ServedRun
+from hftoolkit.serving.registry import GENERATES, LABELS, SCORES, ServedRun
 
 
 @dataclass(frozen=True)
@@ -124,13 +124,7 @@ def build_app(served: dict[str, ServedRun], batcher: Batcher, limits: Limits, ap
 
     @app.post("/v1/classifications")
     async def classifications(body: ClassificationRequest):
-        run = _find(served, body.model)
-        if run.kind == SCORES:
-            raise Refused(400, f"model {run.name} is a reward run, which scores answers: POST them to /v1/scores",
-                          "wrong_endpoint", "model")
-        if run.kind != LABELS:
-            raise Refused(400, f"model {run.name} is a {run.task} run, which writes text: use /v1/completions",
-                          "wrong_endpoint", "model")
+        run = _run_of(served, body.model, LABELS)
         given = [body.input] if isinstance(body.input, str) else body.input
         inputs = _labelled_inputs(run, given)
         _check_input(run, [x if isinstance(x, str) else " ".join(x) for x in given], limits)
@@ -141,11 +135,7 @@ def build_app(served: dict[str, ServedRun], batcher: Batcher, limits: Limits, ap
 
     @app.post("/v1/scores")
     async def scores(body: ScoreRequest):
-        run = _find(served, body.model)
-        if run.kind != SCORES:
-            raise Refused(400, f"model {run.name} is a {run.task} run, not a reward model: use "
-                               f"{'/v1/classifications' if run.kind == LABELS else '/v1/completions'}",
-                          "wrong_endpoint", "model")
+        run = _run_of(served, body.model, SCORES)
         given = [body.input] if isinstance(body.input, Scored) else body.input
         pairs = [(_turns_or_text(x.prompt), _turns_or_text(x.answer)) for x in given]
         _check_input(run, [_plain(p) + "\n" + _plain(a) for p, a in pairs], limits)
@@ -227,14 +217,23 @@ def _find(served: dict[str, ServedRun], name: str) -> ServedRun:
     return served[name]
 
 
-def _text_run(served: dict[str, ServedRun], name: str, chat: bool) -> ServedRun:
+# What a run of each kind answers, and the endpoint it answers at.
+ANSWERS = {GENERATES: ("writes text", "/v1/completions"), LABELS: ("labels its inputs", "/v1/classifications"),
+           SCORES: ("scores answers and writes none", "/v1/scores")}
+
+
+def _run_of(served: dict[str, ServedRun], name: str, kind: str) -> ServedRun:
+    """The run served as `name`, refused with the endpoint that answers it where it is not of `kind`."""
     run = _find(served, name)
-    if run.kind == SCORES:
-        raise Refused(400, f"model {run.name} is a reward run, which scores answers and writes none: POST them to "
-                           "/v1/scores", "wrong_endpoint", "model")
-    if run.kind == LABELS:
-        raise Refused(400, f"model {run.name} is a {run.task} run, which labels its inputs: POST them to "
-                           "/v1/classifications", "wrong_endpoint", "model")
+    if run.kind != kind:
+        what, endpoint = ANSWERS[run.kind]
+        raise Refused(400, f"model {run.name} is a {run.task} run, which {what}: POST to {endpoint}",
+                      "wrong_endpoint", "model")
+    return run
+
+
+def _text_run(served: dict[str, ServedRun], name: str, chat: bool) -> ServedRun:
+    run = _run_of(served, name, GENERATES)
     if chat and not run.chats:
         raise Refused(400, f"model {run.name} is a {run.task} run, which continues text and reads no "
                            "conversation: use /v1/completions", "wrong_endpoint", "model")
