@@ -395,23 +395,13 @@ def map_columns(ds, recipe: Recipe, key: str, source: str, canonical: bool = Fal
     if _reads_margin(recipe, ds):
         ds = ds.remove_columns([MARGIN]).add_column(MARGIN, margins(ds, key, source))
         mapping[MARGIN] = MARGIN
-    ds = ds.select_columns(list(mapping) + _reward_columns(recipe, ds, mapping))
+    if recipe.task == tasks.GRPO:  # (the data's other columns reach the reward functions)
+        from hftoolkit.sources.rewards import reward_columns
+
+        mapping.update({c: c for c in reward_columns(ds.column_names, taken={*mapping, *mapping.values()})})
+    ds = ds.select_columns(list(mapping))
     ds = ds.rename_columns({k: v for k, v in mapping.items() if k != v})
     return good_or_bad(ds, key, source) if labelled else ds
-
-
-# The names TRL's GRPO trainer gives what it passes reward functions besides the data's columns.
-RL_RESERVED = ("prompt", "completion", "completion_ids", "prompts", "completions", "trainer_state", "log_extra",
-               "log_metric")
-
-
-def _reward_columns(recipe: Recipe, ds, mapping: dict) -> list[str]:
-    """Task grpo keeps the data's other columns: they reach the reward functions (an exact answer, test cases);
-    a column named as a canonical one or as what TRL passes itself would be taken for it, and is left out."""
-    if recipe.task != tasks.GRPO:
-        return []
-    taken = {*mapping, *mapping.values(), *tasks.COLUMN_KEYS, *RL_RESERVED}
-    return [c for c in ds.column_names if c not in taken]
 
 
 def _reads_margin(recipe: Recipe, ds) -> bool:

@@ -18,10 +18,22 @@ from pathlib import Path
 
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.run_layout import ADAPTER, MODEL, RECIPE
+from hftoolkit.config.tasks import COLUMN_KEYS
 
 # What an answer's final answer is marked with: tags, GSM8K's "####", else (for a number) its last number.
 _TAGGED = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
+
+
+# The names TRL's GRPO trainer gives what it passes reward functions besides the data's columns.
+RL_RESERVED = ("prompt", "completion", "completion_ids", "prompts", "completions", "trainer_state", "log_extra",
+               "log_metric")
+
+
+def reward_columns(columns: list[str], taken: set[str]) -> list[str]:
+    """The data's columns kept for the reward functions (an exact answer, test cases): all but those `taken` by the
+    task's own, those named as a canonical column, and those named as what TRL passes itself."""
+    return [c for c in columns if c not in {*taken, *COLUMN_KEYS, *RL_RESERVED}]
 
 
 def text_of(completion) -> str:
