@@ -14,6 +14,7 @@ EXTRAS = {
     "benchmarks": {"lm_eval": "lm-evaluation-harness"},
     "deepspeed": {"deepspeed": "DeepSpeed"},
     "tensorboard": {"tensorboard": "TensorBoard"},
+    "onnx": {"onnx": "onnx", "onnxruntime": "ONNX Runtime"},
 }
 
 
