@@ -15,7 +15,7 @@ CHECKPOINTS = "checkpoints"  # the Trainer's checkpoint-N folders, which --resum
 ADAPTER = "adapter"  # a LoRA run's weights: its adapter, loaded onto the recipe's base
 MODEL = "model"  # a full fine-tuning's weights: the whole model
 CONFIG = "config.json"  # beside recipe.yaml in a folder `merge` wrote: the folder is the model itself
-EXPORT = "export.json"  # in a folder `export` wrote: what was exported, from which run, how, and the measured difference
+EXPORT = "export.json"  # in a folder `export` wrote: what, from which run, how, and the measured difference
 
 # What a run writes besides its weights, checkpoints and log.
 FILES = (RECIPE, MANIFEST, METRICS, HISTORY, PREDICTIONS, CARD)

@@ -43,6 +43,8 @@ def fit_rows(rows: list[dict[str, str]], width: int, drop: tuple[str, ...], shor
     for column in drop:  # a column left out before a name is cut below 40
         if needed(table) <= width or len(columns) <= 2:
             break
+        if column not in columns:  # (a column some tables have)
+            continue
         columns.remove(column)
         table = cut(40, columns)
     for limit in (32, 24):

@@ -16,7 +16,7 @@ from hftoolkit.cli.evaluation import eval_, predict
 from hftoolkit.cli.helpformat import Command
 from hftoolkit.cli.plan import plan
 from hftoolkit.cli.recipes import list_recipes, validate
-from hftoolkit.cli.rundirs import compare, list_run_dirs, merge, push
+from hftoolkit.cli.rundirs import compare, export, list_run_dirs, merge, push
 from hftoolkit.cli.serving import serve
 from hftoolkit.cli.tools import doctor, init_model, parity
 from hftoolkit.cli.training import bench, sweep, train
@@ -63,6 +63,7 @@ app.command("doctor")(doctor)
 app.command("runs")(list_run_dirs)
 app.command("compare")(compare)
 app.command("merge")(merge)
+app.command("export")(export)
 app.command("push")(push)
 app.command("serve")(serve)
 app.command("sweep")(sweep)

@@ -1,5 +1,5 @@
 """The commands that read or hand on finished run directories: `runs` (list them), `compare` (one report),
-`merge` (fold the LoRA adapter in) and `push` (publish to the Hub)."""
+`merge` (fold the LoRA adapter in), `export` (GGUF, Ollama, ONNX) and `push` (publish to the Hub)."""
 
 from __future__ import annotations
 
@@ -63,6 +63,37 @@ def merge(
     with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its adapter
         merged = merge_run(run_dir, output, dtype)
     typer.echo(str(merged) if verbosity == console.Verbosity.QUIET else f"merged checkpoint: {merged}")
+
+
+def export(
+    run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory written by train (or a folder "
+                                            "merge wrote).")],
+    format_: Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help=(
+        "gguf: one .gguf file for llama.cpp and LM Studio (decoder runs); ollama: the GGUF file and a Modelfile "
+        "for `ollama create`; onnx: model.onnx and the tokenizer for ONNX Runtime (encoder classification, "
+        "regression and tagging runs)."))],
+    output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
+        "A new (or empty) folder for the export; it appears whole or not at all."))],
+    quantization: Annotated[str | None, typer.Option("--quantization", "-q", metavar="TYPE", help=(
+        "GGUF weights: f32, f16 (default), bf16 or q8_0."))] = None,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+):
+    """Export a run for another runtime, LoRA merged in; the file is read back, run on a few eval inputs beside
+    the run, and the difference printed: an export beyond its format's tolerance fails and leaves nothing."""
+    from hftoolkit.base import console
+    from hftoolkit.training.relaunch import command_line
+    from hftoolkit.workflows.export import export_run
+
+    verbosity = console.verbosity_from_flags(verbose, quiet)
+    with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its weights
+        done = export_run(run_dir, output, format_, quantization, " ".join(command_line()))
+    if verbosity == console.Verbosity.QUIET:
+        typer.echo(str(done.folder))
+        return
+    typer.echo(f"exported {done.record['format']}{f' ({q})' if (q := done.record['quantization']) else ''} to "
+               f"{done.folder}: {', '.join(done.files)}")
+    typer.echo(done.line)
 
 
 def push(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.run_layout import MANIFEST, METRICS
-from hftoolkit.runs.summary import DASH, format_seconds, format_value, load_run
+from hftoolkit.runs.summary import DASH, export_name, format_seconds, format_value, load_run
 
 RUN_MARKERS = (MANIFEST, METRICS)
 # A run's own subfolders hold weights and checkpoints, not runs: not searched inside a run.
@@ -55,6 +55,8 @@ def describe_run(path: Path) -> dict:
         "train_seconds": run.train_seconds,
         "started": _started(run.started, path).isoformat(timespec="seconds"),
         "error": run.error,
+        "exports": [{"format": e["format"], "quantization": e.get("quantization"), "path": e.get("path")}
+                    for e in run.exports],
     }
 
 
@@ -76,7 +78,8 @@ def _timestamp(iso: str) -> float:
 
 
 def table_rows(runs: list[dict], root: Path) -> list[dict[str, str]]:
-    """The table's cells per run: run (path under root), status, task, checkpoint, main metric, train time, date."""
+    """The table's cells per run: run (path under root), status, task, checkpoint, main metric, train time, date,
+    and its exports where some run has any."""
     rows = []
     for run in runs:
         relative = Path(run["path"]).relative_to(root).as_posix()
@@ -89,12 +92,14 @@ def table_rows(runs: list[dict], root: Path) -> list[dict[str, str]]:
             "task": run["task"] or DASH, "checkpoint": run["checkpoint"] or DASH, "main metric": metric,
             "train time": format_seconds(run["train_seconds"]),
             "date": run["started"][:16].replace("T", " "),  # the run's own clock, to the minute
+            **({"exports": ", ".join(export_name(e) for e in run["exports"]) or DASH}
+               if any(r["exports"] for r in runs) else {}),
         })
     return rows
 
 
 # The columns a narrow terminal leaves out first (run and main metric stay); --json has them all.
-FIT_DROP = ("date", "checkpoint", "train time", "task", "status")
+FIT_DROP = ("exports", "date", "checkpoint", "train time", "task", "status")
 
 
 def print_runs(runs: list[dict], root: Path) -> None:

@@ -22,6 +22,7 @@ from hftoolkit.runs.summary import (
     ReportError,
     RunSummary,
     best_per_task,
+    export_name,
     format_count,
     format_memory,
     format_seconds,
@@ -39,6 +40,9 @@ BENCHMARK_PLOT = ("benchmarks.png", "Benchmarks: each run beside its base")
 BENCHMARK_NOTE = ("lm-evaluation-harness tasks (`hftoolkit eval RUN --benchmark TASKS`); each value ± the harness's "
                   "standard error, and for a tuned run whose base checkpoint was also evaluated (`eval RECIPE "
                   "--benchmark TASKS --output DIR`), the change from that base.")
+EXPORTS_NOTE = ("`hftoolkit export`: each export was read back and run on eval inputs beside the run; the check is "
+                "the largest difference from the run's outputs (GGUF: logits, and greedy answers identical; ONNX: "
+                "probabilities or values, and labels identical).")
 PREFERENCE_PLOT = ("preference.png", "Preference: loss and reward margin")
 PREFERENCE_NOTE = ("For preference runs: the reward of an answer is beta x its log-probability under the tuned model "
                    "minus the reference's (orpo, which has no reference: beta x its mean token log-probability); "
@@ -196,6 +200,22 @@ def base_of(run: RunSummary, runs: list[RunSummary]) -> RunSummary | None:
     return next((r for r in runs if not r.trained and r.checkpoint == run.checkpoint and r.benchmarks), None)
 
 
+def exports_table(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]] | None:
+    """One row per export of the runs: what, where, when, and its check; None when no run was exported."""
+    rows = []
+    for run in runs:
+        for export in run.exports:
+            check = export.get("check") or {}
+            difference = check.get("max_logit_difference", check.get("max_difference"))
+            same = check.get("greedy_identical", check.get("identical"))
+            rows.append([run.label, export_name(export), str(export.get("path", DASH)),
+                         str(export.get("exported", DASH))[:16].replace("T", " "),
+                         DASH if difference is None else f"{difference:.3g}",
+                         DASH if same is None else f"{same}/{check.get('inputs', '?')}"])
+    header = ["run", "export", "path", "date", "largest difference", "identical answers"]
+    return (header, rows) if rows else None
+
+
 def benchmark_table(runs: list[RunSummary]) -> tuple[list[str], list[list[str]]] | None:
     """Each benchmark task a row, each run with benchmark results a column: value ± stderr, and the change from
     the run's base where the base was evaluated too; None when no run has any."""
@@ -315,6 +335,9 @@ def render_markdown(runs: list[RunSummary], plots: list[str]) -> str:
         parts += ["## Benchmarks", "", BENCHMARK_NOTE, "", _markdown_table(*table), ""]
         if BENCHMARK_PLOT[0] in plots:
             parts += [f"![{BENCHMARK_PLOT[1]}]({BENCHMARK_PLOT[0]})", ""]
+    table = exports_table(runs)
+    if table is not None:
+        parts += ["## Exports", "", EXPORTS_NOTE, "", _markdown_table(*table), ""]
     if PREFERENCE_PLOT[0] in plots:
         parts += [f"## {PREFERENCE_PLOT[1]}", "", PREFERENCE_NOTE, "", f"![{PREFERENCE_PLOT[1]}]({PREFERENCE_PLOT[0]})",
                   ""]
@@ -371,6 +394,13 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
                      + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows_)
                      + "</table>" + (_image(out, *BENCHMARK_PLOT) if BENCHMARK_PLOT[0] in plots else "")
                      + "</section>")
+    table = exports_table(runs)
+    if table is not None:
+        header, rows_ = table
+        parts.append('<section id="exports"><h2>Exports</h2>'
+                     f"<p>{esc(EXPORTS_NOTE)}</p><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header)
+                     + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows_)
+                     + "</table></section>")
     if PREFERENCE_PLOT[0] in plots:
         parts.append(f'<section id="preference"><h2>{esc(PREFERENCE_PLOT[1])}</h2><p>{esc(PREFERENCE_NOTE)}</p>'
                      + _image(out, *PREFERENCE_PLOT) + "</section>")

@@ -292,6 +292,30 @@ def write_atomic(path: Path, data: bytes) -> Path:
     return path
 
 
+@contextlib.contextmanager
+def staged_folder(out: Path):
+    """A new folder that appears at `out` whole or not at all: the block writes into a hidden folder beside it,
+    moved into place when the block ends; on any error, or a kill, only that hidden folder can be left, and an
+    error removes it. `out` may exist if it is empty; the folders made above it are removed again on error."""
+    out = Path(out)
+    made = [p for p in (out.parent, *out.parent.parents) if not p.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    try:
+        yield staging
+        follow_umask(staging)
+        staging.chmod(0o777 & ~_umask())
+        if out.is_dir():
+            out.rmdir()  # (empty: the caller checked; a folder filled meanwhile makes this fail, and nothing moves)
+        os.replace(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()
+        raise
+
+
 def follow_umask(folder: Path) -> None:
     """Give the files under `folder` the mode the user's umask asks for: libraries that write weights
     (safetensors) create them private, and a run's files are meant to be handed on."""

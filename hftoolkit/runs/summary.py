@@ -64,6 +64,7 @@ class RunSummary:
     rl_curves: dict[str, list[tuple[float, float, float | None]]] = field(default_factory=dict)
     trained: bool = True  # False: a recipe's untrained base (`eval RECIPE --output`), the baseline
     benchmarks: dict[str, dict] = field(default_factory=dict)  # metrics.json's benchmarks: task -> record
+    exports: list[dict] = field(default_factory=list)  # manifest.json's exports: format, quantization, path, check
     notes: list[str] = field(default_factory=list)
     label: str = ""  # unique display name among the runs of one report
 
@@ -222,6 +223,7 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
     run.trained = source.get("trained") is not False
     run.benchmarks = {k: v for k, v in (source.get("benchmarks") or {}).items()
                       if isinstance(v, dict) and _num(v.get("value")) is not None}
+    run.exports = [e for e in (manifest or {}).get("exports") or [] if isinstance(e, dict) and _str(e.get("format"))]
     run.hftoolkit_version = _str(source.get("hftoolkit_version")) or _str((manifest or {}).get("hftoolkit_version"))
     _note_files(run, manifest, metrics, notes)
     _read_eval(run, metrics, history, notes)
@@ -250,6 +252,11 @@ def _read_rl_step(run: RunSummary, step: float, entry: dict) -> None:
         if mean is not None:
             spread = _num(entry.get(spread_key)) if spread_key else None
             run.rl_curves.setdefault(curve, []).append((step, mean, spread))
+
+
+def export_name(export: dict) -> str:
+    """`gguf q8_0`, `onnx`: what an export is, in a table cell."""
+    return " ".join(str(export[k]) for k in ("format", "quantization") if export.get(k))
 
 
 def _note_files(run: RunSummary, manifest: dict | None, metrics: dict | None, notes: list[str]) -> None:

@@ -66,7 +66,7 @@ class SequenceClassification:
 
     def generate(self, job: Job, model, tokenizer, inputs: list) -> list[dict]:
         """A label and its probability per input: a text, or a (text, text_pair) pair."""
-        return [record for logits in _logits(job, model, tokenizer, inputs)
+        return [record for logits in head_logits(job, model, tokenizer, inputs)
                 for record in label_records(logits.softmax(-1).numpy(), model.config.id2label)]
 
 
@@ -107,7 +107,7 @@ class SequenceRegression(SequenceClassification):
 
     def generate(self, job: Job, model, tokenizer, inputs: list) -> list[dict]:
         """The predicted value per input: a text, or a (text, text_pair) pair."""
-        return [record for logits in _logits(job, model, tokenizer, inputs)
+        return [record for logits in head_logits(job, model, tokenizer, inputs)
                 for record in value_records(logits.numpy())]
 
 
@@ -117,7 +117,7 @@ def value_records(values) -> list[dict]:
     return [{"value": float(v)} for v in values.reshape(len(values), -1)[:, 0]]
 
 
-def _logits(job: Job, model, tokenizer, inputs: list):
+def head_logits(job: Job, model, tokenizer, inputs: list):
     """The head's float logits (a CPU tensor per batch of eval.batch_size) for texts or (text, text_pair) pairs."""
     import torch
 

@@ -86,7 +86,7 @@ def test_list_runs_newest_first_with_status_metric_and_first_error_line(tree):
     assert by_name["bert-sst2"] | {"path": None} == {
         "name": "bert-sst2", "path": None, "status": "complete", "task": "classification", "checkpoint": "init:bert",
         "main_metric": "accuracy", "main_value": 0.8833, "greater_is_better": True, "train_seconds": 75.2,
-        "started": "2025-01-02T10:00:00+00:00", "error": None}
+        "started": "2025-01-02T10:00:00+00:00", "error": None, "exports": []}
     assert by_name["gpt2-oom"]["status"] == "failed"
     assert by_name["gpt2-oom"]["error"] == "ValueError: loss is [nan] at step 7"
     live = by_name["gpt2-live"]  # task from recipe.yaml, perplexity from the last eval loss logged
