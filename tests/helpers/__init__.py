@@ -12,13 +12,14 @@ RECIPES = ROOT / "recipes"
 SHARED_DATA = ROOT.parent / "shared" / "data"
 
 
-def run_cli(*args: str, expect: int | None = 0):
-    """Invoke the CLI in-process (no 10 s import per call); asserts the exit code when `expect` is set."""
+def run_cli(*args: str, expect: int | None = 0, input: str | None = None):
+    """Invoke the CLI in-process (no 10 s import per call), `input` as its standard input; asserts the exit code
+    when `expect` is set."""
     from typer.testing import CliRunner
 
     from hftoolkit.cli.app import app
 
-    result = CliRunner().invoke(app, [str(a) for a in args])
+    result = CliRunner().invoke(app, [str(a) for a in args], input=input)
     if expect is not None and result.exit_code != expect:
         raise AssertionError(f"exit {result.exit_code} (expected {expect}) for {args}:\n{result.output}"
                              + (f"\n{result.exception!r}" if result.exception else ""))

@@ -8,52 +8,17 @@ tests/e2e/test_kills.py's.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hftoolkit.runs.rundir import LOCK, RunDirectory
 from tests.helpers import RECIPES, plain, run_cli, train_recipe
+from tests.helpers.locks import can_lock, end, hold_elsewhere
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 TINY = ("data.max_train_samples=16", "data.max_eval_samples=8", "training.max_steps=2", "training.save_steps=1",
         "eval.max_predictions=2")
-
-HOLDER = """
-import fcntl, os, sys, time
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
-fcntl.flock(fd, fcntl.LOCK_EX | (fcntl.LOCK_NB if sys.argv[3] == "try" else 0))
-os.write(fd, sys.argv[2].encode())
-print("held", flush=True)
-time.sleep(300)
-"""
-
-
-def hold_elsewhere(run: Path, command: str = "hftoolkit train recipes/x.yaml") -> subprocess.Popen:
-    """Another process that holds `run`'s lock as a live writer does (flock, its record written)."""
-    run.mkdir(parents=True, exist_ok=True)
-    record = json.dumps({"pid": 0, "host": "elsewhere", "started": "2026-01-01T00:00:00+0000", "command": command})
-    writer = subprocess.Popen([sys.executable, "-c", HOLDER, str(run / LOCK), record, "wait"], stdout=subprocess.PIPE,
-                              text=True)
-    assert writer.stdout.readline().strip() == "held"
-    return writer
-
-
-def end(writer: subprocess.Popen) -> None:
-    writer.kill()  # as a SIGKILLed writer ends: the kernel releases its lock
-    writer.wait()
-
-
-def can_lock(path: Path) -> bool:
-    """Whether another process can take the lock at `path` now."""
-    other = subprocess.Popen([sys.executable, "-c", HOLDER, str(path), "{}", "try"], stdout=subprocess.PIPE,
-                             stderr=subprocess.DEVNULL, text=True)
-    took = other.stdout.readline().strip() == "held"
-    end(other)
-    return took
-
 
 @pytest.fixture
 def trained(tmp_path) -> Path:
