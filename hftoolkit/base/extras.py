@@ -14,7 +14,7 @@ EXTRAS = {
     "benchmarks": {"lm_eval": "lm-evaluation-harness"},
     "deepspeed": {"deepspeed": "DeepSpeed"},
     "tensorboard": {"tensorboard": "TensorBoard"},
-    "onnx": {"onnx": "onnx", "onnxruntime": "ONNX Runtime"},
+    "onnx": {"onnx": "onnx", "onnxruntime": "ONNX Runtime", "onnxscript": "onnxscript"},
 }
 
 
