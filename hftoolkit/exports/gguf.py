@@ -308,8 +308,32 @@ def _known_splits() -> dict[str, list[str]]:
 
 
 def _write_tensors(writer, gguf, model, arch: Architecture, quantization: str) -> None:
-    """Every weight under its GGUF name, transformed and typed as llama.cpp's converter does; a weight the tensor
-    map has no name for stops the export (a file missing it would load as a different model)."""
+    """Every weight under its GGUF name, transformed and typed as llama.cpp's converter does."""
+    for _, gguf_name, data, kind, _ in _stored(gguf, model, arch, quantization):
+        writer.add_tensor(gguf_name, gguf.quants.quantize(data.numpy(), kind), raw_dtype=kind)
+
+
+def round_like_file(model, quantization: str) -> None:
+    """Round the model's weights in place to what a GGUF file of this quantization stores (each tensor's type
+    as write_gguf chooses it, q8_0's blocks along the rows as written): the run's model as the file holds it,
+    which the export's check compares the read-back file with."""
+    import gguf
+    import torch
+
+    arch = ARCHITECTURES[model.config.model_type]
+    weights = model.state_dict()
+    with torch.no_grad():
+        for hf_name, _, data, kind, transposed in _stored(gguf, model, arch, quantization, rope=False):
+            rounded = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(data.numpy(), kind), kind))
+            rounded = rounded.reshape(data.shape)
+            weights[hf_name].copy_((rounded.T if transposed else rounded).to(weights[hf_name].dtype))
+
+
+def _stored(gguf, model, arch: Architecture, quantization: str, rope: bool = True):
+    """(transformers name, GGUF name, float32 CPU tensor as the file holds it, GGML type, whether it is transposed)
+    of every weight the file holds; a weight the tensor map has no name for stops the export (a file missing it
+    would load as a different model). `rope` False leaves llama.cpp's row order of q and k out (rounding is the
+    same in either order)."""
     import torch
 
     config = model.config
@@ -318,7 +342,7 @@ def _write_tensors(writer, gguf, model, arch: Architecture, quantization: str) -
     tied = output is not None and output.weight is model.get_input_embeddings().weight
     heads = getattr(config, "num_attention_heads", None)
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    unnamed = []
+    unnamed, found = [], []
     for hf_name, tensor in model.state_dict().items():
         gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if gguf_name is None:
@@ -326,18 +350,20 @@ def _write_tensors(writer, gguf, model, arch: Architecture, quantization: str) -
             continue
         if tied and gguf_name == "output.weight" and not arch.tied_output_written:
             continue  # llama.cpp reuses token_embd when the file has no output
-        with torch.no_grad():
-            data = tensor.detach().to(device="cpu", dtype=torch.float32)
-        if arch.conv1d and data.ndim == 2 and gguf_name.startswith("blk."):
-            data = data.T.contiguous()
-        if arch.rope_permuted and gguf_name.endswith((".attn_q.weight", ".attn_k.weight")):
-            data = _rope_rows(data, heads if ".attn_q." in gguf_name else kv_heads)
-        kind = _tensor_type(gguf, gguf_name, data.shape, quantization)
-        writer.add_tensor(gguf_name, gguf.quants.quantize(data.numpy(), kind), raw_dtype=kind)
+        found.append((hf_name, gguf_name, tensor))
     if unnamed:
         raise UserError(f"{len(unnamed)} weight(s) of this {config.model_type} model have no GGUF name "
                         f"({', '.join(unnamed[:3])}): its layout differs from {config.model_type}'s; "
                         "export with `merge` (safetensors) instead")
+    for hf_name, gguf_name, tensor in found:
+        with torch.no_grad():
+            data = tensor.detach().to(device="cpu", dtype=torch.float32)
+        transposed = arch.conv1d and data.ndim == 2 and gguf_name.startswith("blk.")
+        if transposed:
+            data = data.T.contiguous()
+        if rope and arch.rope_permuted and gguf_name.endswith((".attn_q.weight", ".attn_k.weight")):
+            data = _rope_rows(data, heads if ".attn_q." in gguf_name else kv_heads)
+        yield hf_name, gguf_name, data, _tensor_type(gguf, gguf_name, data.shape, quantization), transposed
 
 
 def _model_arch(gguf, arch_name: str):

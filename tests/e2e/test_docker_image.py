@@ -218,8 +218,9 @@ def test_app_uid_zero_is_refused_at_build(image):
 
 
 def test_the_image_serves_benchmarks_and_tunes_preferences(image, volume, tmp_path):
-    """The Docker page's serve command, detached and published on a free loopback port: a classification with the key,
-    then `docker stop` drains it; its benchmark and preference commands, cut short."""
+    """The Docker page's export command on the quickstart's run; its serve command, detached and published on a free
+    loopback port: a classification with the key, then `docker stop` drains it; its benchmark and preference
+    commands, cut short."""
     import httpx
 
     (tmp_path / "runs").mkdir()
@@ -227,6 +228,13 @@ def test_the_image_serves_benchmarks_and_tunes_preferences(image, volume, tmp_pa
     words, _ = _documented_run("train", "-v", f"{DOC_VOLUME}:/home/app/.cache/huggingface")
     trained = _run(_as_test(words, tmp_path, volume, extra_args=("--set", "training.max_steps=4")), tmp_path)
     assert trained.returncode == 0, trained.stderr[-3000:]
+
+    words, _ = _documented_run("export")  # the image exports, and checks the export, as anywhere else
+    exported = _run(_as_test(words, tmp_path, volume), tmp_path)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert "labels identical" in exported.stdout, exported.stdout
+    record = json.loads((tmp_path / "runs" / "encoder-classification-onnx" / "export.json").read_text())
+    assert record["format"] == "onnx" and record["check"]["identical"] == record["check"]["inputs"]
 
     words, _ = _documented_run("serve")
     assert words[words.index("-p") + 1] == "8000:8000" and "HFTOOLKIT_API_KEY" in words

@@ -1,0 +1,240 @@
+"""`hftoolkit export`: a run leaves as GGUF (llama.cpp, Ollama) or ONNX (ONNX Runtime), checked in the command
+itself against the run's own outputs, recorded in the run's manifest, and shown by `runs` and the report; bad
+input is refused in one line and leaves nothing behind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hftoolkit.base.run_layout import EXPORT, MANIFEST, RECIPE
+from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED
+from tests.helpers import RECIPES, plain, run_cli, train_recipe
+from tests.helpers.locks import end, hold_elsewhere
+
+TINY = ("data.max_train_samples=32", "data.max_eval_samples=16", "training.max_steps=4", "eval.max_predictions=4")
+
+
+@pytest.fixture(scope="session")
+def classifier(tmp_path_factory) -> Path:
+    """A tiny BERT LoRA classifier, trained once; tests that change it work on a copy."""
+    run = tmp_path_factory.mktemp("export") / "bert"
+    train_recipe(RECIPES / "encoder-classification.yaml", run, *TINY)
+    return run
+
+
+def copy_of(run: Path, tmp_path: Path) -> Path:
+    copy = tmp_path / run.name
+    shutil.copytree(run, copy)
+    return copy
+
+
+def left_behind(parent: Path) -> list[str]:
+    return sorted(p.name for p in parent.iterdir()) if parent.exists() else []
+
+
+def test_onnx_export_is_checked_recorded_and_predicts_as_the_run(classifier, tmp_path):
+    run = copy_of(classifier, tmp_path)
+    out = tmp_path / "exports" / "bert-onnx"
+    result = run_cli("export", run, "--format", "onnx", "--output", out)
+    said = plain(result.output)
+    assert "checked model.onnx with ONNX Runtime on 4 eval inputs: labels identical 4/4" in said, said
+    assert {"model.onnx", EXPORT, RECIPE, "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    record = json.loads((out / EXPORT).read_text())
+    assert record["format"] == "onnx" and record["run"] == str(run.resolve()) and record["task"] == "classification"
+    assert record["check"]["max_difference"] <= 1e-4 and record["onnx"]["labels"] == ["negative", "positive"]
+    exports = json.loads((run / MANIFEST).read_text())["exports"]
+    assert [(e["format"], e["path"]) for e in exports] == [("onnx", str(out.resolve()))]
+    assert left_behind(out.parent) == ["bert-onnx"], "no staging folder is left beside the export"
+
+    texts = ["a wonderful, moving film", "dull and far too long", "not bad at all"]
+    from_run = run_cli("predict", run, "--input", "-", "--format", "jsonl", input="\n".join(texts)).stdout
+    from_onnx = run_cli("predict", out, "--input", "-", "--format", "jsonl", input="\n".join(texts)).stdout
+    ours, theirs = ([json.loads(line) for line in text.splitlines()] for text in (from_run, from_onnx))
+    assert [r["label"] for r in theirs] == [r["label"] for r in ours]
+    assert all(abs(a["probability"] - b["probability"]) <= 1e-4 for a, b in zip(ours, theirs))
+
+    listed = json.loads(run_cli("runs", run.parent, "--json").stdout)
+    assert [e["format"] for e in listed[0]["exports"]] == ["onnx"]
+    assert "onnx" in plain(run_cli("runs", run.parent).stdout)
+    report = tmp_path / "report"
+    run_cli("compare", run, "--output", report)
+    page = (report / "report.md").read_text()
+    assert "## Exports" in page and str(out.resolve()) in page
+
+
+def test_an_export_beyond_its_tolerance_fails_and_leaves_nothing(classifier, tmp_path, monkeypatch):
+    from hftoolkit.workflows import export
+
+    monkeypatch.setattr(export, "ONNX_TOLERANCE", -1.0)  # as an export whose outputs are off
+    run = copy_of(classifier, tmp_path)
+    out = tmp_path / "exports" / "bad"
+    result = run_cli("export", run, "--format", "onnx", "--output", out, expect=2)
+    said = plain(result.output)
+    assert said.count("Error:") == 1 and "beyond the format's tolerance" in said, said
+    assert left_behind(tmp_path / "exports") == [], "neither the folder nor its staging copy is left"
+    assert "exports" not in json.loads((run / MANIFEST).read_text())
+
+
+def fabricated(tmp_path: Path, recipe: str, family: str, task: str | None = None, status: str = "complete") -> Path:
+    """A finished run's folder as train leaves it, enough for export's refusals (they come before any load)."""
+    run = tmp_path / f"{family}-run"
+    (run / "adapter").mkdir(parents=True)
+    parsed = yaml.safe_load((RECIPES / recipe).read_text())
+    parsed["model"]["family"] = family
+    if task:
+        parsed["task"] = task
+    (run / RECIPE).write_text(yaml.safe_dump(parsed))
+    (run / MANIFEST).write_text(json.dumps({"status": status}))
+    return run
+
+
+@pytest.mark.parametrize("recipe, family, args, expected", [
+    ("encoder-classification.yaml", "encoder", ("--format", "gguf"), "GGUF holds a decoder language model"),
+    ("seq2seq-translation-t5.yaml", "seq2seq", ("--format", "ollama"), "this is a seq2seq translation run"),
+    ("decoder-clm.yaml", "decoder", ("--format", "onnx"), "export it with --format gguf or ollama"),
+    ("decoder-clm.yaml", "decoder", ("--format", "tflite"), "'tflite' is not one of gguf, ollama, onnx"),
+    ("decoder-clm.yaml", "decoder", ("--format", "gguf", "--quantization", "q4_k"),
+     "'q4_k' is not one of f32, f16, bf16, q8_0"),
+    ("encoder-classification.yaml", "encoder", ("--format", "onnx", "--quantization", "q8_0"),
+     "an ONNX export keeps the run's float32 weights"),
+], ids=["gguf-of-encoder", "gguf-of-seq2seq", "onnx-of-decoder", "unknown-format", "unknown-quantization",
+        "onnx-quantized"])
+def test_what_cannot_be_exported_is_refused_in_one_line(tmp_path, recipe, family, args, expected):
+    run = fabricated(tmp_path, recipe, family)
+    out = tmp_path / "exports" / "out"
+    said = plain(run_cli("export", run, *args, "--output", out, expect=2).output)
+    assert said.count("Error:") == 1 and expected in said, said
+    assert not (tmp_path / "exports").exists()
+    assert "exports" not in json.loads((run / MANIFEST).read_text())
+
+
+def test_a_run_whose_eval_failed_is_not_exported(tmp_path):
+    run = fabricated(tmp_path, "encoder-classification.yaml", "encoder", status=TRAINED_EVAL_FAILED)
+    said = plain(run_cli("export", run, "--format", "onnx", "--output", tmp_path / "out", expect=2).output)
+    assert "its eval failed" in said and f"hftoolkit eval {run}" in said, said
+    assert not (tmp_path / "out").exists()
+
+
+def test_an_output_folder_that_is_not_empty_is_refused(tmp_path):
+    run = fabricated(tmp_path, "encoder-classification.yaml", "encoder")
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    said = plain(run_cli("export", run, "--format", "onnx", "--output", out, expect=2).output)
+    assert f"--output: {out} is not empty" in said, said
+    assert left_behind(out) == ["notes.txt"]
+
+
+def test_a_run_still_training_is_refused_naming_its_writer(tmp_path):
+    run = fabricated(tmp_path, "encoder-classification.yaml", "encoder", status="running")
+    writer = hold_elsewhere(run)
+    try:
+        said = plain(run_cli("export", run, "--format", "onnx", "--output", tmp_path / "out", expect=2).output)
+    finally:
+        end(writer)
+    assert said.count("Error:") == 1 and "being written by a live run" in said and "elsewhere" in said, said
+    assert not (tmp_path / "out").exists()
+
+
+# ---------------------------------------------------------------- GGUF and Ollama
+
+
+CHATML = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
+          "{{ '<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n' }}{% endif %}"
+          "{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+          "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}")
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tiny_cache, tmp_path_factory) -> Path:
+    """A tiny random llama checkpoint (the type GGUF export writes first) with the tiny GPT-2's byte-level BPE
+    tokenizer, ChatML's tokens and template: what a tuned SmolLM2 looks like, in miniature."""
+    import torch
+    import transformers as tf
+
+    from hftoolkit.sources.tiny import ensure_tiny
+
+    folder = tmp_path_factory.mktemp("checkpoints") / "tiny-llama"
+    tokenizer = tf.AutoTokenizer.from_pretrained(ensure_tiny("gpt2"))
+    tokenizer.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tokenizer.eos_token, tokenizer.chat_template = "<|im_end|>", CHATML
+    config = tf.LlamaConfig(vocab_size=(len(tokenizer) + 7) // 8 * 8, hidden_size=64, intermediate_size=128,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                            max_position_embeddings=256, tie_word_embeddings=True,
+                            eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    tf.AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def decoder(tiny_llama, tmp_path_factory) -> Path:
+    """A tiny llama tuned with LoRA on text, trained once."""
+    run = tmp_path_factory.mktemp("export") / "llama"
+    train_recipe(RECIPES / "decoder-clm.yaml", run, f"model.checkpoint={tiny_llama}", "lora.targets=[q_proj,v_proj]",
+                 *TINY)
+    return run
+
+
+def test_gguf_export_reads_back_as_the_run_and_trains_again_from_the_file(decoder, tmp_path):
+    run = copy_of(decoder, tmp_path)
+    out = tmp_path / "gguf"
+    said = plain(run_cli("export", run, "--format", "gguf", "--quantization", "f32", "--output", out).output)
+    assert "checked decoder-clm-f32.gguf on 4 eval inputs" in said and "tokenizer identical" in said, said
+    assert "greedy answers identical 4/4" in said, "float32 holds the run's weights exactly"
+    record = json.loads((out / EXPORT).read_text())
+    assert record["files"] == ["decoder-clm-f32.gguf"] and record["quantization"] == "f32"
+    assert record["check"]["max_logit_difference"] < 1e-4, record["check"]
+    # The file is a checkpoint like any other: its eval is the run's own (the merged model, scored again).
+    scored = tmp_path / "scored"
+    run_cli("eval", RECIPES / "decoder-clm.yaml", "--set", f"model.checkpoint={out / 'decoder-clm-f32.gguf'}",
+            *[a for s in TINY for a in ("--set", s)], "--set", "lora.enabled=false", "--output", scored)
+    theirs = json.loads((scored / "metrics.json").read_text())["eval"]["perplexity"]
+    ours = json.loads((run / "metrics.json").read_text())["eval"]["perplexity"]
+    assert theirs == pytest.approx(ours, rel=1e-3)
+
+
+def test_q8_0_states_and_bounds_its_difference_and_ollama_writes_a_modelfile(decoder, tmp_path):
+    run = copy_of(decoder, tmp_path)
+    out = tmp_path / "ollama"
+    said = plain(run_cli("export", run, "--format", "ollama", "--quantization", "q8_0", "--output", out).output)
+    assert "q8_0 rounding of the weights alone" in said, said
+    check = json.loads((out / EXPORT).read_text())["check"]
+    assert check["difference_beyond_rounding"] <= 1e-3 * max(1.0, check["max_logit_difference"]) + 1e-3
+    assert 0 < check["rounding_difference"] and check["max_logit_difference"] < 1.0, check
+    modelfile = (out / "Modelfile").read_text()
+    assert "FROM ./decoder-clm-q8_0.gguf" in modelfile and 'PARAMETER stop "<|im_end|>"' in modelfile
+    assert "PARAMETER num_predict 24" in modelfile and "PARAMETER temperature 0" in modelfile
+    assert '{{ if eq .Role "system" }}<|im_start|>system\n{{ .Content }}<|im_end|>\n' in modelfile
+    assert 'SYSTEM """You are a helpful assistant."""' in modelfile
+    assert [e["quantization"] for e in json.loads((run / MANIFEST).read_text())["exports"]] == ["q8_0"]
+
+
+@pytest.mark.slow
+@pytest.mark.xdist_group("smollm2")
+def test_smollm2_tuned_with_lora_exports_at_f16_with_the_runs_greedy_answers(smollm2_checkpoint, tmp_path):
+    """The issue's round trip on a real model: SmolLM2-135M-Instruct, a few LoRA steps, exported at f16 and
+    q8_0; the Modelfile chats in its ChatML template with its own system prompt."""
+    run = tmp_path / "smollm2"
+    train_recipe(RECIPES / "smollm2-instruct.yaml", run, f"model.checkpoint={smollm2_checkpoint}",
+                 "model.gguf_file=null", "model.revision=null", "data.max_train_samples=8",
+                 "data.max_eval_samples=4", "training.max_steps=1", "eval.max_predictions=0",
+                 "eval.generation.max_new_tokens=12")
+    f16 = json.loads(plain(run_cli("export", run, "--format", "gguf", "--output", tmp_path / "f16").output) and
+                     (tmp_path / "f16" / EXPORT).read_text())["check"]
+    assert f16["greedy_identical"] == f16["inputs"] == 4 and f16["tokenizer_identical"], f16
+    assert f16["max_logit_difference"] <= 2 * f16["rounding_difference"] + 1e-3, f16
+    out = tmp_path / "ollama"
+    run_cli("export", run, "--format", "ollama", "--quantization", "q8_0", "--output", out)
+    q8 = json.loads((out / EXPORT).read_text())["check"]
+    assert q8["max_logit_difference"] < 2.0 and q8["difference_beyond_rounding"] < 0.05, q8
+    modelfile = (out / "Modelfile").read_text()
+    assert '{{ else if eq .Role "user" }}<|im_start|>user\n{{ .Content }}<|im_end|>\n' in modelfile
+    assert 'SYSTEM """You are a helpful AI assistant named SmolLM, trained by Hugging Face"""' in modelfile
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile
