@@ -194,12 +194,29 @@ def open_study(url: str, name: str, space, objective: Objective, sampler_, prune
     import optuna
 
     with quiet_optuna():
-        study = optuna.create_study(storage=storage(url, heartbeat), study_name=name, sampler=sampler_,
+        study = optuna.create_study(storage=_created(url, heartbeat), study_name=name, sampler=sampler_,
                                     pruner=pruner_, direction=objective.direction, load_if_exists=True)
         if SPACE_ATTR not in study.user_attrs:
             study.set_user_attr(SPACE_ATTR, space.specs())
             study.set_user_attr(OBJECTIVE_ATTR, objective.text)
     return study
+
+
+def _created(url: str, heartbeat: int, attempts: int = 5):
+    """The storage, its tables created by whichever worker comes first: workers that start together on an empty
+    PostgreSQL database race to create Optuna's tables, and the losers find them made once they try again."""
+    import random
+    import time
+
+    from sqlalchemy.exc import DBAPIError
+
+    for attempt in range(attempts):
+        try:
+            return storage(url, heartbeat)
+        except DBAPIError:
+            if attempt == attempts - 1:
+                raise
+            time.sleep(0.5 + random.random())
 
 
 def run_name(trial) -> str:
