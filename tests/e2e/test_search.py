@@ -131,17 +131,17 @@ def test_two_workers_finish_a_study_ctrl_c_ends_them_in_one_line_and_the_rerun_r
     first.send_signal(signal.SIGINT)
     assert first.wait(timeout=60) == 130
     lines = [line for line in log.read_text().splitlines() if "stopped by" in line]
-    assert len(lines) == 1 and lines[0].startswith("stopped by SIGINT: 0 of 3 trials finished"), log.read_text()
+    said = lines[0].removeprefix("error: ") if len(lines) == 1 else ""
+    assert said.startswith("stopped by SIGINT: 0 of 3 trials finished"), log.read_text()
     assert not [p for p in seen if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
     rerun = run_cli(*args)
     folder = tmp_path / "encoder-classification"
     trials = study_trials(f"sqlite:///{folder / 'study.db'}")
     counted = [t for t in trials if t.state.name == "COMPLETE"]
-    assert len(counted) == 3 and sorted(t.user_attrs["run"] for t in counted) == ["trial-000", "trial-001",
-                                                                                "trial-002"]
-    resumed = [t.user_attrs["run"] for t in counted if t.user_attrs.get("action") == "resume"]
-    assert len(resumed) == 2, rerun.output
+    assert len(counted) == 3 and len({t.user_attrs["run"] for t in counted}) == 3
+    resumed = sorted(t.user_attrs["run"] for t in counted if t.user_attrs.get("action") == "resume")
+    assert resumed == ["trial-000", "trial-001"], rerun.output  # (a retry keeps its original's folder)
     for name in resumed:
         assert manifest(folder / name)["resumed_from"].endswith("checkpoint-2")
     assert "## Study" in (folder / "report.md").read_text()

@@ -55,7 +55,8 @@ def test_every_bad_range_and_key_is_one_line_and_nothing_is_written(tmp_path):
         "--param lora.dropout=float:0.3:0.1: an inverted range: LOW 0.3 is above HIGH 0.1: swap them",
         "--param training.learning_rate=float:0:1e-3:log: a log range must stay above 0, and LOW is 0.0: raise LOW "
         "above 0, or drop :log"], result.output
-    assert len(lines) == 4 and lines[3].startswith("--param lora.rank=int:4:16: lora.rank: unknown key: "), result.output
+    assert len(lines) == 4, result.output
+    assert lines[3].startswith("--param lora.rank=int:4:16: lora.rank: unknown key: "), result.output
     assert not out.exists()
 
 
