@@ -305,7 +305,7 @@ def render_markdown(runs: list[RunSummary], plots: list[str], study: dict | None
     if study is not None:  # (a search's sweep folder: report_study.py)
         from hftoolkit.runs import report_study
 
-        parts += report_study.markdown(study)
+        parts += report_study.markdown(study, _markdown_table)
     for task, header, table in _eval_tables(runs):
         parts += [f"## Eval metrics: {task}", "", _markdown_table(header, table), ""]
     for comparison in same_task_comparisons(runs):
@@ -356,7 +356,7 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str], study: dict
     if study is not None:
         from hftoolkit.runs import report_study
 
-        parts.append(report_study.html_section(study, out))
+        parts.append(report_study.html_section(study, out, _image))
     for task, header, table in _eval_tables(runs):
         parts.append(f"<h2>Eval metrics: {esc(task)}</h2><table><tr>"
                      + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"

@@ -78,10 +78,9 @@ def importance_lines(record: dict) -> list[str]:
     return [record.get("importances_note") or "no importances"]
 
 
-def markdown(record: dict) -> list[str]:
-    from hftoolkit.runs.report import _markdown_table
-
-    parts = ["## Study", "", *summary_lines(record), "", _markdown_table(*trial_table(record)), "",
+def markdown(record: dict, table) -> list[str]:
+    """The section's Markdown lines; `table(header, rows)` renders a table as the rest of the report does."""
+    parts = ["## Study", "", *summary_lines(record), "", table(*trial_table(record)), "",
              "Parameter importances (Optuna's, the share of the objective's variance each explains): "
              + "; ".join(importance_lines(record)), ""]
     for filename in record.get("plots", []):
@@ -89,14 +88,13 @@ def markdown(record: dict) -> list[str]:
     return parts
 
 
-def html_section(record: dict, out: Path) -> str:
-    from hftoolkit.runs.report import _image
-
+def html_section(record: dict, out: Path, image) -> str:
+    """The section as HTML; `image(out, filename, title)` inlines a plot as the rest of the page does."""
     esc = html.escape
     header, rows = trial_table(record)
     table = ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
              + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
     text = "".join(f"<p>{esc(line)}</p>" for line in summary_lines(record))
     importances = "<p>Parameter importances: " + esc("; ".join(importance_lines(record))) + "</p>"
-    images = "".join(_image(out, f, PLOT_TITLES.get(f, f)) for f in record.get("plots", []) if (out / f).is_file())
+    images = "".join(image(out, f, PLOT_TITLES.get(f, f)) for f in record.get("plots", []) if (out / f).is_file())
     return f'<section id="study"><h2>Study</h2>{text}{table}{importances}{images}</section>'

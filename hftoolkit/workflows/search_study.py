@@ -81,7 +81,9 @@ def check_storage(url: str) -> str | None:
     try:
         engine = create_engine(driver_url(url), connect_args=args)
     except ModuleNotFoundError as err:
-        return f"{where}: its driver ({err.name}) is not installed: pip install 'hftoolkit[search]' (PostgreSQL), " \
+        from hftoolkit.base.extras import install_command
+
+        return f"{where}: its driver ({err.name}) is not installed: {install_command('search')} (PostgreSQL), " \
                "or install the driver the URL names"
     except Exception as err:
         return f"{where}: not a usable database URL ({_first_line(err)})"
