@@ -112,3 +112,19 @@ def test_a_study_stored_with_another_space_is_refused_and_left_as_it_was(tmp_pat
 def test_a_search_option_on_a_grid_sweep_asks_for_search(tmp_path):
     result = run_cli("sweep", ENCODER, "--out", tmp_path, "--param", "lora.r=int:4:8", expect=2)
     assert "--param: a search option, and this is a grid sweep: add --search" in plain(result.output)
+
+
+def test_a_search_file_gives_settings_and_params_a_list_being_a_choice(tmp_path):
+    from hftoolkit.workflows.search_space import file_items
+
+    path = tmp_path / "search.yaml"
+    path.write_text("trials: 12\npruner: median\nparams:\n  training.learning_rate: float:1e-5:1e-3:log\n"
+                    "  lora.r: [4, 8]\n  lora.targets: [[query, value], [query, key, value]]\n")
+    settings, items = file_items(path)
+    assert settings == {"trials": 12, "pruner": "median"}
+    space = parse_space(items, ENCODER, [])
+    assert space.specs() == {"training.learning_rate": "float:1e-05:0.001:log", "lora.r": "choice:4,8",
+                             "lora.targets": "choice:[query, value],[query, key, value]"}
+    path.write_text("params:\n  lora.r: int:4:8\ntrails: 3\n")
+    with pytest.raises(Exception, match="trails: unknown key"):
+        file_items(path)
