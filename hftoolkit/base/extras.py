@@ -15,6 +15,7 @@ EXTRAS = {
     "deepspeed": {"deepspeed": "DeepSpeed"},
     "tensorboard": {"tensorboard": "TensorBoard"},
     "onnx": {"onnx": "onnx", "onnxruntime": "ONNX Runtime", "onnxscript": "onnxscript"},
+    "search": {"optuna": "Optuna", "psycopg": "psycopg"},  # (psycopg: only for a --storage in PostgreSQL)
 }
 
 

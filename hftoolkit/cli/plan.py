@@ -25,6 +25,9 @@ def plan(
         "Plan for a GPU with this much memory per process (GiB)."))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan as one JSON object on standard output.")
                        ] = False,
+    param: Annotated[list[str] | None, typer.Option("--param", metavar="KEY=SPACE", help=(
+        "A search's space, as sweep --search takes it (repeatable): plan its costliest trial, and how many trials "
+        "this machine runs at once."))] = None,
 ):
     """Plan a run's memory and time before launching it: per process, itemized, for every strategy."""
     from hftoolkit.base import console
@@ -46,12 +49,45 @@ def plan(
     problems = check_machines(launch)
     if problems:
         raise UserError(problems[0])
+    if param:
+        return plan_search(recipe, set_ or [], param, launch, device, as_json)
     with console.capture(explain_loading=False):  # the libraries' lines (DeepSpeed's on stdout) kept off the plan
         planned = plan_recipe(parsed, launch, device)
     if as_json:
         typer.echo(json.dumps(planned.as_dict(), indent=2))
     else:
         show(planned)
+
+
+def plan_search(recipe: Path, sets: list[str], params: list[str], launch, device, as_json: bool) -> None:
+    """The costliest trial of the space, shown as `plan` shows a run, then how many such trials fit at once."""
+    from hftoolkit.base import console
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.planning.plan import plan_recipe
+    from hftoolkit.planning.sweep import TrialPlan, costliest_overrides, trials_at_once
+    from hftoolkit.workflows.search import _visible_gpus
+    from hftoolkit.workflows.search_space import parse_space
+
+    space = parse_space(params, recipe, sets)
+    worst = None
+    with console.capture(explain_loading=False):
+        for overrides in costliest_overrides(space):
+            planned = plan_recipe(load_recipe(recipe, [*sets, *overrides]), launch, device)
+            peak = planned.chosen.memory.peak if planned.chosen.memory is not None else 0
+            if worst is None or peak > worst[2]:
+                worst = (overrides, planned, peak)
+    overrides, planned, peak = worst
+    processes = planned.chosen.processes
+    at_once, limit = trials_at_once(peak, processes, device, len(_visible_gpus()))
+    trial = TrialPlan(tuple(overrides), peak, processes, at_once, limit)
+    if as_json:
+        typer.echo(json.dumps({"trial": vars(trial) | {"overrides": list(trial.overrides)},
+                               "plan": planned.as_dict()}, indent=2))
+        return
+    show(planned)
+    typer.echo(f"a trial at the costliest corner of the space ({', '.join(overrides)}) peaks at {_gib(peak)} GiB "
+               f"per process on {processes} process(es); this machine runs {at_once} such trial(s) at once ({limit}): "
+               f"sweep --search --workers {max(1, at_once)}")
 
 
 def show(planned) -> None:

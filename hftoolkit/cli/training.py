@@ -98,7 +98,7 @@ def sweep(
     grid: Annotated[list[str] | None, typer.Option(
         "--grid", metavar="KEY=V1,V2", help="A recipe key and its values (repeatable: the cross product is "
                                             "trained). Values are parsed as YAML, like --set; a comma inside "
-                                            "[...] does not split.")] = None,
+                                            "[...] does not split. With --search: a choice among the values.")] = None,
     set_: SetOption = None,
     output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
         "Folder for the sweeps: the runs go to DIR/NAME/VARIANT/, the report to DIR/NAME/."))] = Path("sweeps"),
@@ -107,17 +107,77 @@ def sweep(
     num_processes: Annotated[int | None, typer.Option(
         "--num-processes", min=1, metavar="N", help="Train each variant on N processes, as train --num-processes "
                                                     "does.")] = None,
+    search: Annotated[bool, typer.Option("--search", help=(
+        "An Optuna study instead of the whole grid: trials sampled from --param ranges (or --space FILE), "
+        "hopeless ones pruned at the evals of eval.every. Needs hftoolkit[search]."))] = False,
+    param: Annotated[list[str] | None, typer.Option(
+        "--param", metavar="KEY=SPACE", help="A searched key (repeatable): float:LOW:HIGH[:log], "
+                                             "int:LOW:HIGH[:log] or choice:V1,V2,...")] = None,
+    space: Annotated[Path | None, typer.Option("--space", metavar="FILE", help=(
+        "A search file (YAML): params: {KEY: SPACE}, and optionally trials, sampler, pruner, objective; the "
+        "options given here win."))] = None,
+    trials: Annotated[int | None, typer.Option("--trials", min=1, metavar="N", help=(
+        "Trials in the study, over all its workers (default 20; grid: the whole grid)."))] = None,
+    sampler: Annotated[str | None, typer.Option("--sampler", metavar="NAME", help=(
+        "tpe (default), random or grid."))] = None,
+    pruner: Annotated[str | None, typer.Option("--pruner", metavar="NAME", help=(
+        "median, halving or none (default median where eval.every is set, else none)."))] = None,
+    objective: Annotated[str | None, typer.Option("--objective", metavar="METRIC[:DIRECTION]", help=(
+        "The eval metric the study optimises, and maximize or minimize (default the task's main metric)."))] = None,
+    workers: Annotated[int, typer.Option("--workers", min=1, metavar="K", help=(
+        "Trials at once on this machine, each worker with its share of the GPUs (or CPU cores)."))] = 1,
+    storage: Annotated[str | None, typer.Option("--storage", metavar="URL", help=(
+        "The study's database (default DIR/NAME/study.db, SQLite); the same PostgreSQL URL on several machines "
+        "makes one study of their workers."))] = None,
+    study: Annotated[str | None, typer.Option("--study", metavar="NAME", help=(
+        "The study's name in its database (default the recipe's name)."))] = None,
+    startup_trials: Annotated[int | None, typer.Option("--startup-trials", min=0, metavar="N", help=(
+        "Trials before the sampler and the median pruner learn from the others (default Optuna's: 10 and 5)."))
+                              ] = None,
+    heartbeat: Annotated[int, typer.Option("--heartbeat", min=1, metavar="SECONDS", help=(
+        "How often a worker tells the study its trial is alive; a trial silent three times as long is taken as "
+        "killed and run again from its last checkpoint."))] = 20,
     verbose: VerboseOption = False,
     quiet: QuietOption = False,
 ):
     """Train every combination of the grid values and compare them in one report. Re-running the same command
-    skips complete variants, resumes killed ones from their checkpoints and retries failed ones."""
+    skips complete variants, resumes killed ones from their checkpoints and retries failed ones. With --search, an
+    Optuna study over --param ranges instead, its trials on --workers processes and on every machine that runs the
+    same command with the same --storage."""
     from hftoolkit.base import console
     from hftoolkit.base.ranks import is_main_process
     from hftoolkit.training import relaunch
-    from hftoolkit.workflows.sweep import sweep as run_sweep
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
+    searching = {"--param": param, "--space": space, "--trials": trials, "--sampler": sampler, "--pruner": pruner,
+                 "--objective": objective, "--workers": workers != 1, "--storage": storage, "--study": study,
+                 "--startup-trials": startup_trials is not None, "--heartbeat": heartbeat != 20}
+    if not search:
+        given = [name for name, value in searching.items() if value]
+        if given:
+            raise UserError(f"{given[0]}: a search option, and this is a grid sweep: add --search")
+    if search:
+        import importlib.util
+
+        from hftoolkit.base.extras import missing_line
+
+        if importlib.util.find_spec("optuna") is None:
+            raise UserError(missing_line("search", "sweep --search", ["Optuna"]))
+        if overwrite:
+            raise UserError("--overwrite: a search keeps its study and trials: choose another --output or --study "
+                            "to start a new one")
+        from hftoolkit.workflows.search import search as run_search
+
+        items = [*(param or []), *(f"{k}=choice:{v}" for k, _, v in (g.partition("=") for g in grid or []))]
+        result = run_search(recipe, items, set_ or [], output, space_file=space, trials=trials, sampler=sampler,
+                            pruner=pruner, objective=objective, workers=workers, storage=storage, study=study,
+                            heartbeat=heartbeat, startup_trials=startup_trials, num_processes=num_processes,
+                            command=relaunch.command_line(), echo=console.phase, verbosity=verbosity)
+        _say_report(result.report, verbosity)
+        relaunch.end_processes()
+        return
+    from hftoolkit.workflows.sweep import sweep as run_sweep
+
     result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
                        command=relaunch.command_line(), echo=console.phase, verbosity=verbosity)
     if is_main_process():

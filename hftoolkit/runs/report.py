@@ -307,7 +307,7 @@ def same_task_table(runs: list[RunSummary], comparison: SameTask) -> tuple[list[
     return header, rows
 
 
-def render_markdown(runs: list[RunSummary], plots: list[str]) -> str:
+def render_markdown(runs: list[RunSummary], plots: list[str], study: dict | None = None) -> str:
     rows = summary_rows(runs)
     footnotes, body = [], []
     for run, row in zip(runs, rows):
@@ -322,6 +322,10 @@ def render_markdown(runs: list[RunSummary], plots: list[str]) -> str:
              "", _markdown_table(list(rows[0].keys()), body), ""]
     if footnotes:
         parts += ["Notes:", ""] + [f"[{i}] {note}" for i, note in enumerate(footnotes, 1)] + [""]
+    if study is not None:  # (a search's sweep folder: report_study.py)
+        from hftoolkit.runs import report_study
+
+        parts += report_study.markdown(study, _markdown_table)
     for task, header, table in _eval_tables(runs):
         parts += [f"## Eval metrics: {task}", "", _markdown_table(header, table), ""]
     for comparison in same_task_comparisons(runs):
@@ -358,7 +362,7 @@ td.notes{font-size:12px;color:#555;min-width:13em;max-width:28em}
 img{max-width:100%;display:block;margin:1em 0}"""
 
 
-def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
+def render_html(runs: list[RunSummary], out: Path, plots: list[str], study: dict | None = None) -> str:
     """One self-contained page: inline CSS, images as base64 data URIs, nothing fetched."""
     esc = html.escape
     rows = summary_rows(runs)
@@ -372,6 +376,10 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str]) -> str:
     parts = [f"<h2>Runs</h2><p>{len(runs)} run(s). {BEST} marks the best run of each task by its main metric "
              "(↑ higher is better, ↓ lower is better); runs without a finished metrics.json are not ranked.</p>",
              f'<table id="runs"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>']
+    if study is not None:
+        from hftoolkit.runs import report_study
+
+        parts.append(report_study.html_section(study, out, _image))
     for task, header, table in _eval_tables(runs):
         parts.append(f"<h2>Eval metrics: {esc(task)}</h2><table><tr>"
                      + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
@@ -459,7 +467,10 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
     if any(run.rl_curves for run in runs):
         report_plots.plot_rewards(runs, out / REWARDS_PLOT[0])
         plots.append(REWARDS_PLOT[0])
-    (out / "report.html").write_text(render_html(runs, out, plots), encoding="utf-8")
+    from hftoolkit.runs.report_study import read_study
+
+    study = read_study(out)  # a search's study.json, beside its trials
+    (out / "report.html").write_text(render_html(runs, out, plots, study), encoding="utf-8")
     report = out / "report.md"
-    report.write_text(render_markdown(runs, plots), encoding="utf-8")
+    report.write_text(render_markdown(runs, plots, study), encoding="utf-8")
     return report

@@ -266,7 +266,9 @@ def _note_files(run: RunSummary, manifest: dict | None, metrics: dict | None, no
     if run.status in ("running", "interrupted", "stopped", "failed", "trained, eval failed"):
         error_lines = (_str((manifest or {}).get("error")) or "").strip().splitlines()
         notes.append(f"status {run.status}" + (f": {error_lines[-1][:160]}" if error_lines else ""))
-    if metrics is None:
+    if run.status == "pruned":  # a search trial its study stopped early: kept, never finished
+        notes.append(f"pruned by its study: {_str((manifest or {}).get('pruned')) or 'at an eval'}")
+    elif metrics is None:
         if not any(METRICS in n for n in notes):
             notes.append("no metrics.json: run did not finish" if run.status != "complete"
                          else "no metrics.json although manifest.json says complete")

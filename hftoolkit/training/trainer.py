@@ -20,6 +20,7 @@ from hftoolkit.training.eval_during_training import EvalContext, EvalDuringTrain
 from hftoolkit.training.loss import ItemNormalizedLoss
 from hftoolkit.training.nonfinite import NonFiniteGuard
 from hftoolkit.training.progress import use_progress
+from hftoolkit.training.pruning import pruning_callback
 from hftoolkit.training.strategies import strategy_of
 from hftoolkit.training.streaming import StreamPosition, row_stream
 
@@ -79,6 +80,9 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
         trainer.add_callback(EarlyStoppingCallback(stop.patience, stop.threshold))
     if job.recipe.eval.keep_best:
         trainer.add_callback(best_checkpoint_found())
+    pruning = pruning_callback()  # (a search trial: its evals reported to its study, which may stop it)
+    if pruning is not None:
+        trainer.add_callback(pruning)
     _tensorboard_into(trainer, run / "tensorboard")
     strategy.prepare(trainer, run)
     return trainer

@@ -37,10 +37,11 @@ class Variant:
 @dataclass
 class Outcome:
     variant: Variant
-    status: str  # complete, skipped, failed
+    status: str  # complete, skipped, failed (a search trial: also pruned)
     seconds: float = 0.0
     metric: str | None = None  # "accuracy=0.91"
     error: str | None = None
+    value: float | None = None  # a search trial's objective
 
 
 @dataclass
