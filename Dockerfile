@@ -55,7 +55,7 @@ COPY pyproject.toml .
 RUN echo "torch==$(python -c 'import torch; print(torch.__version__)')" > /tmp/torch-constraint.txt \
     && python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 extras = p["optional-dependencies"]; \
-print("\n".join(p["dependencies"] + extras["deepspeed"] + extras["benchmarks"] + extras["serve"] + extras["onnx"]))' \
+print("\n".join(p["dependencies"] + extras["deepspeed"] + extras["benchmarks"] + extras["serve"] + extras["onnx"] + extras["search"]))' \
        > /tmp/requirements.txt \
     && pip install --no-cache-dir --constraint /tmp/torch-constraint.txt --requirement /tmp/requirements.txt \
     && rm /tmp/requirements.txt
@@ -63,7 +63,7 @@ print("\n".join(p["dependencies"] + extras["deepspeed"] + extras["benchmarks"] +
 # The package source, installed into the image's Python; the build context is filtered by
 # .dockerignore.
 COPY . .
-RUN pip install --no-cache-dir --constraint /tmp/torch-constraint.txt '.[deepspeed,benchmarks,serve,onnx]' \
+RUN pip install --no-cache-dir --constraint /tmp/torch-constraint.txt '.[deepspeed,benchmarks,serve,onnx,search]' \
     && rm /tmp/torch-constraint.txt \
     && cp -r recipes /workspace/recipes \
     && hftoolkit --help > /dev/null
