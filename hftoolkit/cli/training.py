@@ -114,15 +114,15 @@ def sweep(
         "--param", metavar="KEY=SPACE", help="A searched key (repeatable): float:LOW:HIGH[:log], "
                                              "int:LOW:HIGH[:log] or choice:V1,V2,...")] = None,
     space: Annotated[Path | None, typer.Option("--space", metavar="FILE", help=(
-        "A search file (YAML): params: {KEY: SPACE}, and optionally trials, sampler, pruner, objective; the "
-        "options given here win."))] = None,
+        "A search file (YAML): `params:` mapping each KEY to its SPACE, and optionally trials, sampler, pruner, "
+        "objective; the options given here win."))] = None,
     trials: Annotated[int | None, typer.Option("--trials", min=1, metavar="N", help=(
         "Trials in the study, over all its workers (default 20; grid: the whole grid)."))] = None,
     sampler: Annotated[str | None, typer.Option("--sampler", metavar="NAME", help=(
         "tpe (default), random or grid."))] = None,
     pruner: Annotated[str | None, typer.Option("--pruner", metavar="NAME", help=(
         "median, halving or none (default median where eval.every is set, else none)."))] = None,
-    objective: Annotated[str | None, typer.Option("--objective", metavar="METRIC[:DIRECTION]", help=(
+    objective: Annotated[str | None, typer.Option("--objective", metavar="METRIC:DIRECTION", help=(
         "The eval metric the study optimises, and maximize or minimize (default the task's main metric)."))] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, metavar="K", help=(
         "Trials at once on this machine, each worker with its share of the GPUs (or CPU cores)."))] = 1,

@@ -12,7 +12,7 @@ from hftoolkit.cli.helpformat import HIDDEN_ALIASES
 from tests.helpers import run_cli
 
 COMMANDS = [info.name or info.callback.__name__ for info in app.registered_commands]
-METAVAR = re.compile(r"[A-Z][A-Z0-9_]*([=|/,.-]*[A-Z0-9_]+)*(\|-)?(\.\.\.)?")  # RUN_DIR, KEY=VALUE, TEXT|FILE|-
+METAVAR = re.compile(r"[A-Z][A-Z0-9_]*([=|/,.:-]*[A-Z0-9_]+)*(\|-)?(\.\.\.)?")  # RUN_DIR, KEY=VALUE, TEXT|FILE|-
 
 
 def click_command(name: str):

@@ -129,8 +129,9 @@ def test_predict_scores_an_answer_to_a_prompt_and_both_answers_of_a_pairs_file(t
                              for r in records))
     scored = [json.loads(x) for x in run_cli("predict", trained, "--input", pairs, "--format", "jsonl").stdout
               .splitlines()]
-    assert [(s["chosen_score"], s["rejected_score"]) for s in scored] == pytest.approx(
-        [(r["chosen_score"], r["rejected_score"]) for r in records], abs=1e-5)
+    # (flat lists: pytest.approx does not compare nested sequences element by element)
+    assert [s[k] for s in scored for k in ("chosen_score", "rejected_score")] == pytest.approx(
+        [r[k] for r in records for k in ("chosen_score", "rejected_score")], abs=1e-5)
 
 
 def test_a_run_of_another_task_is_refused_in_one_line(tmp_path):
