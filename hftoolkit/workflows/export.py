@@ -72,18 +72,18 @@ def export_run(run_dir: Path, out: Path, fmt: str, quantization: str | None = No
                 raise UserError(f"export: {check['line']}: beyond the format's tolerance, so nothing was kept; "
                                 "please report it with the run's recipe.yaml")
             (folder / RECIPE).write_bytes((run.path / RECIPE).read_bytes())  # predict reads the task and columns
+            shown = {k: v for k, v in check.items() if k not in ("passed", "facts")}
             record = {"format": fmt, "quantization": quantization, "files": written, "run": str(run.path.resolve()),
                       "task": job.task, "family": job.family, "checkpoint": job.recipe.model.checkpoint,
-                      "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "seconds": round(time.perf_counter() -
-                                                                                       started, 2),
-                      "check": {k: v for k, v in check.items() if k not in ("passed", "facts")},
+                      "exported": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                      "seconds": round(time.perf_counter() - started, 2), "check": shown,
                       **({"onnx": check["facts"]} if fmt == "onnx" else {})}
             RunDirectory(folder).write_json(EXPORT, record)
         if not run.merged:  # (a folder `merge` wrote has no manifest to record it in)
-            exports = [e for e in directory.manifest().get("exports", []) if e.get("path") != str(out.resolve())]
-            directory.update_manifest(exports=[*exports, {**{k: record[k] for k in ("format", "quantization",
-                                                                                     "exported")},
-                                                          "path": str(out.resolve()), "check": record["check"]}])
+            path = str(out.resolve())
+            kept = [e for e in directory.manifest().get("exports", []) if e.get("path") != path]
+            directory.update_manifest(exports=[*kept, {"format": fmt, "quantization": quantization, "path": path,
+                                                       "exported": record["exported"], "check": shown}])
     return Exported(out, record, check["line"], written)
 
 
@@ -184,9 +184,10 @@ def _gguf(job, form, model, tokenizer, folder: Path, inputs: list, quantization:
     written = [name]
     if ollama:
         from hftoolkit.exports.ollama import MODELFILE, modelfile
+        from hftoolkit.models.families.decoder import CHAT_PROMPT_AND_TARGET
 
-        stops = [tokenizer.decode([i]) for i in (form.stops(tokenizer) if hasattr(form, "stops")
-                                                 else [tokenizer.eos_token_id]) if i is not None]
+        # Where an answer ends when the model chats (its template's end of turn, and eos), whatever the task was
+        stops = [tokenizer.decode([i]) for i in CHAT_PROMPT_AND_TARGET.stops(tokenizer) if i is not None]
         text = modelfile(name, tokenizer, stops, job.recipe.eval.generation.model_dump(), system_prompt(job))
         (folder / MODELFILE).write_text(text, encoding="utf-8")
         written.append(MODELFILE)

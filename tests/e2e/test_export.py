@@ -216,6 +216,26 @@ def test_q8_0_states_and_bounds_its_difference_and_ollama_writes_a_modelfile(dec
     assert [e["quantization"] for e in json.loads((run / MANIFEST).read_text())["exports"]] == ["q8_0"]
 
 
+@pytest.mark.parametrize("recipe, sets", [
+    ("smollm2-instruct.yaml", ("model.gguf_file=null", "model.revision=null")),
+    ("decoder-preference.yaml", ()),
+    ("decoder-grpo.yaml", ("rl.num_generations=2", "training.batch_size=2")),
+], ids=["instruction", "preference", "grpo"])
+def test_every_decoder_task_that_tunes_a_language_model_exports(tiny_llama, tmp_path, recipe, sets):
+    """Instruction, preference and GRPO runs tune the same causal LM: each exports, checked, chatting in its
+    template (the Modelfile's stop is the template's end of turn)."""
+    run = tmp_path / "run"
+    train_recipe(RECIPES / recipe, run, f"model.checkpoint={tiny_llama}", "lora.targets=[q_proj,v_proj]", *TINY,
+                 *sets)
+    out = tmp_path / "ollama"
+    said = plain(run_cli("export", run, "--format", "ollama", "--output", out).output)
+    assert "tokenizer identical" in said, said
+    check = json.loads((out / EXPORT).read_text())["check"]
+    assert check["inputs"] == 4 and check["difference_beyond_rounding"] < 1e-3, check
+    modelfile = (out / "Modelfile").read_text()
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile and "TEMPLATE" in modelfile
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("smollm2")
 def test_smollm2_tuned_with_lora_exports_at_f16_with_the_runs_greedy_answers(smollm2_checkpoint, tmp_path):
