@@ -67,6 +67,24 @@ def test_onnx_export_is_checked_recorded_and_predicts_as_the_run(classifier, tmp
     assert "## Exports" in page and str(out.resolve()) in page
 
 
+def test_an_onnx_export_predicts_where_torch_and_transformers_are_not_installed(classifier, tmp_path):
+    """The folder runs in a service that has ONNX Runtime, tokenizers and numpy only: predict in a process where
+    importing torch or transformers fails gives the run's labels."""
+    import subprocess
+    import sys
+
+    run = copy_of(classifier, tmp_path)
+    out = tmp_path / "onnx"
+    run_cli("export", run, "--format", "onnx", "--output", out, "--quiet")
+    blocked = ("import sys; sys.modules.update(torch=None, transformers=None, peft=None); "
+               "from hftoolkit.cli.app import main; sys.argv[0] = 'hftoolkit'; main()")
+    done = subprocess.run([sys.executable, "-c", blocked, "predict", str(out), "--input", "a wonderful film",
+                           "--format", "jsonl"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    expected = run_cli("predict", run, "--input", "a wonderful film", "--format", "jsonl").stdout
+    assert json.loads(done.stdout)["label"] == json.loads(expected)["label"]
+
+
 def test_an_export_beyond_its_tolerance_fails_and_leaves_nothing(classifier, tmp_path, monkeypatch):
     from hftoolkit.workflows import export
 
