@@ -163,9 +163,10 @@ def main() -> None:
     texts = [str(t) for t in dev["text"]]
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
-        start = time.perf_counter()
-        run = tune(workdir, args.run_dir or workdir / "run", checkpoint, train, dev, args.lr)
-        tune_seconds = time.perf_counter() - start
+        start, run = time.perf_counter(), args.run_dir or workdir / "run"
+        reused = (run / "metrics.json").is_file()
+        tune(workdir, run, checkpoint, train, dev, args.lr)
+        tune_seconds = None if reused else time.perf_counter() - start
         accuracy = json.loads((run / "metrics.json").read_text())["eval"]["accuracy"]
         job, form, model, tokenizer = load_trained(run)
         model = model.merge_and_unload().eval()
@@ -204,8 +205,9 @@ def _opset(path: Path) -> int:
 
 def report(figures: dict) -> None:
     s, a = figures["setup"], figures["agreement"]
-    print(f"MiniLM-L6 + LoRA r=8, {s['train_rows']} SST-2 train rows, dev accuracy {s['dev_accuracy']:.4f}; tuned in "
-          f"{s['tune_seconds']:.0f} s, exported in {s['export_seconds']:.1f} s ({s['onnx_megabytes']:.1f} MB, opset "
+    tuned = "run reused" if s["tune_seconds"] is None else f"tuned in {s['tune_seconds']:.0f} s"
+    print(f"MiniLM-L6 + LoRA r=8, {s['train_rows']} SST-2 train rows, dev accuracy {s['dev_accuracy']:.4f}; {tuned}, "
+          f"exported in {s['export_seconds']:.1f} s ({s['onnx_megabytes']:.1f} MB, opset "
           f"{s['opset']}); torch {s['torch']}, onnxruntime {s['onnxruntime']}, {s['threads']} threads on "
           f"{s['cores']} cores")
     print(f"dev set, {a['rows']} rows: labels identical {a['labels_identical']}/{a['rows']}, records identical "
