@@ -93,11 +93,10 @@ def torch_logits(model, tokenizer, inputs):
         return model(**batch).logits.numpy()
 
 
-def test_the_manifest_names_the_task_labels_and_graph_inputs(classifier, pair_regressor, tagger):
+def test_the_manifest_names_the_task_labels_and_graph_inputs(classifier, tagger):
     assert classifier[3] == {"task": "classification", "labels": LABELS,
                              "inputs": ["input_ids", "attention_mask", "token_type_ids"], "max_length": MAX_LENGTH,
                              "pairs": False}
-    assert pair_regressor[3]["labels"] is None and pair_regressor[3]["pairs"] is True
     assert tagger[3]["labels"] == TAGS
     assert {p.name for p in classifier[2].iterdir()} >= {"model.onnx", "tokenizer.json"}
 
@@ -125,10 +124,12 @@ def test_logits_match_torch_at_every_batch_size_and_length(classifier):
         assert difference <= 1e-5, f"{len(inputs)} inputs: logits differ by {difference:.3g}"
 
 
+@pytest.mark.slow  # (an export of its own: some seconds)
 def test_sentence_pair_regression_gives_the_runs_values(pair_regressor):
     from hftoolkit.models.families.labels import REGRESSION
 
     model, tokenizer, folder, facts = pair_regressor
+    assert facts["labels"] is None and facts["pairs"] is True
     expected = REGRESSION.generate(job(4), model, tokenizer, PAIRS)
     found = OnnxPredictor(folder, facts).predict(PAIRS, batch_size=4)
     assert [r.keys() for r in found] == [r.keys() for r in expected] == [{"value"}] * len(PAIRS)
@@ -165,6 +166,7 @@ def test_the_predictors_token_ids_are_the_run_tokenizers(classifier, tagger):
             assert [e.word_ids for e in encodings] == [expected.word_ids(i) for i in range(len(given))]
 
 
+@pytest.mark.slow  # (an export of its own: some seconds)
 def test_a_byte_level_tokenizers_words_and_a_decoders_tagging_head_export_too(tmp_path):
     """GPT-2's byte-level BPE (no token_type_ids, the eos token as padding), as a decoder tagging run loads it."""
     import transformers as tf
