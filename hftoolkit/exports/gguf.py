@@ -16,6 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from hashlib import sha256
 from pathlib import Path
+from typing import NamedTuple
 
 from hftoolkit.base.errors import UserError
 
@@ -73,8 +74,8 @@ def refusal(model_type: str) -> str | None:
     """None if `model_type` can be written as GGUF, else one line naming it and the types that can."""
     if model_type in ARCHITECTURES:
         return None
-    return (f"model type {model_type} can't be exported as GGUF: the GGUF writer handles decoder models of type "
-            f"{', '.join(writable_types())}; export an encoder run as ONNX (--format onnx)")
+    return (f"model type {model_type} can't be exported as GGUF: the GGUF writer handles the decoder types "
+            f"{', '.join(writable_types())}; export it with `merge` (safetensors), or an encoder run as ONNX")
 
 
 def write_gguf(model, tokenizer, path: Path, quantization: str, chat_template: str | None = None,
@@ -96,12 +97,16 @@ def write_gguf(model, tokenizer, path: Path, quantization: str, chat_template: s
         raise UserError(reason)
     _check_config(config)
     import gguf
+    import numpy as np
 
     arch = ARCHITECTURES[config.model_type]
     writer = gguf.GGUFWriter(path=None, arch=arch.gguf_arch)
     _write_metadata(writer, gguf, config, quantization, name)
     _write_tokenizer(writer, gguf, tokenizer, _vocab_size(model), chat_template)
-    _write_tensors(writer, gguf, model, arch, quantization)
+    plan = _tensor_plan(gguf, model, arch, quantization)
+    for tensor in plan:
+        nbytes = int(np.prod(gguf.quants.quant_shape_to_byte_shape(tensor.shape, tensor.kind)))
+        writer.add_tensor_info(tensor.name, tensor.shape, np.dtype(np.float32), nbytes, raw_dtype=tensor.kind)
 
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -110,7 +115,10 @@ def write_gguf(model, tokenizer, path: Path, quantization: str, chat_template: s
     try:
         writer.write_header_to_file(path=Path(tmp))
         writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
+        writer.write_ti_data_to_file()
+        weights = model.state_dict()
+        for tensor in plan:  # one tensor at a time: the file's size is never held in memory
+            writer.write_tensor_data(_encoded(gguf, model, arch, tensor, weights))
         writer.close()
         os.replace(tmp, path)
     except BaseException:
@@ -307,63 +315,77 @@ def _known_splits() -> dict[str, list[str]]:
     return names
 
 
-def _write_tensors(writer, gguf, model, arch: Architecture, quantization: str) -> None:
-    """Every weight under its GGUF name, transformed and typed as llama.cpp's converter does."""
-    for _, gguf_name, data, kind, _ in _stored(gguf, model, arch, quantization):
-        writer.add_tensor(gguf_name, gguf.quants.quantize(data.numpy(), kind), raw_dtype=kind)
+class _Tensor(NamedTuple):
+    """One weight as the file holds it: where it comes from, its GGUF name, GGML type and shape (rows last-major,
+    as numpy orders them; the file lists them the other way round)."""
+
+    hf_name: str
+    name: str
+    kind: int
+    shape: tuple[int, ...]
+
+
+def _tensor_plan(gguf, model, arch: Architecture, quantization: str) -> list[_Tensor]:
+    """Every weight under its GGUF name and type, as llama.cpp's converter writes it, before a byte is written; a
+    weight the tensor map has no name for stops the export (a file without it would load as another model)."""
+    config = model.config
+    names = gguf.get_tensor_name_map(_model_arch(gguf, arch.gguf_arch), config.num_hidden_layers)
+    output = model.get_output_embeddings()
+    tied = output is not None and output.weight is model.get_input_embeddings().weight
+    plan, unnamed = [], []
+    for hf_name, tensor in model.state_dict().items():
+        name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if name is None:
+            unnamed.append(hf_name)
+        elif not (tied and name == "output.weight" and not arch.tied_output_written):  # else llama.cpp reuses
+            shape = tuple(tensor.shape)  # token_embd, as it does for a file with no output
+            if _transposed(arch, name, shape):
+                shape = shape[::-1]
+            plan.append(_Tensor(hf_name, name, _tensor_type(gguf, name, shape, quantization), shape))
+    if unnamed:
+        raise UserError(f"{len(unnamed)} weight(s) of this {config.model_type} model have no GGUF name "
+                        f"({', '.join(unnamed[:3])}): its layout differs from {config.model_type}'s; "
+                        "export with `merge` (safetensors) instead")
+    return plan
+
+
+def _encoded(gguf, model, arch: Architecture, tensor: _Tensor, weights: dict):
+    """The bytes (as a numpy array) of one planned tensor: float32 on the CPU, transformed, then quantized."""
+    import torch
+
+    config = model.config
+    with torch.no_grad():
+        data = weights[tensor.hf_name].detach().to(device="cpu", dtype=torch.float32)
+    if _transposed(arch, tensor.name, tuple(data.shape)):
+        data = data.T.contiguous()
+    if arch.rope_permuted and tensor.name.endswith((".attn_q.weight", ".attn_k.weight")):
+        heads = config.num_attention_heads
+        data = _rope_rows(data, heads if ".attn_q." in tensor.name else (config.num_key_value_heads or heads))
+    return gguf.quants.quantize(data.numpy(), tensor.kind)
 
 
 def round_like_file(model, quantization: str) -> None:
-    """Round the model's weights in place to what a GGUF file of this quantization stores (each tensor's type
-    as write_gguf chooses it, q8_0's blocks along the rows as written): the run's model as the file holds it,
-    which the export's check compares the read-back file with."""
+    """Round the model's weights in place to what a GGUF file of this quantization stores (each tensor's type as
+    the plan gives it, q8_0's blocks along the rows as written): the run's model as the file holds it, which the
+    export's check compares the read-back file with. (llama.cpp's row order of q and k is left out: rounding each
+    value, or each row's blocks, is the same in either order.)"""
     import gguf
     import torch
 
     arch = ARCHITECTURES[model.config.model_type]
     weights = model.state_dict()
     with torch.no_grad():
-        for hf_name, _, data, kind, transposed in _stored(gguf, model, arch, quantization, rope=False):
-            rounded = torch.from_numpy(gguf.quants.dequantize(gguf.quants.quantize(data.numpy(), kind), kind))
-            rounded = rounded.reshape(data.shape)
-            weights[hf_name].copy_((rounded.T if transposed else rounded).to(weights[hf_name].dtype))
+        for tensor in _tensor_plan(gguf, model, arch, quantization):
+            data = weights[tensor.hf_name].detach().to(device="cpu", dtype=torch.float32)
+            transposed = _transposed(arch, tensor.name, tuple(data.shape))
+            data = data.T.contiguous() if transposed else data
+            stored = gguf.quants.quantize(data.numpy(), tensor.kind)
+            rounded = torch.from_numpy(gguf.quants.dequantize(stored, tensor.kind)).reshape(data.shape)
+            weights[tensor.hf_name].copy_((rounded.T if transposed else rounded).to(weights[tensor.hf_name].dtype))
 
 
-def _stored(gguf, model, arch: Architecture, quantization: str, rope: bool = True):
-    """(transformers name, GGUF name, float32 CPU tensor as the file holds it, GGML type, whether it is transposed)
-    of every weight the file holds; a weight the tensor map has no name for stops the export (a file missing it
-    would load as a different model). `rope` False leaves llama.cpp's row order of q and k out (rounding is the
-    same in either order)."""
-    import torch
-
-    config = model.config
-    names = gguf.get_tensor_name_map(_model_arch(gguf, arch.gguf_arch), config.num_hidden_layers)
-    output = model.get_output_embeddings()
-    tied = output is not None and output.weight is model.get_input_embeddings().weight
-    heads = getattr(config, "num_attention_heads", None)
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    unnamed, found = [], []
-    for hf_name, tensor in model.state_dict().items():
-        gguf_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
-        if gguf_name is None:
-            unnamed.append(hf_name)
-            continue
-        if tied and gguf_name == "output.weight" and not arch.tied_output_written:
-            continue  # llama.cpp reuses token_embd when the file has no output
-        found.append((hf_name, gguf_name, tensor))
-    if unnamed:
-        raise UserError(f"{len(unnamed)} weight(s) of this {config.model_type} model have no GGUF name "
-                        f"({', '.join(unnamed[:3])}): its layout differs from {config.model_type}'s; "
-                        "export with `merge` (safetensors) instead")
-    for hf_name, gguf_name, tensor in found:
-        with torch.no_grad():
-            data = tensor.detach().to(device="cpu", dtype=torch.float32)
-        transposed = arch.conv1d and data.ndim == 2 and gguf_name.startswith("blk.")
-        if transposed:
-            data = data.T.contiguous()
-        if rope and arch.rope_permuted and gguf_name.endswith((".attn_q.weight", ".attn_k.weight")):
-            data = _rope_rows(data, heads if ".attn_q." in gguf_name else kv_heads)
-        yield hf_name, gguf_name, data, _tensor_type(gguf, gguf_name, data.shape, quantization), transposed
+def _transposed(arch: Architecture, name: str, shape: tuple[int, ...]) -> bool:
+    return arch.conv1d and len(shape) == 2 and name.startswith("blk.")
 
 
 def _model_arch(gguf, arch_name: str):

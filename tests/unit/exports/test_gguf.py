@@ -43,7 +43,8 @@ def decoder(model_type: str, tokenizer, **changes):
         "llama": lambda: tf.LlamaConfig(**shape, tie_word_embeddings=True),
         "mistral": lambda: tf.MistralConfig(**shape, head_dim=32),  # a head size that isn't hidden / heads
         "qwen2": lambda: tf.Qwen2Config(**shape, tie_word_embeddings=False),
-        "gpt2": lambda: tf.GPT2Config(vocab_size=size, n_embd=64, n_layer=2, n_head=4, initializer_range=0.1),
+        "gpt2": lambda: tf.GPT2Config(vocab_size=size, n_embd=64, n_layer=2, n_head=4, initializer_range=0.1,
+                                      bos_token_id=tokenizer.eos_token_id, eos_token_id=tokenizer.eos_token_id),
     }
     config = configs[model_type]()
     for key, value in changes.items():
@@ -170,6 +171,44 @@ def test_the_tokenizer_reads_back_with_the_same_ids_special_tokens_and_chat_temp
     im_end = tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert meta["tokenizer.ggml.token_type"][im_end] == gguf.TokenType.CONTROL  # kept whole by llama.cpp
     assert meta["tokenizer.ggml.tokens"][-1].startswith("[PAD")  # the embedding rows past the vocabulary
+
+
+def split_then_byte_level(regex: str, bos: str | None = None):
+    """The tiny tokenizer's vocabulary behind Llama 3's or Qwen2's shape of pre-tokenizer (a regex split, then bytes),
+    adding `bos` before each text as Llama 3's does."""
+    from tokenizers import Regex, pre_tokenizers, processors
+
+    from hftoolkit.sources.tiny import ensure_tiny
+
+    backend = tf.AutoTokenizer.from_pretrained(ensure_tiny("gpt2")).backend_tokenizer
+    backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(regex), behavior="isolated"),
+                                                     pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    if bos:
+        backend.post_processor = processors.TemplateProcessing(single=f"{bos} $A",
+                                                               special_tokens=[(bos, backend.token_to_id(bos))])
+    return tf.PreTrainedTokenizerFast(tokenizer_object=backend, bos_token=bos, eos_token="<|endoftext|>")
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2"])
+def test_a_regex_split_tokenizer_is_named_for_llama_cpp_and_keeps_its_ids_and_bos(pre, tmp_path):
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import GGUF_PRE_TOKENIZER_SPLITS
+
+    tokenizer = split_then_byte_level(GGUF_PRE_TOKENIZER_SPLITS[pre], bos="<|endoftext|>")
+    path = tmp_path / "model.gguf"
+    export.write_gguf(decoder("llama", tokenizer), tokenizer, path, "f16")
+    meta = fields(path)
+    assert meta["tokenizer.ggml.pre"] == pre and meta["tokenizer.ggml.add_bos_token"] is True
+    _, back = export.read_back(path)
+    for text in TEXTS + ["I've 12345 'RE"]:
+        assert back(text).input_ids == tokenizer(text).input_ids == [tokenizer.bos_token_id, *tokenizer(
+            text, add_special_tokens=False).input_ids], text
+
+
+def test_a_pre_tokenizer_llama_cpp_does_not_know_is_refused(tmp_path):
+    tokenizer = split_then_byte_level(r"\w+|\s+")
+    model = decoder("llama", tokenizer)
+    assert "llama.cpp" in one_line_error(export.write_gguf, model, tokenizer, tmp_path / "m.gguf", "f16")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_run_s_chat_template_is_written_over_the_tokenizer_s(tokenizer, tmp_path):
