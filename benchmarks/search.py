@@ -99,12 +99,19 @@ def main() -> None:
     parser.add_argument("--eval-size", type=int, default=160)
     parser.add_argument("--trials", type=int, default=12)
     parser.add_argument("--every", type=int, default=5, help="the study's eval.every, in steps")
+    parser.add_argument("--grid-report", type=Path, default=None, help=(
+        "a JSON report this benchmark wrote before (--output): its grid side is reused, not trained again"))
+    parser.add_argument("--output", type=Path, default=None, help="write both sides' figures here as JSON")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="hftoolkit-search-bench-") as tmp:
         workdir = Path(tmp)
         recipe = prepare(workdir, args.data_dir, args.train_size, args.eval_size)
         search = search_side(recipe, workdir / "search", workdir, args.trials, args.every)
-        grid = grid_side(recipe, workdir / "grid", workdir)
+        grid = json.loads(args.grid_report.read_text())["grid"] if args.grid_report else \
+            grid_side(recipe, workdir / "grid", workdir)
+    if args.output:
+        args.output.write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()}, "grid": grid,
+                                           "search": search}, indent=1))
     print(f"MiniLM-L6 + LoRA, SST-2: {args.train_size} train phrases, {args.eval_size} dev sentences, 1 epoch")
     print(f"{'':8}{'runs':>6}{'best dev acc':>14}{'train s':>10}{'wall s':>10}{'pruned':>8}")
     for name, side in (("grid", grid), ("search", search)):

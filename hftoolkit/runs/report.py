@@ -379,36 +379,27 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str], study: dict
     if study is not None:
         from hftoolkit.runs import report_study
 
-        parts.append(report_study.html_section(study, out, _image))
+        parts.append(report_study.html_section(study, out, _image, _html_table))
     for task, header, table in _eval_tables(runs):
-        parts.append(f"<h2>Eval metrics: {esc(task)}</h2><table><tr>"
-                     + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
-                     + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in table)
-                     + "</table>")
+        parts.append(f"<h2>Eval metrics: {esc(task)}</h2>" + _html_table(header, table))
     for comparison in same_task_comparisons(runs):
         header, table = same_task_table(runs, comparison)
         parts.append(f'<section class="same-task"><h2>{esc(comparison.title)}</h2><p>{esc(comparison.advice)}</p>'
-                     "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
-                     + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in table)
-                     + f"</table><p>{esc(PARETO_NOTE.format(metric=comparison.metric))}</p>")
+                     + _html_table(header, table) + f"<p>{esc(PARETO_NOTE.format(metric=comparison.metric))}</p>")
         if comparison.figure in plots:
             parts.append(_image(out, comparison.figure, comparison.title))
         parts.append("</section>")
     table = benchmark_table(runs)
     if table is not None:
         header, rows_ = table
-        parts.append('<section id="benchmarks"><h2>Benchmarks</h2>'
-                     f"<p>{esc(BENCHMARK_NOTE)}</p><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header)
-                     + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows_)
-                     + "</table>" + (_image(out, *BENCHMARK_PLOT) if BENCHMARK_PLOT[0] in plots else "")
-                     + "</section>")
+        parts.append(f'<section id="benchmarks"><h2>Benchmarks</h2><p>{esc(BENCHMARK_NOTE)}</p>'
+                     + _html_table(header, rows_)
+                     + (_image(out, *BENCHMARK_PLOT) if BENCHMARK_PLOT[0] in plots else "") + "</section>")
     table = exports_table(runs)
     if table is not None:
         header, rows_ = table
-        parts.append('<section id="exports"><h2>Exports</h2>'
-                     f"<p>{esc(EXPORTS_NOTE)}</p><table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header)
-                     + "</tr>" + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows_)
-                     + "</table></section>")
+        parts.append(f'<section id="exports"><h2>Exports</h2><p>{esc(EXPORTS_NOTE)}</p>'
+                     + _html_table(header, rows_) + "</section>")
     if PREFERENCE_PLOT[0] in plots:
         parts.append(f'<section id="preference"><h2>{esc(PREFERENCE_PLOT[1])}</h2><p>{esc(PREFERENCE_NOTE)}</p>'
                      + _image(out, *PREFERENCE_PLOT) + "</section>")
@@ -424,6 +415,12 @@ def render_html(runs: list[RunSummary], out: Path, plots: list[str], study: dict
             '<link rel="icon" href="data:,"><title>hftoolkit comparison report</title>'
             f"<style>{_CSS}</style></head><body><h1>hftoolkit comparison report</h1>"
             + "".join(parts) + "</body></html>\n")
+
+
+def _html_table(header: list[str], rows: list[list[str]]) -> str:
+    esc = html.escape
+    return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
 
 
 # A run table cell longer than this is shortened in the page (paths to their last folders), whole on hover.

@@ -88,13 +88,12 @@ def markdown(record: dict, table) -> list[str]:
     return parts
 
 
-def html_section(record: dict, out: Path, image) -> str:
-    """The section as HTML; `image(out, filename, title)` inlines a plot as the rest of the page does."""
+def html_section(record: dict, out: Path, image, table) -> str:
+    """The section as HTML; `image(out, filename, title)` inlines a plot and `table(header, rows)` renders a table
+    as the rest of the page does."""
     esc = html.escape
-    header, rows = trial_table(record)
-    table = ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
-             + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in r) + "</tr>" for r in rows) + "</table>")
+    trials = table(*trial_table(record))
     text = "".join(f"<p>{esc(line)}</p>" for line in summary_lines(record))
     importances = "<p>Parameter importances: " + esc("; ".join(importance_lines(record))) + "</p>"
     images = "".join(image(out, f, PLOT_TITLES.get(f, f)) for f in record.get("plots", []) if (out / f).is_file())
-    return f'<section id="study"><h2>Study</h2>{text}{table}{importances}{images}</section>'
+    return f'<section id="study"><h2>Study</h2>{text}{trials}{importances}{images}</section>'

@@ -19,6 +19,10 @@ from hftoolkit.base.errors import UserError
 # JSON {"storage": URL, "study": name, "trial_id": id, "metric": name, "pruner": name} for launched processes.
 TRIAL_VARIABLE = "HFTOOLKIT_TRIAL"
 PRUNED_PREFIX = "pruned at step"
+# A trial is never pruned in this first share of its steps: its evals there are reported (the pruner compares later
+# trials with them) but a model that has barely begun to learn scores near chance whatever its settings, so a
+# pruner comparing such evals would stop good trials as readily as bad ones.
+WARMUP_SHARE = 0.3
 
 
 class Reporter(Protocol):
@@ -89,7 +93,7 @@ def pruning_callback():
             if value is None:
                 return
             prune = reporter.report(float(value), state.global_step) if state.is_world_process_zero else False
-            prune = _agreed(prune)
+            prune = _agreed(prune) and state.global_step >= WARMUP_SHARE * state.max_steps
             if prune:
                 raise Pruned(state.global_step, state.max_steps, reporter.metric, float(value), reporter.pruner)
 
