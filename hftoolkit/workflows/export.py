@@ -112,28 +112,25 @@ def _refuse_unfinished(run) -> None:
                         f"finish it with `hftoolkit eval {run.path}`, then export")
     if status not in (None, "complete"):
         status = "interrupted" if status == "running" else status  # (its lock is free: checked before)
-        raise UserError(f"{run.path}: the run is {status}, not complete: resume it with `hftoolkit train "
-                        f"{run.path / RECIPE} --output {run.path} --resume`, then export")
+        raise UserError(f"{run.path}: the run is {status}, not complete: resume it with `hftoolkit train --resume "
+                        f"{run.path}`, then export")
 
 
 def _refuse_format(recipe, fmt: str) -> None:
     """GGUF holds language models of the decoder family; ONNX here, encoder runs that label or score text."""
     family, task = recipe.model.family, recipe.task
-    if fmt in ("gguf", "ollama"):
-        if family != "decoder" or tasks.head(task, family) != tasks.CAUSAL_LM:
-            what = f"a {family} {task} run" if family else f"a {task} run"
-            raise UserError(f"--format {fmt}: GGUF holds a decoder language model (llama.cpp and Ollama run "
-                            f"those), and this is {what}: export it with --format onnx"
-                            if family == "encoder" and task in _onnx_tasks() else
-                            f"--format {fmt}: GGUF holds a decoder language model (llama.cpp and Ollama run those), "
-                            f"and this is {what}: use `hftoolkit merge` for a safetensors checkpoint")
-        return
-    if family != "encoder" or task not in _onnx_tasks():
-        what = f"a {family} {task} run" if family else f"a {task} run"
-        hint = ("export it with --format gguf or ollama" if family == "decoder" and
-                tasks.head(task, family) == tasks.CAUSAL_LM else "use `hftoolkit merge` for a safetensors checkpoint")
-        raise UserError(f"--format onnx: exports encoder runs that {', '.join(_onnx_tasks())}, and this is {what}: "
-                        f"{hint}")
+    what = f"a {family} {task} run" if family else f"a {task} run"
+    language_model = family == "decoder" and tasks.head(task, family) == tasks.CAUSAL_LM
+    labels_text = family == "encoder" and task in _onnx_tasks()
+    if fmt in ("gguf", "ollama") and not language_model:
+        hint = "export it with --format onnx" if labels_text else "use `hftoolkit merge` for a safetensors checkpoint"
+        raise UserError(f"--format {fmt}: GGUF holds a decoder language model (llama.cpp and Ollama run those), "
+                        f"and this is {what}: {hint}")
+    if fmt == "onnx" and not labels_text:
+        hint = ("export it with --format gguf or ollama" if language_model else
+                "use `hftoolkit merge` for a safetensors checkpoint")
+        raise UserError(f"--format onnx: exports encoder runs of the tasks {', '.join(_onnx_tasks())}, and this is "
+                        f"{what}: {hint}")
 
 
 def _onnx_tasks() -> tuple[str, ...]:

@@ -138,6 +138,15 @@ def test_a_run_whose_eval_failed_is_not_exported(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("status, said_as", [("failed", "failed"), ("running", "interrupted")])
+def test_a_run_that_did_not_finish_is_not_exported(tmp_path, status, said_as):
+    """A run that failed, or whose writer died without a word (its lock free), names the command that resumes it."""
+    run = fabricated(tmp_path, "decoder-clm.yaml", "decoder", status=status)
+    said = plain(run_cli("export", run, "--format", "gguf", "--output", tmp_path / "out", expect=2).output)
+    assert f"the run is {said_as}, not complete" in said and f"hftoolkit train --resume {run}" in said, said
+    assert not (tmp_path / "out").exists()
+
+
 def test_an_output_folder_that_is_not_empty_is_refused(tmp_path):
     run = fabricated(tmp_path, "encoder-classification.yaml", "encoder")
     out = tmp_path / "taken"
