@@ -103,7 +103,9 @@ def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, mer
     _, _, adapter_model, _ = load_trained(clm_run)
     batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
     with torch.no_grad():
-        assert torch.allclose(model(**batch).logits, adapter_model(**batch).logits, atol=1e-4)
+        # (relative too: logits near 17 computed through W + BA and through W and BA apart differ by float32
+        # rounding that the number of threads changes; a merge that lost the adapter is off by far more)
+        assert torch.allclose(model(**batch).logits, adapter_model(**batch).logits, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("options, generate", [
