@@ -378,6 +378,8 @@ def check_conversations(s: Subject, found: Findings) -> None:
         found.problems.append(err.message)
         return
     turn, inside = (sum(c[kind] for c in counts) for kind in ("turn", "inside"))
+    # (a conversation is one sequence, cut to max_length: no answer is added after it)
+    found.longest.update(max_length=max(c["longest"] for c in counts), max_target_length=0)
     if turn or inside:
         found.record["conversations_cut"] = {"turn": turn, "inside": inside}
         found.notes.append(f"data.max_length: {turn + inside} conversation{'s' * (turn + inside != 1)} longer than "
@@ -392,6 +394,8 @@ def check_pairs(s: Subject, found: Findings) -> None:
         return
     size, answer = (found.lengths.get(key, getattr(s.recipe.data, key)) for key in ("max_length", "max_target_length"))
     cut = [cut_counts(s.processor, s.data[split], size, answer) for split in ("train", "eval")]
+    found.longest.update(max_length=max(c["longest_prompt"] for c in cut),
+                         max_target_length=max(c["longest_answer"] for c in cut))
     if (prompts := sum(c["prompts"] for c in cut)) + (answers := sum(c["answers"] for c in cut)):
         found.record["pairs_cut"] = {"prompts": prompts, "answers": answers}
         found.notes.append(f"data.max_length, data.max_target_length: {prompts} prompt{'s' * (prompts != 1)} longer "

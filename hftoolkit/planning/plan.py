@@ -191,7 +191,11 @@ def _config_job(recipe: Recipe, device: Device) -> Job:
 
 
 def _lengths(job: Job) -> dict:
-    return {"max_length": job.max_length, "max_target_length": job.max_target_length,
+    """The lengths a step is planned at: the recipe's (as clamped), or the data's longest where preflight measured
+    them and they are shorter (batches pad to their longest row)."""
+    longest = job.findings.longest
+    lengths = {"max_length": job.max_length, "max_target_length": job.max_target_length}
+    return {**{key: min(value, longest.get(key, value)) for key, value in lengths.items()},
             "max_new_tokens": job.max_new_tokens}
 
 

@@ -137,8 +137,8 @@ def prompt(tokenizer, turns: list[dict]) -> list[int]:
 
 
 def cut_counts(tokenizer, conversations, max_length: int) -> dict[str, int]:
-    """How many conversations are longer than max_length, by how they are cut: {"turn": n, "inside": m}; raises
-    UserError where the template can't be split into prompts and answers."""
+    """How many conversations are longer than max_length, by how they are cut: {"turn": n, "inside": m}, and the
+    longest in tokens ("longest"); raises UserError where the template can't be split into prompts and answers."""
     counts = {"turn": 0, "inside": 0}
     conversations = list(conversations)
     # One batched tokenization finds the long ones; only those are encoded turn by turn to see where they are cut.
@@ -149,4 +149,4 @@ def cut_counts(tokenizer, conversations, max_length: int) -> dict[str, int]:
         kind = encode(tokenizer, turns, max_length).cut if length > max_length or i == 0 else None
         if kind:
             counts[kind] += 1
-    return counts
+    return {**counts, "longest": max(lengths, default=0)}

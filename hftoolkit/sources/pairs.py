@@ -108,15 +108,16 @@ def identical_rows(ds) -> list[int]:
 
 def cut_counts(tokenizer, pairs, max_prompt: int, max_answer: int) -> dict[str, int]:
     """How many prompts are longer than max_prompt tokens and how many answers (chosen or rejected, or kto's
-    labelled answer) longer than max_answer: what tokenization will cut. Conversations are counted as the chat
-    template renders them."""
+    labelled answer) longer than max_answer: what tokenization will cut; and the longest of each, in tokens.
+    Conversations are counted as the chat template renders them."""
     from hftoolkit.sources.conversations import render
 
     def length(value, prompt: bool) -> int:
         text = render(tokenizer, value, add_generation_prompt=prompt) if is_conversation(value) else value
         return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    prompts = sum(length(p, True) > max_prompt for p in pairs["text"])
-    answers = sum(length(a, False) > max_answer for column in ("chosen", "rejected", "target")
-                  if column in pairs.column_names for a in pairs[column])
-    return {"prompts": prompts, "answers": answers}
+    prompts = [length(p, True) for p in pairs["text"]]
+    answers = [length(a, False) for column in ("chosen", "rejected", "target") if column in pairs.column_names
+               for a in pairs[column]]
+    return {"prompts": sum(n > max_prompt for n in prompts), "answers": sum(n > max_answer for n in answers),
+            "longest_prompt": max(prompts, default=0), "longest_answer": max(answers, default=0)}

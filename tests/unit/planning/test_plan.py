@@ -194,6 +194,23 @@ def test_the_override_trains_where_the_plan_says_no(tmp_path, monkeypatch):
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
 
 
+def test_train_plans_a_pair_set_at_its_longest_pair_where_the_recipe_allows_longer(tmp_path):
+    """Batches pad to their longest row: a step of short pairs is planned short, whatever data.max_length allows;
+    `plan`, which reads no data, plans at the recipe's lengths."""
+    preference = RECIPES / "decoder-preference.yaml"
+
+    def activations(length: int) -> float:
+        sets = ("training.max_steps=1", f"data.max_length={length}", f"data.max_target_length={length}")
+        train_recipe(preference, tmp_path / str(length), *sets)
+        return json.loads((tmp_path / str(length) / "manifest.json").read_text())["plan"]["planned_items_mb"][
+            "activations"]
+
+    short, long = activations(64), activations(480)
+    assert short == long, "builtin:preferences's pairs are shorter than 64 tokens"
+    at_recipe = plan_json(preference, "--set", "data.max_length=480", "--set", "data.max_target_length=480")
+    assert at_recipe["strategies"][0]["memory"]["items"]["activations"] / 2**20 > 5 * long
+
+
 def test_a_run_records_its_plan_beside_what_it_measured(tmp_path):
     run = tmp_path / "run"
     train_recipe(ENCODER, run, "training.max_steps=3")
