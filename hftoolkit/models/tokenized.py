@@ -37,6 +37,19 @@ class Tally:
 
 
 _tally: Tally | None = None
+_in_memory = False  # set by in_memory(): a split is mapped without the cache, the tally or progress
+
+
+@contextlib.contextmanager
+def in_memory():
+    """Inside it, `encode` maps a split in memory and writes nothing: for a sample tokenized to be looked at (the
+    plan's lengths), which must neither fill the cache nor count as the run's tokenization."""
+    global _in_memory
+    _in_memory = True
+    try:
+        yield
+    finally:
+        _in_memory = False
 
 
 def encode(job: Job, tokenizer, dataset, fn, *, batch_size: int | None = 1000, key_extra=(), **kwargs):
@@ -53,6 +66,9 @@ def encode(job: Job, tokenizer, dataset, fn, *, batch_size: int | None = 1000, k
     from hftoolkit.sources.streaming import is_stream
 
     columns = dataset.column_names
+    if _in_memory:
+        return dataset.map(fn, batched=True, batch_size=batch_size, remove_columns=columns, keep_in_memory=True,
+                           **kwargs)
     if is_stream(dataset):
         if _tally is not None:
             _tally.streamed += 1

@@ -15,6 +15,7 @@ from hftoolkit.config.recipe import Recipe
 from hftoolkit.job.devices import Device
 from hftoolkit.job.precision import resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
+from hftoolkit.planning.lengths import memory_lengths, step_lengths
 from hftoolkit.planning.model import MemoryPlan, TimePlan, plan_memory, plan_time
 from hftoolkit.training.strategies import STRATEGIES, LaunchPlan, Strategy, strategy_for
 
@@ -33,6 +34,7 @@ class StrategyPlan:
     memory: MemoryPlan | None = None
     time: TimePlan | None = None
     not_possible: tuple[str, ...] = ()
+    lengths: dict | None = None  # the lengths its step's time is planned at
 
     @property
     def fits(self) -> bool:
@@ -41,7 +43,7 @@ class StrategyPlan:
     def as_dict(self) -> dict:
         return {"strategy": self.name, "label": self.label, "processes": self.processes,
                 "precision": self.precision, "fits": self.fits,
-                "not_possible": list(self.not_possible),
+                "not_possible": list(self.not_possible), "lengths": self.lengths,
                 "memory": self.memory.as_dict() if self.memory else None,
                 "time": self.time.as_dict() if self.time else None}
 
@@ -54,7 +56,8 @@ class StrategyPlan:
                 "planned_items_mb": {k: _mb(v) for k, v in memory.items.items()} if memory else None,
                 "available_mb": _mb(memory.available) if memory else None,
                 "planned_step_seconds": _round(time.step_seconds) if time else None,
-                "planned_step_items_s": {k: round(v, 5) for k, v in time.items.items()} if time else None}
+                "planned_step_items_s": {k: round(v, 5) for k, v in time.items.items()} if time else None,
+                "planned_lengths": self.lengths}
 
     def measured(self, step_seconds: float | None) -> dict:
         """What training measured beside what was planned: each process's peak (VmHWM on a CPU, the CUDA
@@ -128,18 +131,21 @@ def plan_recipe(recipe: Recipe, launch: LaunchPlan, device: Device) -> Plan:
 
 
 def strategy_plan(strategy: Strategy, job: Job, shape: dict, device: Device | None, train_rows: int | None = None,
-                  eval_rows: int | None = None) -> StrategyPlan:
-    """One strategy's memory and time for `job`, or the reasons it can't run the recipe."""
+                  eval_rows: int | None = None, step_at: dict | None = None) -> StrategyPlan:
+    """One strategy's memory and time for `job`, or the reasons it can't run the recipe; its time at
+    `step_at` where given (planning/lengths.py: what the data's batches hold), else at the lengths memory is
+    planned at."""
     head = dict(name=strategy.name, label=strategy.label, processes=strategy.processes)
     cuda = device.kind == "cuda" if device is not None else None
     refused = tuple(strategy.problems(job.recipe, cuda=cuda))
     if refused:
         return StrategyPlan(**head, not_possible=refused)
-    spread, lengths = strategy.spread(), _lengths(job)
+    spread, lengths = strategy.spread(), memory_lengths(job)
+    step = step_at or lengths
     precision = resolve_precision(job.recipe.training.precision, job.model.model_type, strategy, device)
-    return StrategyPlan(**head, precision=precision,
+    return StrategyPlan(**head, precision=precision, lengths=step,
                         memory=plan_memory(shape, job.recipe, spread, device, precision, lengths),
-                        time=plan_time(shape, job.recipe, spread, device, precision, lengths, train_rows, eval_rows))
+                        time=plan_time(shape, job.recipe, spread, device, precision, step, train_rows, eval_rows))
 
 
 def _row_counts(recipe: Recipe) -> tuple[int | None, int | None]:
@@ -188,15 +194,6 @@ def _config_job(recipe: Recipe, device: Device) -> Job:
     return Job(recipe=recipe, model=model, precision=resolve_precision(recipe.training.precision, config.model_type,
                                                                        device=device),
                label_names=tuple(names))
-
-
-def _lengths(job: Job) -> dict:
-    """The lengths a step is planned at: the recipe's (as clamped), or the data's longest where preflight measured
-    them and they are shorter (batches pad to their longest row)."""
-    longest = job.findings.longest
-    lengths = {"max_length": job.max_length, "max_target_length": job.max_target_length}
-    return {**{key: min(value, longest.get(key, value)) for key, value in lengths.items()},
-            "max_new_tokens": job.max_new_tokens}
 
 
 # ---------------------------------------------------------------- train asks first
@@ -254,8 +251,9 @@ def planned_job(job: Job, check: bool = True) -> Job:
 
     data = job.data or {}
     rows = {split: len(ds) if hasattr(ds, "__len__") else None for split, ds in data.items()}
+    step = step_lengths(job, memory_lengths(job))
     planned = strategy_plan(job.strategy, job, model_shape_of(job), this_machine(), rows.get("train"),
-                            rows.get("eval"))
+                            rows.get("eval"), step)
     said = refusal(job, planned.memory) if check and planned.memory is not None else None
     if said:
         raise UserError(said)

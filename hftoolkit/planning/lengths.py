@@ -1,0 +1,85 @@
+"""The lengths a training step is planned at, from the data where it is at hand.
+
+Batches pad to their longest row, so a set of short texts under a long data.max_length trains shorter steps than
+the recipe's lengths say. `train` tokenizes a sample of its train split as its formulation will (in memory, never
+into the tokenized cache) and plans a step's time at the padded length a batch of it has under the run's order:
+the expected longest of a batch of random rows, the mean of length-sorted batches' longest, or each row's own
+length where a batch is one packed row. Memory is planned at the lengths a batch can reach: the recipe's, or the
+data's longest where preflight tokenized the whole set (pairs, conversations).
+"""
+
+from __future__ import annotations
+
+import math
+
+from hftoolkit.config import tasks
+from hftoolkit.job.spec import Job
+
+# Rows tokenized for the plan: enough for a batch's expected longest to settle, few enough to take a moment.
+SAMPLE_ROWS = 512
+IGNORE_INDEX = -100
+
+
+def memory_lengths(job: Job) -> dict:
+    """The recipe's lengths (as clamped), lowered to the data's longest where preflight measured it."""
+    longest = job.findings.longest
+    lengths = {"max_length": job.max_length, "max_target_length": job.max_target_length}
+    return {**{key: min(value, longest.get(key, value)) for key, value in lengths.items()},
+            "max_new_tokens": job.max_new_tokens}
+
+
+def step_lengths(job: Job, bound: dict) -> dict:
+    """`bound` (the memory plan's lengths) lowered to what an average step's rows hold, from a tokenized sample of
+    the train split; `bound` itself where the sample can't be had (a stream, images, sampled answers, no data)."""
+    sample = _tokenized_sample(job)
+    if sample is None or len(sample) == 0 or "length" not in sample.column_names:
+        return bound
+    from hftoolkit.planning.model import decoder_sequences
+
+    recipe = job.recipe
+    rows = max(1, math.ceil(recipe.training.batch_size / (job.strategy.processes if job.strategy else 1)))
+    order = "packed" if recipe.data.packing == "padding_free" else recipe.training.sampling
+    if job.family == "seq2seq":
+        targets = [len(labels) for labels in sample["labels"]]
+        return {**bound, "max_length": min(bound["max_length"], round(padded(sample["length"], rows, order))),
+                "max_target_length": min(bound["max_target_length"], round(padded(targets, rows, order)))}
+    total = min(decoder_sequences(recipe, bound)[2], round(padded(sample["length"], rows, order)))
+    if recipe.task not in tasks.prompted() or "labels" not in sample.column_names:
+        # (one sequence a row: the prompt's share is what the plan's products see, its answer none of it)
+        answered = recipe.task in tasks.prompted() or recipe.task in tasks.paired()
+        return {**bound, "max_length": total, **({"max_target_length": 0} if answered else {})}
+    # A prompted decoder row: its answer is where logits are made, the mean over rows of its labelled tokens.
+    answer = min(total, round(sum(sum(t != IGNORE_INDEX for t in labels) for labels in sample["labels"])
+                              / len(sample)))
+    return {**bound, "max_length": max(1, total - answer), "max_target_length": answer}
+
+
+def padded(lengths: list[int], rows: int, order: str) -> float:
+    """The mean padded length of a batch of `rows` rows of these lengths: under random order the expected longest
+    of `rows` drawn at random; length-sorted batches' mean longest (group_by_length); a packed batch's mean
+    row length (it pads nothing)."""
+    ordered = sorted(lengths)
+    n = len(ordered)
+    if order == "packed" or rows == 1:
+        return sum(ordered) / n
+    if order == "group_by_length":
+        longest = ordered[::-1][::rows]
+        return sum(longest) / len(longest)
+    # E[max of `rows` draws] = sum of x_(i) * (P(max <= x_(i)) - P(max <= x_(i-1))), P(max <= x_(i)) = (i/n)^rows
+    return sum(x * ((i / n) ** rows - ((i - 1) / n) ** rows) for i, x in enumerate(ordered, start=1))
+
+
+def _tokenized_sample(job: Job):
+    """The first SAMPLE_ROWS of the train split in a seeded random order, tokenized by the job's formulation in
+    memory; None where no sample can be had."""
+    from hftoolkit.models import tokenized
+    from hftoolkit.models.families import formulation
+    from hftoolkit.sources.streaming import is_stream
+
+    train = (job.data or {}).get("train")
+    processor = job.model.processor
+    if train is None or is_stream(train) or processor is None or job.family == "vision" or job.recipe.rl is not None:
+        return None
+    rows = train.shuffle(seed=job.recipe.training.seed).select(range(min(SAMPLE_ROWS, len(train))))
+    with tokenized.in_memory():
+        return formulation(job).preprocess(job, processor, rows)
