@@ -11,6 +11,7 @@ data's longest where preflight tokenized the whole set (pairs, conversations).
 from __future__ import annotations
 
 import math
+import random
 
 from hftoolkit.config import tasks
 from hftoolkit.job.spec import Job
@@ -70,8 +71,8 @@ def padded(lengths: list[int], rows: int, order: str) -> float:
 
 
 def _tokenized_sample(job: Job):
-    """The first SAMPLE_ROWS of the train split in a seeded random order, tokenized by the job's formulation in
-    memory; None where no sample can be had."""
+    """SAMPLE_ROWS rows of the train split drawn from the run's seed (all of a smaller one), tokenized by the job's
+    formulation in memory; None where no sample can be had."""
     from hftoolkit.models import tokenized
     from hftoolkit.models.families import formulation
     from hftoolkit.sources.streaming import is_stream
@@ -80,6 +81,10 @@ def _tokenized_sample(job: Job):
     processor = job.model.processor
     if train is None or is_stream(train) or processor is None or job.family == "vision" or job.recipe.rl is not None:
         return None
-    rows = train.shuffle(seed=job.recipe.training.seed).select(range(min(SAMPLE_ROWS, len(train))))
+    count = len(train)
+    # (select keeps its indices in memory, where shuffle would write them beside a cached set)
+    picked = range(count) if count <= SAMPLE_ROWS else sorted(random.Random(job.recipe.training.seed).sample(
+        range(count), SAMPLE_ROWS))
+    rows = train.select(picked)
     with tokenized.in_memory():
         return formulation(job).preprocess(job, processor, rows)
