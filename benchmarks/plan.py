@@ -140,7 +140,9 @@ def meta_model(recipe):
     return model
 
 
-def planned(recipe_path: Path, sets: list[str], launch: str) -> dict:
+def planned(recipe_path: Path, sets: list[str], launch: str, lengths: dict | None = None) -> dict:
+    """The plan of a row; at `lengths` where given (the run's own planned_lengths: its data's, planning/lengths.py),
+    else at the recipe's."""
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.job.devices import this_machine
     from hftoolkit.job.precision import resolve_precision
@@ -149,12 +151,13 @@ def planned(recipe_path: Path, sets: list[str], launch: str) -> dict:
     recipe = load_recipe(recipe_path, sets)
     model = meta_model(recipe)
     shape = model_shape(model)
-    lengths = {"max_length": recipe.data.max_length, "max_target_length": recipe.data.max_target_length or 0,
-               "max_new_tokens": recipe.eval.generation.max_new_tokens}
+    recipe_lengths = {"max_length": recipe.data.max_length, "max_target_length": recipe.data.max_target_length or 0,
+                      "max_new_tokens": recipe.eval.generation.max_new_tokens}
+    lengths = lengths or {"memory": recipe_lengths, "step": recipe_lengths}
     precision = resolve_precision(recipe.training.precision, model.config.model_type)
     spread, device = spread_for(launch), this_machine()
-    memory = plan_memory(shape, recipe, spread, device, precision, lengths)
-    timing = plan_time(shape, recipe, spread, device, precision, lengths, None, None)
+    memory = plan_memory(shape, recipe, spread, device, precision, lengths["memory"])
+    timing = plan_time(shape, recipe, spread, device, precision, lengths["step"], None, None)
     return {"memory": memory.as_dict(), "time": timing.as_dict(), "parameters": shape["parameters"],
             "trainable": shape["trainable"], "precision": precision}
 
@@ -317,9 +320,10 @@ def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict
     if done.returncode != 0:
         return {"failed": (done.stderr.strip().splitlines() or ["?"])[-1][:300]}
     metrics = json.loads((out / "metrics.json").read_text())
-    peaks = json.loads((out / "manifest.json").read_text()).get("plan", {}).get("measured_peak_mb") \
-        or [metrics["peak_memory_mb"]]
+    record = json.loads((out / "manifest.json").read_text()).get("plan", {})
+    peaks = record.get("measured_peak_mb") or [metrics["peak_memory_mb"]]
     return {"peak_mb": max(peaks), "peaks_mb": peaks, "train_seconds": metrics["train_seconds"],
+            "planned_lengths": record.get("planned_lengths"),
             "wall_seconds": round(time.perf_counter() - start, 1), **step_seconds(times)}
 
 
@@ -342,7 +346,8 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
                              precision=precision)
         row = {"name": name, "launch": launch, **measured}
         if "peak_mb" in measured:
-            plan = planned(recipe, sets + [f"training.max_steps={steps}", f"training.precision={precision}"], launch)
+            plan = planned(recipe, sets + [f"training.max_steps={steps}", f"training.precision={precision}"], launch,
+                           measured.get("planned_lengths"))
             peak = plan["memory"]["peak"] / MiB
             step = plan["time"]["step_seconds"]
             row.update(planned_mb=round(peak, 1), error=round(peak / measured["peak_mb"] - 1, 4),
@@ -357,7 +362,7 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
 
 
 MEASURED = ("peak_mb", "peaks_mb", "train_seconds", "wall_seconds", "failed", "skipped", "step_median", "step_min",
-            "step_max")
+            "step_max", "planned_lengths")
 HEADER = ("| run | launch | planned MiB | measured MiB | error | planned step s | measured step s (min-max) | "
           "planned / measured |\n|---|---|---|---|---|---|---|---|")
 

@@ -34,7 +34,7 @@ class StrategyPlan:
     memory: MemoryPlan | None = None
     time: TimePlan | None = None
     not_possible: tuple[str, ...] = ()
-    lengths: dict | None = None  # the lengths its step's time is planned at
+    lengths: dict | None = None  # the lengths planned at: {"memory": a batch's longest, "step": a batch's mean}
 
     @property
     def fits(self) -> bool:
@@ -143,7 +143,7 @@ def strategy_plan(strategy: Strategy, job: Job, shape: dict, device: Device | No
     spread, lengths = strategy.spread(), memory_lengths(job)
     step = step_at or lengths
     precision = resolve_precision(job.recipe.training.precision, job.model.model_type, strategy, device)
-    return StrategyPlan(**head, precision=precision, lengths=step,
+    return StrategyPlan(**head, precision=precision, lengths={"memory": lengths, "step": step},
                         memory=plan_memory(shape, job.recipe, spread, device, precision, lengths),
                         time=plan_time(shape, job.recipe, spread, device, precision, step, train_rows, eval_rows))
 

@@ -38,13 +38,15 @@ def _planned(tmp_path, recipe: str, *sets: str) -> dict:
 ])
 def test_train_plans_a_step_at_the_data_s_lengths_whatever_the_recipe_allows(tmp_path, recipe, lengths):
     short, long = (_planned(tmp_path, recipe, length) for length in lengths)
-    assert short["planned_lengths"] == long["planned_lengths"], "the builtin set's rows are shorter than 64 tokens"
-    assert 0 < short["planned_lengths"]["max_length"] < 64
+    assert short["planned_lengths"]["step"] == long["planned_lengths"]["step"], \
+        "the builtin set's rows are shorter than 64 tokens"
+    assert 0 < short["planned_lengths"]["step"]["max_length"] < 64
+    assert long["planned_lengths"]["memory"]["max_length"] == 256
     assert short["planned_peak_mb"] < long["planned_peak_mb"], "memory is planned at what a batch can reach"
 
 
 def test_a_prompted_decoder_step_is_planned_at_its_rows_with_logits_at_their_answers(tmp_path):
     planned = _planned(tmp_path, "decoder-preference.yaml", "task=instruction", "preference=null",
                        "data.train=builtin:instructions",
-                       "data.max_length=200", "data.max_target_length=200")["planned_lengths"]
+                       "data.max_length=200", "data.max_target_length=200")["planned_lengths"]["step"]
     assert 0 < planned["max_target_length"] < planned["max_length"] + planned["max_target_length"] < 400
