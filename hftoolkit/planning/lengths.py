@@ -41,8 +41,11 @@ def step_lengths(job: Job, bound: dict) -> dict:
     rows = max(1, math.ceil(recipe.training.batch_size / (job.strategy.processes if job.strategy else 1)))
     order = "packed" if recipe.data.packing == "padding_free" else recipe.training.sampling
     if job.family == "seq2seq":
+        source = {"max_length": min(bound["max_length"], round(padded(sample["length"], rows, order)))}
+        if not isinstance(sample[0].get("labels"), list):  # (a class label: no target sequence)
+            return {**bound, **source}
         targets = [len(labels) for labels in sample["labels"]]
-        return {**bound, "max_length": min(bound["max_length"], round(padded(sample["length"], rows, order))),
+        return {**bound, **source,
                 "max_target_length": min(bound["max_target_length"], round(padded(targets, rows, order)))}
     total = min(decoder_sequences(recipe, bound)[2], round(padded(sample["length"], rows, order)))
     if recipe.task not in tasks.prompted() or "labels" not in sample.column_names:
