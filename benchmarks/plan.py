@@ -1,6 +1,6 @@
 """The memory and time plan (hftoolkit/planning/model.py) against what runs really take on this machine.
 
-    python benchmarks/plan.py [--quick] [--only NAME,...] [--heap] [--out DIR] [--replan plan.json]
+    python benchmarks/plan.py [--quick] [--only NAME,...] [--heap] [--out DIR] [--replan plan.json] [--grid-only]
 
 0. `--heap`: how much of a step's activations glibc's heap keeps resident (plan.py's CPU_HEAP_RETAINED): two rows
    trained as usual and with MALLOC_MMAP_THRESHOLD_ fixed; ZERO3_KEPT_COPIES: the ZeRO-3 row with DeepSpeed's
@@ -706,12 +706,16 @@ def main() -> None:
                         help="checkpoints and run directories (kept, so that checkpoints are built once)")
     parser.add_argument("--calibrate-only", action="store_true", help="the calibrations, no grid")
     parser.add_argument("--replan", type=Path, help="a plan.json: plan its measured rows again, train nothing")
+    parser.add_argument("--grid-only", action="store_true",
+                        help="the grid rows alone, without measuring the constants planning/model.py already holds")
     parser.add_argument("--heap", action="store_true",
                         help="measure CPU_HEAP_RETAINED and ZERO3_KEPT_COPIES first (8 runs)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     before = json.loads(args.replan.read_text()) if args.replan else None
-    if before:
+    if args.grid_only:
+        report = {}
+    elif before:
         report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained",
                                            "zero3_kept", "optimizer_seconds_per_parameter", "gloo", "step_overhead",
                                            "trl_bf16", "onednn", "copy_bytes_per_second")
@@ -726,7 +730,7 @@ def main() -> None:
         report["step_overhead"] = overhead_calibration(args.work)
         report["trl_bf16"] = trl_calibration(args.work)
         report["onednn"] = onednn_calibration(args.work)
-    print("runtime in a run, tiny model (MiB):", report["runtime_in_a_run_mib"], flush=True)
+    print("runtime in a run, tiny model (MiB):", report.get("runtime_in_a_run_mib"), flush=True)
     for key in ("optimizer_seconds_per_parameter", "gloo", "copy_bytes_per_second", "step_overhead", "trl_bf16",
                 "onednn"):
         print(f"{key}:", report.get(key), flush=True)
