@@ -18,7 +18,14 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import RECIPES, run_cli, train_recipe
-from tests.helpers.launches import LOSS_RTOL, SAME_BATCHES, assert_complete_run, assert_same_training, run_bounded
+from tests.helpers.launches import (
+    LOSS_RTOL,
+    REWARD_NOISY_SHARE,
+    SAME_BATCHES,
+    assert_complete_run,
+    assert_same_training,
+    run_bounded,
+)
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 SEQ2SEQ = RECIPES / "seq2seq-translation-t5.yaml"
@@ -313,7 +320,7 @@ def test_a_reward_model_on_two_processes_or_accumulated_trains_and_scores_as_on_
                                  "--num-processes", "2", *[a for s in sets for a in ("--set", s)]])
     assert rc == 0, output[-4000:]
     for other in ("accumulated", "two"):
-        assert_same_training(tmp_path / "one", tmp_path / other)
+        assert_same_training(tmp_path / "one", tmp_path / other, REWARD_NOISY_SHARE)
         one, two = (json.loads((tmp_path / run / "metrics.json").read_text())["eval"] for run in ("one", other))
         # (every held-out pair once. The loss sees only score differences, so the scores' common level gets a
         # gradient of rounding noise, which Adam turns into steps: the mean scores may shift together, not apart.)

@@ -103,9 +103,15 @@ def test_merge_writes_a_plain_checkpoint_equal_to_the_adapter_model(clm_run, mer
     _, _, adapter_model, _ = load_trained(clm_run)
     batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
     with torch.no_grad():
-        # (relative too: logits near 17 computed through W + BA and through W and BA apart differ by float32
-        # rounding that the number of threads changes; a merge that lost the adapter is off by far more)
-        assert torch.allclose(model(**batch).logits, adapter_model(**batch).logits, atol=1e-4, rtol=1e-4)
+        tuned = adapter_model(**batch).logits
+        with adapter_model.disable_adapter():
+            base = adapter_model(**batch).logits
+        gap = float((model(**batch).logits - tuned).abs().max())
+    # Logits computed through W + BA and through W and BA apart differ by float32 rounding, which the number of
+    # threads changes: a small share of the logits' scale, and far below what the adapter itself changed.
+    effect = float((tuned - base).abs().max())
+    print(f"merged against adapter: {gap:.3g}; adapter against base: {effect:.3g}")
+    assert gap <= 1e-3 * float(tuned.abs().max()) and gap < effect / 20, (gap, effect)
 
 
 @pytest.mark.parametrize("options, generate", [

@@ -28,6 +28,9 @@ BOUND_S = 240  # per launched run; a loaded 2-core machine takes ~45 s for one
 STEPS = 4
 LOSS_RTOL = 1e-4
 NOISY_SHARE = 0.02  # at most this share of the adapter's weights may differ by more than lr / 100
+# A reward model's loss sees only score differences: the direction that moves both scores of a pair together gets a
+# gradient of rounding noise alone, which Adam turns into steps of up to lr in every weight it reaches.
+REWARD_NOISY_SHARE = 0.06
 # Derived for fp32 (bf16 autocast rounds each product to 8 bits of mantissa): the runs pin it.
 SAME_BATCHES = ("training.precision=fp32", "lora.dropout=0", "data.max_train_samples=64", "training.batch_size=16",
                 f"training.max_steps={STEPS}",
@@ -79,8 +82,9 @@ def assert_complete_run(run: Path, command_part: str) -> None:
     assert command_part in manifest["command"], manifest["command"]  # the command the user typed
 
 
-def assert_same_training(one: Path, two: Path) -> dict:
-    """Per-step losses and final adapter weights of the 1-process and 2-process runs agree."""
+def assert_same_training(one: Path, two: Path, noisy_share: float = NOISY_SHARE) -> dict:
+    """Per-step losses and final adapter weights of the 1-process and 2-process runs agree: at most `noisy_share`
+    of the weights apart by more than lr / 100."""
     losses_one, losses_two = step_losses(one), step_losses(two)
     assert sorted(losses_one) == sorted(losses_two) == list(range(1, STEPS + 1))
     rel = max(abs(losses_two[s] - losses_one[s]) / abs(losses_one[s]) for s in losses_one)
@@ -94,5 +98,5 @@ def assert_same_training(one: Path, two: Path) -> dict:
     gaps = torch.cat([(w1[k] - w2[k]).abs().flatten() for k in w1])
     diff, share = float(gaps.max()), float((gaps > lr / 100).float().mean())
     assert diff <= 2 * lr * STEPS, f"final adapter weights differ by up to {diff}, more than Adam's steps allow"
-    assert share <= NOISY_SHARE, f"{share:.1%} of the adapter's weights differ by more than lr/100: other batches?"
+    assert share <= noisy_share, f"{share:.1%} of the adapter's weights differ by more than lr/100: other batches?"
     return {"max_rel_loss_diff": rel, "max_abs_weight_diff": diff, "share_apart": share}
