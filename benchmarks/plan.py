@@ -504,8 +504,11 @@ def calibration_run(out: Path) -> dict:
 
 def optimizer_calibration(parameters: int = 2**22, tensors: int = 64) -> dict:
     """plan.py's CPU_OPTIMIZER_SECONDS: one thread's seconds per trainable parameter of what the Trainer does to the
-    gradients once a step (clip_grad_norm_, the optimizer's step, zero_grad), per optimizer, the best of a few."""
+    gradients once a step (clip_grad_norm_, the optimizer's step, zero_grad), per optimizer, the best of a few; at
+    the reference CPU's pace (the CPU constants' unit)."""
     import torch
+
+    from hftoolkit.planning.model import cpu_pace
 
     torch.set_num_threads(1)
     found = {}
@@ -523,7 +526,7 @@ def optimizer_calibration(parameters: int = 2**22, tensors: int = 64) -> dict:
             optimizer.step()
             optimizer.zero_grad()
             times.append(time.perf_counter() - start)
-        found[name] = min(times[1:]) / parameters
+        found[name] = min(times[1:]) / parameters / cpu_pace()
     return found
 
 
@@ -594,9 +597,11 @@ def overhead_calibration(out: Path) -> dict:
     measured = train(ENC, sets, "single", out / "runs" / "calibration-overhead", steps=40)
     if "step_median" not in measured:
         return measured
+    pace = model.cpu_pace()
     planned_step = planned(ENC, sets, "single")["time"]["step_seconds"]
+    overhead = measured["step_median"] - (planned_step - model.CPU_STEP_SECONDS * pace)
     return {"measured_step": measured["step_median"], "spread": [measured["step_min"], measured["step_max"]],
-            "overhead": round(measured["step_median"] - (planned_step - model.CPU_STEP_SECONDS), 5)}
+            "pace": round(pace, 3), "overhead": round(overhead / pace, 5)}
 
 
 def activation_calibration(grid_rows: list[dict]) -> dict:
@@ -610,8 +615,9 @@ def activation_calibration(grid_rows: list[dict]) -> dict:
         if row["launch"] != "single" or "gc" in row["name"] or not items.get("element-wise") \
                 or not row.get("measured_step"):
             continue
-        written = items["element-wise"] / model.CPU_ACTIVATION_SECONDS
-        found[row["name"]] = (row["measured_step"] - (row["planned_step"] - items["element-wise"])) / written
+        pace = model.cpu_pace()
+        written = items["element-wise"] / (model.CPU_ACTIVATION_SECONDS * pace)
+        found[row["name"]] = (row["measured_step"] - (row["planned_step"] - items["element-wise"])) / written / pace
     ordered = sorted(found.values())
     return {"median": ordered and ordered[len(ordered) // 2], "rows": {k: f"{v:.3g}" for k, v in found.items()}}
 

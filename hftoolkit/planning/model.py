@@ -45,12 +45,16 @@ CUDA_RUNTIME_BYTES = {"torch": 512 * 2**20 + 32 * 2**20, "deepspeed": 640 * 2**2
 
 PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 
-# A CPU step's time besides its products, measured by benchmarks/plan.py on one thread: the fixed work of a step
+# A CPU step's time besides its products, measured by benchmarks/plan.py on one thread of a CPU whose element-wise
+# pace (training/throughput.elementwise_seconds_per_byte) was CPU_REFERENCE_PACE; on another CPU each is scaled by
+# the ratio of its own pace to that one (`cpu_pace`), as the products are planned at its own measured rate: the fixed
+# work of a step
 # (`overhead_calibration`: the steady step of a model of a fraction of a MiB, one row a step, less its planned
 # items); the Trainer's clipping, optimizer step and zero_grad per trainable parameter (`optimizer_calibration`);
 # gloo's (latency s, bytes of the full tensor per s) per collective between two processes (`gloo_calibration`).
-CPU_STEP_SECONDS = 0.0045
-CPU_OPTIMIZER_SECONDS = {"adamw": 5.6e-9, "adamw_fused": 1.9e-9, "sgd": 1.1e-9}
+CPU_REFERENCE_PACE = 6.6e-10
+CPU_STEP_SECONDS = 0.0107
+CPU_OPTIMIZER_SECONDS = {"adamw": 9.9e-9, "adamw_fused": 2.6e-9, "sgd": 2.1e-9}
 GLOO = {"all_reduce": (1.6e-4, 1.8e9), "all_gather": (1.4e-4, 1.4e9), "reduce_scatter": (2.5e-4, 0.85e9)}
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 # FSDP2 copies each gathered buffer out, twice a step, and each gradient in: six copies of the full weights a step,
@@ -59,7 +63,7 @@ FSDP2_COPIES, CPU_COPY_BYTES_PER_SECOND = 6, 6.7e9
 # Seconds per byte of activations a step writes, for its element-wise work: measured by benchmarks/plan.py
 # (`activation_calibration`: the median over its one-process rows of the step less every other planned item, over
 # the planned activations). Checkpointing's second forward pass does the forward's share of it again.
-CPU_ACTIVATION_SECONDS, CHECKPOINTED_WORK = 1.3e-9, 1.5
+CPU_ACTIVATION_SECONDS, CHECKPOINTED_WORK = 1.97e-9, 1.5
 
 
 @dataclass(frozen=True)
@@ -457,9 +461,17 @@ def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dic
                                                          else 1)
     sharded = spread.shards_optimizer and spread.processes > 1
     updated = shape["trainable"] / (spread.processes if sharded else 1)
-    return {"element-wise": written * CPU_ACTIVATION_SECONDS,
-            "optimizer": updated * CPU_OPTIMIZER_SECONDS.get(recipe.training.optimizer, CPU_OPTIMIZER_SECONDS["adamw"]),
-            "communication": _communication_seconds(shape, recipe, spread), "overhead": CPU_STEP_SECONDS}
+    pace = cpu_pace()
+    optimizer = CPU_OPTIMIZER_SECONDS.get(recipe.training.optimizer, CPU_OPTIMIZER_SECONDS["adamw"])
+    return {"element-wise": written * CPU_ACTIVATION_SECONDS * pace, "optimizer": updated * optimizer * pace,
+            "communication": _communication_seconds(shape, recipe, spread), "overhead": CPU_STEP_SECONDS * pace}
+
+
+def cpu_pace() -> float:
+    """How much slower this CPU does element-wise work than the one the CPU constants were measured on."""
+    from hftoolkit.training.throughput import elementwise_seconds_per_byte
+
+    return elementwise_seconds_per_byte() / CPU_REFERENCE_PACE
 
 
 def _communication_seconds(shape: dict, recipe, spread: Spread) -> float:

@@ -117,6 +117,47 @@ def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: 
     return cached[key]
 
 
+@cache
+def elementwise_seconds_per_byte() -> float:
+    """This CPU's pace at element-wise work, on one thread: seconds per byte written by a mix of the kernels a step
+    runs besides its products (an activation, a fused multiply-add, a softmax) over 16 MiB, best of a few. The
+    plan's CPU constants are in its units, so that they hold on a faster or slower CPU (planning/model.py).
+    Measured once per host and cached on disk beside the matmul rates."""
+    import platform
+
+    import torch
+
+    from hftoolkit.runs.rundir import write_atomic
+    from hftoolkit.sources.locations import cache_root
+
+    path, key = cache_root() / "matmul-rate.json", f"{platform.node()}-elementwise"
+    cached = _read_rates(path)
+    if key not in cached:
+        own = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            x, y = torch.randn(4 * 2**20), torch.randn(4 * 2**20)
+
+            def mix() -> float:
+                start = time.perf_counter()
+                a = torch.nn.functional.gelu(x)
+                b = torch.addcmul(x, a, y)
+                torch.softmax(b.view(-1, 1024), dim=-1)
+                return time.perf_counter() - start
+
+            mix()
+            times, deadline = [], time.perf_counter() + 0.5
+            while len(times) < 5 or time.perf_counter() < deadline:
+                times.append(mix())
+            seconds = min(times) / (3 * x.numel() * x.element_size())
+        finally:
+            torch.set_num_threads(own)
+        cached = _read_rates(path)
+        cached[key] = min(seconds, cached.get(key, seconds))  # (a busy machine's figure is too slow)
+        write_atomic(path, json.dumps(cached).encode("utf-8"))
+    return cached[key]
+
+
 def _read_rates(path) -> dict[str, float]:
     """The cached rates; an unreadable file is only a cache, so its rates are measured again."""
     try:

@@ -237,12 +237,13 @@ CPU = Device("cpu", "cpu", 64 * 2**30, {})
 
 
 def test_a_cpu_step_counts_its_fixed_work_optimizer_and_vocabulary_besides_the_products(gpt2):
-    from hftoolkit.planning.model import CPU_STEP_SECONDS
+    from hftoolkit.planning.model import CPU_STEP_SECONDS, cpu_pace
 
     plan = plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None)
     assert set(plan.items) == {"products", "vocabulary", "element-wise", "optimizer", "communication", "overhead"}
     assert plan.step_seconds == pytest.approx(sum(plan.items.values()))
-    assert plan.items["overhead"] == CPU_STEP_SECONDS and plan.step_seconds > CPU_STEP_SECONDS, \
+    fixed = CPU_STEP_SECONDS * cpu_pace()
+    assert plan.items["overhead"] == pytest.approx(fixed) and plan.step_seconds > fixed, \
         "a tiny model's step is the Trainer's work, not its few FLOPs"
     lora = model_shape(meta(__import__("transformers").GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000,
                                                                   n_positions=128), lora=True))
@@ -299,3 +300,17 @@ def test_grpo_prices_its_sampling_its_cache_and_the_reference_pass(gpt2):
                          a100, "bf16", LENGTHS).items["generation cache"] for n in (8, 96)]
     assert cache[1] > cache[0] >= 0 and cache[1] > 0
     assert plan_memory(gpt2, full(), SINGLE, a100, "bf16", LENGTHS).items.get("generation cache") is None
+
+
+def test_a_slower_cpu_plans_its_element_wise_optimizer_and_fixed_work_slower_in_proportion(gpt2, monkeypatch):
+    from hftoolkit.planning.model import CPU_REFERENCE_PACE
+    from hftoolkit.training import throughput
+
+    def plan_at(pace: float):
+        monkeypatch.setattr(throughput, "elementwise_seconds_per_byte", lambda: pace)
+        return plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None).items
+
+    here, slower = plan_at(CPU_REFERENCE_PACE), plan_at(2 * CPU_REFERENCE_PACE)
+    for item in ("element-wise", "optimizer", "overhead"):
+        assert slower[item] == pytest.approx(2 * here[item])
+    assert slower["products"] == here["products"], "the products are planned at the measured matmul rate"
