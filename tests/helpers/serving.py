@@ -45,6 +45,28 @@ def serving(pairs, api_key=None, max_batch=8, max_wait=0.05, **limits):
         sock.close()
 
 
+@contextmanager
+def gathered(batcher, queued: int, timeout: float = 60.0):
+    """Inside it, the worker's first batch waits (up to `timeout`) until `queued` more requests are in its queue
+    before it is answered, so that they reach the next batch together: what concurrent clients cause on a quiet
+    machine, made certain on a loaded one, where the clients' requests may come one by one."""
+    answer, first = batcher._answer, threading.Event()
+
+    def held(batch):
+        if not first.is_set():
+            first.set()
+            deadline = time.monotonic() + timeout
+            while batcher.queue.qsize() < queued and time.monotonic() < deadline:
+                time.sleep(0.01)
+        return answer(batch)
+
+    batcher._answer = held
+    try:
+        yield
+    finally:
+        batcher._answer = answer
+
+
 def predicted(run: Path, *args: str) -> list[dict]:
     """What `hftoolkit predict RUN ARGS --format jsonl` answers, one dict a line."""
     return [json.loads(line) for line in run_cli("predict", run, *args, "--format", "jsonl").stdout.splitlines()]

@@ -19,7 +19,7 @@ import pytest
 
 from tests.helpers import RECIPES, run_cli, train_recipe
 from tests.helpers.processes import kill_tree, start_in_group
-from tests.helpers.serving import QUICK, predicted, serving
+from tests.helpers.serving import QUICK, gathered, predicted, serving
 
 pytest.importorskip("fastapi")
 pytest.importorskip("openai")
@@ -44,7 +44,7 @@ def test_adapters_on_one_base_share_it_and_one_batch_serves_both(tiny_runs):
     pairs = [("first", tiny_runs / "labels1"), ("second", tiny_runs / "labels2")]
     with serving(pairs, max_wait=0.5) as (url, served, batcher):
         assert served["first"].base is served["second"].base, "one copy of the base"
-        with ThreadPoolExecutor(8) as pool:  # concurrent requests for both adapters, gathered into batches
+        with gathered(batcher, queued=2 * len(texts) - 1), ThreadPoolExecutor(8) as pool:  # both adapters at once
             answers = list(pool.map(lambda job: httpx.post(f"{url}/v1/classifications", json={
                 "model": job[0], "input": job[1]}, timeout=60).json(), [(n, t) for n, _ in pairs for t in texts]))
         assert batcher.batches < len(answers) and batcher.most_adapters == 2, "one batch served both adapters"

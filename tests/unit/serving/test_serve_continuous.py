@@ -17,7 +17,7 @@ from unittest import mock
 import pytest
 
 from tests.helpers import RECIPES, run_cli, train_recipe
-from tests.helpers.serving import QUICK, predicted, serving
+from tests.helpers.serving import QUICK, gathered, predicted, serving
 
 pytest.importorskip("fastapi")
 httpx = pytest.importorskip("httpx")
@@ -126,7 +126,8 @@ def test_adapters_of_one_base_are_still_mixed_in_one_batch_as_predict_answers(de
     requests = [(name, q) for q in QUESTIONS[:4] for name, _ in pairs]  # (interleaved: any batch of two mixes)
     with serving(pairs, max_wait=1.0) as (url, served, batcher):
         assert served["first"].base is served["second"].base
-        answers = concurrently(url, requests, max_tokens=12)
+        with gathered(batcher, queued=len(requests) - 1):
+            answers = concurrently(url, requests, max_tokens=12)
         assert batcher.most_adapters == 2 and batcher.answered_continuously == 0
         texts = {name: complete(url, name, QUESTIONS[0], max_tokens=12)["choices"][0]["text"] for name, _ in pairs}
     for name, run in pairs:
