@@ -182,9 +182,9 @@ def padded_tokenizer(size: int):
     from tokenizers import models
     from transformers import PreTrainedTokenizerFast
 
-    from hftoolkit.sources.tiny import SPECIALS, train_tokenizer
+    from hftoolkit.sources.tiny import SPECIALS, tiny_tokenizer
 
-    backend = train_tokenizer("bert").backend_tokenizer
+    backend = tiny_tokenizer("bert").backend_tokenizer
     vocab = backend.get_vocab(with_added_tokens=False)
     vocab.update({f"[unused{i}]": len(vocab) + i for i in range(size - len(vocab))})
     backend.model = models.WordPiece(vocab, unk_token=SPECIALS["bert"]["unk_token"])

@@ -1,7 +1,9 @@
-"""init-model: tiny random checkpoints with tokenizers trained locally, for offline smoke runs.
+"""init-model: tiny random checkpoints with small tokenizers trained on the package's own text, for offline smoke runs.
 
 `init:<arch>` in a recipe calls `ensure_tiny(arch)`, which builds the checkpoint once into a cache folder and
-reuses it. Weights are random but seeded.
+reuses it. Weights are random but seeded. The tokenizers were trained once and ship in
+data/tiny-tokenizers/ (`python -m hftoolkit.sources.tiny` trains them again): the trainer orders tied merges
+differently from one build to the next, and a tiny model must be the same model on every machine.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from hftoolkit.config.families import INIT_FAMILIES
 
 ARCHS = tuple(INIT_FAMILIES)
 VOCAB_SIZE = 1024
+TOKENIZERS = Path(__file__).resolve().parent.parent / "data" / "tiny-tokenizers"
 WIDTH = dict(hidden=64, layers=2, heads=4, ffn=128)
 
 # Special tokens per architecture: (pre-tokenizer style, tokens, post-processing template)
@@ -37,8 +40,9 @@ def cache_dir() -> Path:
 
 def ensure_tiny(arch: str) -> Path:
     """Path of the cached tiny checkpoint for `arch`, creating it on first use."""
-    # Keyed by this file's content: a change to the tiny configs or tokenizers rebuilds them.
-    digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    # Keyed by this file's content and the tokenizers': a change to the tiny configs or tokenizers rebuilds them.
+    digest = hashlib.sha256(b"".join(f.read_bytes() for f in (Path(__file__), *sorted(TOKENIZERS.glob("*.json"))))
+                            ).hexdigest()[:12]
     target = cache_dir() / f"{arch}-{digest}"
     if not (target / "config.json").is_file():
         try:
@@ -90,7 +94,7 @@ def _build(arch: str):
         pil = getattr(tf, "ViTImageProcessorPil", tf.ViTImageProcessor)  # the PIL backend needs no torchvision
         processor = pil(size={"height": 32, "width": 32})
         return tf.ViTModel(config, add_pooling_layer=False), processor
-    tokenizer = train_tokenizer(arch)
+    tokenizer = tiny_tokenizer(arch)
     ids = {k.removesuffix("_token") + "_token_id": tokenizer.convert_tokens_to_ids(v)
            for k, v in SPECIALS[arch].items()}
     vocab = len(tokenizer)
@@ -119,13 +123,19 @@ def _build(arch: str):
     return model, tokenizer
 
 
-def train_tokenizer(arch: str):
-    """A BPE tokenizer trained on the package's own text (builtin.corpus), wrapped for transformers.
-
-    The trainer may order tied merges differently from one build to the next, so a run directory keeps the
-    tokenizer it trained with and `eval`/`predict` use that one, not the cache's."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+def tiny_tokenizer(arch: str):
+    """`arch`'s tiny tokenizer as shipped, wrapped for transformers."""
+    from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer.from_file(str(TOKENIZERS / f"{arch}.json"))
+    return PreTrainedTokenizerFast(tokenizer_object=backend, model_max_length=512, **SPECIALS[arch])
+
+
+def train_tokenizer(arch: str):
+    """A WordPiece (BERT) or BPE tokenizer trained on the package's own text (builtin.corpus): what
+    data/tiny-tokenizers/ holds (tied merges aside, which the trainer orders as it happens to)."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
     from hftoolkit.sources.builtin import corpus
 
@@ -152,4 +162,10 @@ def train_tokenizer(arch: str):
         tok.post_processor = processors.TemplateProcessing(
             single=template[0], pair=template[1],
             special_tokens=[(t, tok.token_to_id(t)) for t in unique if t in " ".join(template)])
-    return PreTrainedTokenizerFast(tokenizer_object=tok, model_max_length=512, **specials)
+    return tok
+
+
+if __name__ == "__main__":  # train the shipped tokenizers again
+    TOKENIZERS.mkdir(parents=True, exist_ok=True)
+    for name in SPECIALS:
+        train_tokenizer(name).save(str(TOKENIZERS / f"{name}.json"))
