@@ -27,3 +27,21 @@ def test_two_runs_building_the_same_tiny_checkpoint_at_once_both_get_it(tmp_path
     assert os.path.isfile(os.path.join(next(iter(paths)), "config.json"))
     leftovers = [p.name for p in (tmp_path / "cache").rglob("*") if p.name.startswith(".")]
     assert not leftovers, "the losing build's temporary folder is removed"
+
+
+@pytest.mark.parametrize("arch", ["bert", "gpt2", "t5", "bart"])
+def test_a_tiny_checkpoint_built_anywhere_has_the_shipped_tokenizer_and_the_same_weights(tmp_path, arch):
+    # The tokenizer trainer orders tied merges as it happens to, so a tokenizer trained at first use made every
+    # machine's init:bert another model (and a learned result that held on one failed on another).
+    import json
+
+    from safetensors.torch import load_file
+
+    from hftoolkit.sources.tiny import TOKENIZERS, init_model
+
+    built = [init_model(arch, tmp_path / name) for name in ("one", "two")]
+    shipped = json.loads((TOKENIZERS / f"{arch}.json").read_text())["model"]["vocab"]
+    for folder in built:
+        assert json.loads((folder / "tokenizer.json").read_text())["model"]["vocab"] == shipped
+    one, two = (load_file(folder / "model.safetensors") for folder in built)
+    assert one.keys() == two.keys() and all((one[k] == two[k]).all() for k in one)
