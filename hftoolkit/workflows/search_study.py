@@ -129,7 +129,14 @@ def mismatch(study, specs: dict[str, str], objective: Objective) -> list[str]:
     where = f"study {study.study_name}"
     stored = study.user_attrs.get(SPACE_ATTR)
     if stored is None:
-        return [f"{where}: not made by hftoolkit sweep --search: name another --study"]
+        # A study with no trials yet may be one another worker has just made and not yet labelled (machines that
+        # start together): it is joined, and open_study labels it and checks the label that stuck.
+        if study.get_trials(deepcopy=False):
+            return [f"{where}: not made by hftoolkit sweep --search: name another --study"]
+        if study.direction.name.lower() != objective.direction:
+            return [f"--objective: {where} is to {study.direction.name.lower()}, not {objective.direction}: pass "
+                    "an objective of that direction, or name a new --study"]
+        return []
     lines = []
     if stored != specs:
         keys = [k for k in dict.fromkeys([*stored, *specs]) if stored.get(k) != specs.get(k)]
@@ -201,6 +208,9 @@ def open_study(url: str, name: str, space, objective: Objective, sampler_, prune
         if SPACE_ATTR not in study.user_attrs:
             study.set_user_attr(SPACE_ATTR, space.specs())
             study.set_user_attr(OBJECTIVE_ATTR, objective.text)
+        # Read back: a worker that labelled the study at the same moment with another space wins or loses here.
+        problems = mismatch(study, space.specs(), objective)
+    refuse(problems)
     return study
 
 

@@ -109,6 +109,39 @@ def test_a_study_stored_with_another_space_is_refused_and_left_as_it_was(tmp_pat
     assert (sorted(p.name for p in folder.iterdir()), (folder / ss.STUDY_DB).stat().st_mtime_ns) == before
 
 
+def test_a_study_another_worker_has_just_made_is_joined_and_one_with_others_trials_is_refused(tmp_path):
+    """Machines that start together: one has made the study and not yet labelled it with its space when the other
+    checks it. An empty, unlabelled study is joined and labelled; one holding trials of its own is someone else's;
+    the label that stuck is what each worker is held to."""
+    import optuna
+
+    from hftoolkit.base.errors import UserError
+    from hftoolkit.workflows import search_study as ss
+
+    folder = tmp_path / "encoder-classification"
+    folder.mkdir()
+    url, goal = ss.default_url(folder), ss.Objective("accuracy", "maximize")
+    space = parse_space(["lora.r=int:4:8"], ENCODER, [])
+    bare = optuna.create_study(storage=url, study_name="racing", direction="maximize")
+    assert ss.mismatch(ss.stored_study(url, "racing"), space.specs(), goal) == []
+    minimize = ss.Objective("loss", "minimize")
+    assert ss.mismatch(bare, space.specs(), minimize) == [
+        "--objective: study racing is to maximize, not minimize: pass an objective of that direction, or name a "
+        "new --study"]
+
+    made = lambda s: ss.open_study(url, "racing", s, goal, ss.sampler("random", s, 0, None),  # noqa: E731
+                                   ss.pruner("none", None), 5)
+    assert made(space).user_attrs[ss.SPACE_ATTR] == {"lora.r": "int:4:8"}
+    with pytest.raises(UserError, match=r"^--param: study racing searches another space \(lora.r: int:4:8 there, "
+                                        r"int:4:16 here\)"):
+        made(parse_space(["lora.r=int:4:16"], ENCODER, []))
+
+    foreign = optuna.create_study(storage=url, study_name="theirs", direction="maximize")
+    foreign.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
+    assert ss.mismatch(ss.stored_study(url, "theirs"), space.specs(), goal) == [
+        "study theirs: not made by hftoolkit sweep --search: name another --study"]
+
+
 def test_a_search_option_on_a_grid_sweep_asks_for_search(tmp_path):
     result = run_cli("sweep", ENCODER, "--out", tmp_path, "--param", "lora.r=int:4:8", expect=2)
     assert "--param: a search option, and this is a grid sweep: add --search" in plain(result.output)
