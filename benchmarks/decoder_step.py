@@ -8,11 +8,13 @@ own, from a second, unprofiled pass over as many steps), matmul_fraction as metr
 profile's top operators by self CPU time. `--tiny` runs the same on init:gpt2. `--layouts padding_free,false`
 times each precision under each data.packing instead, unprofiled, `--repeats` times each (the best and the spread):
 what packing.ATTENTION_FLOP_COST is set by. `--attention fp32,bf16` times bf16 steps with attention computed in
-each (job/hardware.attention_in_fp32 decides it for a run).
+each (job/hardware.attention_in_fp32 decides it for a run). `--frozen once,each` times bf16 steps with the frozen
+weights cast to bf16 once as training begins (training/frozen_weights.py) against autocast's cast at every step.
 
     python benchmarks/decoder_step.py [--steps 6] [--warmup 2] [--precisions fp32,bf16] [--top 15] [--tiny]
     python benchmarks/decoder_step.py --layouts padding_free,false [--repeats 3]
     python benchmarks/decoder_step.py --precisions fp32,bf16 --attention fp32,bf16 [--repeats 3]
+    python benchmarks/decoder_step.py --precisions fp32,bf16 --frozen once,each [--repeats 3]
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def train_steps(sets: list[str], precision: str, steps: int, warmup: int, profil
     original = Trainer.training_step
     Trainer.training_step = window.wrap(original)
     try:
-        recipe = load_recipe(RECIPE, [*sets, f"training.precision={precision}", "lora.targets=[q_proj,v_proj]",
+        recipe = load_recipe(RECIPE, [*sets, f"training.precision={precision}",
                                       "training.batch_size=8", f"training.max_steps={warmup + steps + 1}",
                                       "data.max_eval_samples=8", "eval.max_predictions=0",
                                       "eval.generation.max_new_tokens=2", f"name=step-{precision}"])
@@ -89,6 +91,8 @@ def main() -> None:
     parser.add_argument("--tiny", action="store_true")
     parser.add_argument("--layouts", help="data.packing values to time against each other, unprofiled")
     parser.add_argument("--attention", help="for bf16: attention dtypes to time against each other (fp32,bf16)")
+    parser.add_argument("--frozen", help="for bf16: when frozen weights are cast, to time against each other "
+                        "(once,each)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     import torch
@@ -97,7 +101,7 @@ def main() -> None:
 
     sets = checkpoint_sets(args.tiny)
     print(f"CPU: {cpu_record()}; torch threads: {torch.get_num_threads()}")
-    if args.layouts or args.attention:
+    if args.layouts or args.attention or args.frozen:
         return time_variants(sets, args)
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -116,8 +120,8 @@ def main() -> None:
 
 
 def time_variants(sets: list[str], args) -> None:
-    """Seconds a step for each precision, data.packing and (bf16 only) attention dtype, unprofiled; the repeats
-    interleaved so that whatever else loads the machine falls on all of them."""
+    """Seconds a step for each precision, data.packing and (bf16 only) attention dtype and frozen weights' cast,
+    unprofiled; the repeats interleaved so that whatever else loads the machine falls on all of them."""
     import itertools
     import statistics
 
@@ -125,31 +129,37 @@ def time_variants(sets: list[str], args) -> None:
 
     layouts = args.layouts.split(",") if args.layouts else [None]
     attentions = args.attention.split(",") if args.attention else [None]
-    variants = [(p, layout, a if p == "bf16" else None)
-                for p, layout, a in itertools.product(args.precisions.split(","), layouts, attentions)]
+    frozen = args.frozen.split(",") if args.frozen else [None]
+    variants = [(p, layout, a if p == "bf16" else None, f if p == "bf16" else None)
+                for p, layout, a, f in itertools.product(args.precisions.split(","), layouts, attentions, frozen)]
     variants = list(dict.fromkeys(variants))
     times: dict = {v: [] for v in variants}
     padding: dict = {}
-    chosen = trainer.attention_in_fp32
+    chosen, holds = trainer.attention_in_fp32, trainer.holds_frozen_in_bf16
     with tempfile.TemporaryDirectory() as tmp:
         for repeat in range(args.repeats):
-            for precision, layout, attention in variants:
-                out = Path(tmp) / f"{precision}-{layout}-{attention}-{repeat}"
+            for variant in variants:
+                precision, layout, attention, cast = variant
+                out = Path(tmp) / f"{'-'.join(map(str, variant))}-{repeat}"
                 extra = [f"data.packing={layout}"] if layout else []
                 if attention is not None:  # (build_trainer asks attention_in_fp32)
                     trainer.attention_in_fp32 = lambda a=attention: a == "fp32"
                     _undo_attention()
+                if cast is not None:  # (and holds_frozen_in_bf16)
+                    trainer.holds_frozen_in_bf16 = lambda job, device, c=cast: c == "once"
                 try:
                     seconds, metrics, _ = train_steps([*sets, *extra], precision, args.steps, args.warmup, False, out)
                 finally:
-                    trainer.attention_in_fp32 = chosen
-                times[precision, layout, attention].append(seconds / args.steps)
-                padding[precision, layout, attention] = metrics.get("padding_fraction")
-    print("\n| precision | data.packing | attention | best s a step | spread | padding |\n|---|---|---|---|---|---|")
-    for (precision, layout, attention), seconds in times.items():
+                    trainer.attention_in_fp32, trainer.holds_frozen_in_bf16 = chosen, holds
+                times[variant].append(seconds / args.steps)
+                padding[variant] = metrics.get("padding_fraction")
+    print("\n| precision | data.packing | attention | frozen weights cast | best s a step | spread | padding |\n"
+          "|---|---|---|---|---|---|---|")
+    for variant, seconds in times.items():
+        precision, layout, attention, cast = variant
         spread = statistics.stdev(seconds) if len(seconds) > 1 else 0.0
-        print(f"| {precision} | {layout or 'default'} | {attention or 'default'} | {min(seconds):.3f} | "
-              f"{spread:.3f} | {padding[precision, layout, attention]} |")
+        print(f"| {precision} | {layout or 'default'} | {attention or 'default'} | {cast or 'default'} | "
+              f"{min(seconds):.3f} | {spread:.3f} | {padding[variant]} |")
 
 
 def _undo_attention() -> None:

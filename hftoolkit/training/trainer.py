@@ -17,6 +17,7 @@ from hftoolkit.runs.rundir import RunDirectory
 from hftoolkit.training.batching import LengthBatching
 from hftoolkit.training.checkpoints import AtomicCheckpoints
 from hftoolkit.training.eval_during_training import EvalContext, EvalDuringTraining
+from hftoolkit.training.frozen_weights import FrozenWeightsInBf16, holds_frozen_in_bf16
 from hftoolkit.training.loss import ItemNormalizedLoss
 from hftoolkit.training.nonfinite import NonFiniteGuard
 from hftoolkit.training.progress import use_progress
@@ -63,6 +64,7 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
             eval_dataset=shortest_first(encoded["eval"])[0],  # read in order (LengthBatching): batches of one length
             processing_class=processor, **extra)
     trainer.batch_order = batch_order(job.recipe, encoded["train"])
+    trainer.frozen_in_bf16 = holds_frozen_in_bf16(job, args.device.type)
     if scoring == "rl":
         trainer.token_counter = counter  # (TRL collates nothing: the answers are counted as they are sampled)
     use_progress(trainer)  # one progress bar instead of the Trainer's tqdm bars and printed log dicts
@@ -128,12 +130,13 @@ def epoch_to_collator(collate):
 
 
 # The mixins every Trainer gets (training/grpo.py has the set for trainers that sample their own batches).
-MIXINS = (NonFiniteGuard, AtomicCheckpoints, StreamPosition, LengthBatching, EvalDuringTraining)
+MIXINS = (FrozenWeightsInBf16, NonFiniteGuard, AtomicCheckpoints, StreamPosition, LengthBatching, EvalDuringTraining)
 
 
 def toolkit_trainer(base, *loss, mixins=MIXINS):
-    """`base` (Trainer, Seq2SeqTrainer or one of TRL's trainers) with the non-finite guard, atomic checkpoints
-    and length-bucketed batches; `loss` the mixin that scales the loss (ItemNormalizedLoss: a loss scale that holds
-    on any number of processes), none where `base` computes a loss of its own."""
+    """`base` (Trainer, Seq2SeqTrainer or one of TRL's trainers) with frozen weights cast once, the non-finite
+    guard, atomic checkpoints and length-bucketed batches; `loss` the mixin that scales the loss
+    (ItemNormalizedLoss: a loss scale that holds on any number of processes), none where `base` computes a loss of
+    its own."""
     # (the loss mixin after EvalDuringTraining: the eval loss is final before the metrics derived from it)
     return type(f"Toolkit{base.__name__}", (*mixins, *loss, base), {})

@@ -218,6 +218,43 @@ def test_plan_rows_carry_each_strategys_precision(monkeypatch, tmp_path):
         assert precisions["zero3"] == precisions["zero2"] == "fp32"
 
 
+@pytest.mark.parametrize("recipe_path", [ENCODER, RECIPES / "seq2seq-translation-t5.yaml"])
+def test_bf16_on_a_cpu_casts_frozen_weights_once_and_trains_the_same_numbers(tmp_path, recipe_path):
+    """A LoRA run's frozen linear weights are held in bf16 while it trains under bf16 autocast on a CPU (what autocast
+    would cast them to at every step): losses, evals (T5's generated and scored outside autocast) and adapters are
+    bit for bit those of the per-step casts, and training's end gives back the very fp32 weights it began with."""
+    from collections import Counter
+
+    import torch
+    from transformers import TrainerCallback
+
+    seen = {}
+
+    class Dtypes(TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            seen.setdefault(cast, Counter(str(p.dtype) for p in model.parameters() if not p.requires_grad))
+
+    runs = {}
+    for cast in (True, False):
+        torch.manual_seed(0)  # (the adapters' initial weights: the same for both)
+        _, trainer = build(tmp_path / str(cast), "training.precision=bf16", "training.max_steps=3", "eval.every=2",
+                           "training.logging_steps=1", recipe_path=recipe_path)
+        assert trainer.frozen_in_bf16
+        trainer.frozen_in_bf16 = cast
+        trainer.add_callback(Dtypes())
+        before = dict(trainer.model.named_parameters())
+        trainer.train()
+        after = dict(trainer.model.named_parameters())
+        assert after.keys() == before.keys() and all(after[k] is before[k] for k in before)
+        assert {p.dtype for p in after.values()} == {torch.float32}
+        runs[cast] = ([{k: v for k, v in e.items() if "runtime" not in k and "per_second" not in k}
+                       for e in trainer.state.log_history],
+                      {k: v.detach().clone() for k, v in after.items() if v.requires_grad})
+    assert seen[True]["torch.bfloat16"] > 0 and "torch.bfloat16" not in seen[False], seen
+    assert any("eval_loss" in e for e in runs[True][0]) and runs[True][0] == runs[False][0]
+    assert all(torch.equal(runs[True][1][k], runs[False][1][k]) for k in runs[False][1])
+
+
 # ---------------------------------------------------------------- optimizers and schedules
 
 
