@@ -19,7 +19,7 @@ and TRL's eval), and the train seconds each side took to reach a target loss (`t
 mixed job, hftoolkit's default's on SST-2), read off its checkpoints.
 
     python benchmarks/learning.py --data-dir ../shared/data [--job mixed|sst2|both] [--seeds 3] [--steps 60]
-        [--no-trl] [--output learning.json]
+        [--sides hftoolkit,...] [--longer 90] [--no-trl] [--output learning.json]
 """
 
 from __future__ import annotations
@@ -98,26 +98,27 @@ def checkpoints(folder: Path) -> list[tuple[int, Path]]:
 
 # Each side of hftoolkit's: the --set changes to the shared settings (the default: random order, and on a decoder
 # that packs, each batch's examples in one row, padding nothing).
-MIXED_SIDES = {"hftoolkit": [], "hftoolkit random, padded": ["data.packing=false"],
+MIXED_SIDES = {"hftoolkit": [], "hftoolkit padded": ["data.packing=false"],
                "hftoolkit group_by_length": ["data.packing=false", "training.sampling=group_by_length"]}
 SST2_SIDES = {"hftoolkit": [], "hftoolkit group_by_length": ["training.sampling=group_by_length"]}
 
 
-def hftoolkit_mixed(args, base: Path, train: Path, heldout: Path, side: list[str], seed: int, out: Path) -> dict:
+def hftoolkit_mixed(args, base: Path, train: Path, heldout: Path, side: list[str], seed: int, out: Path,
+                    steps: int) -> dict:
     sets = [f"model.checkpoint={base}", "model.gguf_file=null", "model.revision=null", "lora.r=8",
             "lora.alpha=16", "lora.dropout=0", "lora.targets=[q_proj,v_proj]", f"data.train={train}",
             f"data.eval={heldout}", "data.max_length=128", "data.max_target_length=64",
-            f"training.max_steps={args.steps}", "training.batch_size=8", "training.learning_rate=0.001",
+            f"training.max_steps={steps}", "training.batch_size=8", "training.learning_rate=0.001",
             "training.warmup_ratio=0", "training.scheduler=linear", f"training.seed={seed}",
-            f"training.save_steps={args.every}", f"training.keep_last={args.steps}", "eval.max_predictions=0",
+            f"training.save_steps={args.every}", f"training.keep_last={steps}", "eval.max_predictions=0",
             "eval.batch_size=16", *side]
     command = [sys.executable, "-m", "hftoolkit", "train", "recipes/smollm2-instruct.yaml", "--output", str(out),
                *[x for s in sets for x in ("--set", s)]]
     status = run(command, out.with_suffix(".log"))
     metrics = json.loads((out / "metrics.json").read_text()) if (out / "metrics.json").is_file() else {}
-    return {"status": status, "train_seconds": metrics.get("train_seconds"), "steps": args.steps,
+    return {"status": status, "train_seconds": metrics.get("train_seconds"), "steps": steps,
             "padding_fraction": metrics.get("padding_fraction"), "own_eval_loss": metrics.get("eval", {}).get("loss"),
-            "adapters": checkpoints(out / "checkpoints") + [(args.steps, out / "adapter")]}
+            "adapters": checkpoints(out / "checkpoints") + [(steps, out / "adapter")]}
 
 
 def trl_mixed(args, base: Path, data: Path, seed: int, out: Path) -> dict:
@@ -273,12 +274,15 @@ def mixed_job(args, tmp: Path) -> dict:
         write_jsonl(tmp / "trl-data" / f"{name}.jsonl",
                     [{"prompt": [{"role": "user", "content": r["text"]}],
                       "completion": [{"role": "assistant", "content": r["target"]}]} for r in part])
+    chosen = {name: (side, args.steps) for name, side in MIXED_SIDES.items() if name in args.sides}
+    if args.longer:  # (the same job given more steps: when it reaches the target, against the target side's time)
+        chosen[f"hftoolkit, {args.longer} steps"] = ([], args.longer)
     sides: dict[str, list[dict]] = {}
     for seed in range(args.seeds):  # the sides interleaved within a seed: machine noise falls on all alike
-        for number, (name, side) in enumerate(MIXED_SIDES.items()):
+        for number, (name, (side, steps)) in enumerate(chosen.items()):
             print(f"mixed, seed {seed}: {name}", flush=True)
             sides.setdefault(name, []).append(
-                hftoolkit_mixed(args, base, train, heldout_file, side, seed, tmp / f"mixed-{number}-{seed}"))
+                hftoolkit_mixed(args, base, train, heldout_file, side, seed, tmp / f"mixed-{number}-{seed}", steps))
         if args.trl:
             print(f"mixed, seed {seed}: trl sft", flush=True)
             sides.setdefault("trl sft", []).append(trl_mixed(args, base, tmp / "trl-data", seed, tmp / f"trl-{seed}"))
@@ -323,10 +327,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=60, help="optimizer steps of the mixed job")
     parser.add_argument("--every", type=int, default=10, help="steps between the mixed job's saved adapters")
+    parser.add_argument("--sides", default=",".join(MIXED_SIDES),
+                        help=f"the mixed job's hftoolkit sides, comma-separated among: {', '.join(MIXED_SIDES)}")
+    parser.add_argument("--longer", type=int, help="a further hftoolkit side on the mixed job, trained this many "
+                        "steps: the seconds it takes to reach the target loss")
     parser.add_argument("--sst2-size", type=int, default=4000)
     parser.add_argument("--no-trl", dest="trl", action="store_false")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
+    args.sides = [name.strip() for name in args.sides.split(",")]
+    unknown = [name for name in args.sides if name not in MIXED_SIDES]
+    if unknown:
+        parser.error(f"--sides: unknown {', '.join(unknown)}: choose among {', '.join(MIXED_SIDES)}")
     started, results = time.perf_counter(), {}
     with tempfile.TemporaryDirectory() as tmp:
         if args.job in ("mixed", "both"):

@@ -74,9 +74,10 @@ def frozen_linear_weights(model) -> list[tuple]:
     uses = Counter(id(p) for _, p in model.named_parameters(remove_duplicate=False))
     swaps = []
     for module in model.modules():
-        weight = getattr(module, "weight", None)
-        if type(module) is torch.nn.Linear and weight.dtype == torch.float32 and not weight.requires_grad \
-                and uses[id(weight)] == 1:
+        if type(module) is not torch.nn.Linear:
+            continue
+        weight = module.weight
+        if weight.dtype == torch.float32 and not weight.requires_grad and uses[id(weight)] == 1:
             swaps.append((module, weight, torch.nn.Parameter(weight.detach().to(torch.bfloat16),
                                                              requires_grad=False)))
     return swaps
