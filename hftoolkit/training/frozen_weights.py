@@ -21,10 +21,9 @@ def holds_frozen_in_bf16(job, device: str) -> bool:
     memory; not under compile, whose graphs are left as they are."""
     from hftoolkit.config import tasks
     from hftoolkit.training.strategies import strategy_of
-    from hftoolkit.training.strategies.single import Single
 
     t = job.recipe.training
-    return job.precision == "bf16" and device == "cpu" and isinstance(strategy_of(job), Single) \
+    return job.precision == "bf16" and device == "cpu" and strategy_of(job).name == "single" \
         and tasks.spec(job.recipe.task).scoring not in ("preference", "rl") \
         and not t.compile and not t.gradient_checkpointing
 
