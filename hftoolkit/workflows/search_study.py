@@ -133,9 +133,10 @@ def mismatch(study, specs: dict[str, str], objective: Objective) -> list[str]:
         # start together): it is joined, and open_study labels it and checks the label that stuck.
         if study.get_trials(deepcopy=False):
             return [f"{where}: not made by hftoolkit sweep --search: name another --study"]
-        if study.direction.name.lower() != objective.direction:
-            return [f"--objective: {where} is to {study.direction.name.lower()}, not {objective.direction}: pass "
-                    "an objective of that direction, or name a new --study"]
+        directions = [d.name.lower() for d in study.directions]
+        if directions != [objective.direction]:
+            return [f"--objective: {where} is to {' and '.join(directions)}, not {objective.direction}: pass an "
+                    "objective of that direction, or name a new --study"]
         return []
     lines = []
     if stored != specs:

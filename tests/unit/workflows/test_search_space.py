@@ -129,12 +129,19 @@ def test_a_study_another_worker_has_just_made_is_joined_and_one_with_others_tria
         "--objective: study racing is to maximize, not minimize: pass an objective of that direction, or name a "
         "new --study"]
 
-    made = lambda s: ss.open_study(url, "racing", s, goal, ss.sampler("random", s, 0, None),  # noqa: E731
-                                   ss.pruner("none", None), 5)
-    assert made(space).user_attrs[ss.SPACE_ATTR] == {"lora.r": "int:4:8"}
+    def joined(searched):
+        return ss.open_study(url, "racing", searched, goal, ss.sampler("random", searched, 0, None),
+                             ss.pruner("none", None), 5)
+
+    assert joined(space).user_attrs[ss.SPACE_ATTR] == {"lora.r": "int:4:8"}
     with pytest.raises(UserError, match=r"^--param: study racing searches another space \(lora.r: int:4:8 there, "
                                         r"int:4:16 here\)"):
-        made(parse_space(["lora.r=int:4:16"], ENCODER, []))
+        joined(parse_space(["lora.r=int:4:16"], ENCODER, []))
+
+    two = optuna.create_study(storage=url, study_name="two", directions=["maximize", "minimize"])
+    assert ss.mismatch(two, space.specs(), goal) == [
+        "--objective: study two is to maximize and minimize, not maximize: pass an objective of that direction, or "
+        "name a new --study"]
 
     foreign = optuna.create_study(storage=url, study_name="theirs", direction="maximize")
     foreign.optimize(lambda trial: trial.suggest_float("x", 0, 1), n_trials=1)
