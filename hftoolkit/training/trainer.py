@@ -73,6 +73,15 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
     trainer.keep_last, trainer.keep_best = t.keep_last, job.recipe.eval.keep_best
     trainer.eval_context = EvalContext(job, processor, scorer, counter, data["eval"] if data else None)
     trainer.counts_on_main = job.recipe.data.num_workers > 0  # (the collator then runs in the worker processes)
+    _add_callbacks(trainer, job, counter)
+    _tensorboard_into(trainer, run / "tensorboard")
+    strategy.prepare(trainer, run)
+    return trainer
+
+
+def _add_callbacks(trainer, job: Job, counter) -> None:
+    """The callbacks the run asks for: the collator's epoch, early stopping, the best checkpoint, a search's
+    pruning."""
     if hasattr(counter.collate, "epoch"):  # a collator whose randomness depends on the epoch (MLM masking)
         trainer.add_callback(epoch_to_collator(counter.collate))
     if job.recipe.eval.early_stopping is not None:
@@ -85,9 +94,6 @@ def build_trainer(job: Job, run: RunDirectory, model, processor, encoded, counte
     pruning = pruning_callback()  # (a search trial: its evals reported to its study, which may stop it)
     if pruning is not None:
         trainer.add_callback(pruning)
-    _tensorboard_into(trainer, run / "tensorboard")
-    strategy.prepare(trainer, run)
-    return trainer
 
 
 def _tensorboard_into(trainer, folder: Path) -> None:
