@@ -23,6 +23,12 @@ from hftoolkit.serving.registry import GENERATES, ServedRun
 # model the batcher's other path shares, to its own paged version, which plain `generate` can't run.
 KEPT_ATTENTION = ("sdpa", "flash_attention_2", "flash_attention_3")
 
+# Tokens a cache page holds. Requests whose prompts begin alike (the chat template's system prompt, a shared
+# instruction, few-shot examples) share the pages of that beginning and skip prefilling it, but transformers shares
+# whole pages only: its default of 256 tokens is longer than most chat prompts, so nothing would be shared. 16 is
+# vLLM's default block size.
+PAGE_TOKENS = 16
+
 
 def answers_continuously(run: ServedRun, job) -> bool:
     """Whether a request goes through continuous batching: greedy text from a decoder whose base serves one set of
@@ -59,7 +65,8 @@ class Continuous:
     def open(cls, run: ServedRun, max_batch: int, max_new_tokens: int) -> Continuous | None:
         """The manager for the run's base, or None where greedy answers could differ from the other path's (logits
         processing) or it can't start. Its paged cache is allocated once, for `max_batch` requests of the longest
-        prompt the run keeps (data.max_length) and `max_new_tokens`, so no request is ever evicted to make room."""
+        prompt the run keeps (data.max_length) and `max_new_tokens`, so no request is ever evicted to make room (the
+        pages kept for prompts' shared beginnings are given up first)."""
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
 
         model = run.base.model.get_base_model() if hasattr(run.base.model, "get_base_model") else run.base.model
@@ -67,7 +74,7 @@ class Continuous:
         settings.update(do_sample=False, num_beams=1)  # (per request: max_new_tokens and eos)
         longest = run.job.max_length + max(max_new_tokens, run.job.max_new_tokens)
         limits = ContinuousBatchingConfig(
-            num_blocks=max_batch * ceil(longest / ContinuousBatchingConfig.page_size), max_requests_per_batch=max_batch,
+            page_size=PAGE_TOKENS, num_blocks=max_batch * ceil(longest / PAGE_TOKENS), max_requests_per_batch=max_batch,
             max_batch_tokens=max(64, max_batch * run.job.max_length),  # (every prompt of a full batch in one step)
             auto_switch_to_flash=False, drop_unsupported_processors=False)
         manager = None

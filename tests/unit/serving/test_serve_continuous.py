@@ -2,7 +2,8 @@
 
 What a client notices: the same greedy answers as the static path gives (and predict), fp32 and bf16, adapter and
 merged runs; a lone request answered without waiting out --max-wait-ms; streaming, stop strings and max_tokens as
-before; and adapters of one base still mixed in one static batch. Servers run in this process
+before; prompts that begin alike prefilled once for that beginning, with the same answers; and adapters of one base
+still mixed in one static batch. Servers run in this process
 (tests/helpers/serving.py's `serving`); the static path is had by switching continuous batching off for a server.
 """
 
@@ -126,7 +127,7 @@ def test_adapters_of_one_base_are_still_mixed_in_one_batch_as_predict_answers(de
     requests = [(name, q) for q in QUESTIONS[:4] for name, _ in pairs]  # (interleaved: any batch of two mixes)
     with serving(pairs, max_wait=1.0) as (url, served, batcher):
         assert served["first"].base is served["second"].base
-        with gathered(batcher, queued=len(requests) - 1):
+        with gathered(batcher, requests=len(requests)):
             answers = concurrently(url, requests, max_tokens=12)
         assert batcher.most_adapters == 2 and batcher.answered_continuously == 0
         texts = {name: complete(url, name, QUESTIONS[0], max_tokens=12)["choices"][0]["text"] for name, _ in pairs}
@@ -159,3 +160,31 @@ def test_streaming_stop_strings_and_max_tokens_through_continuous_batching(decod
         else:
             assert "".join(pieces) == text and chunks[-1]["choices"][0]["finish_reason"] == "length"
             assert len(pieces) > 1, "the answer came in pieces as it was written"
+
+
+def test_prompts_that_begin_alike_share_their_first_pages_and_answer_as_the_static_path_does(decoder_runs):
+    """The pages of a beginning several prompts share (a system prompt, an instruction) are prefilled once: later
+    requests start past it. What each request skipped is read where transformers' scheduler asks the cache."""
+    from transformers.generation.continuous_batching.cache import PagedAttentionCache
+
+    from hftoolkit.serving.continuous import PAGE_TOKENS
+
+    shared = "Answer briefly, in plain words: "  # (with a question, within the run's 64-token prompts)
+    requests = [("model", shared + q) for q in QUESTIONS[:4]]
+    search = PagedAttentionCache.search_prefix_match
+    skipped = []
+
+    def spied(cache, request_id, prompt_ids):
+        skipped.append(search(cache, request_id, prompt_ids))
+        return skipped[-1]
+
+    with mock.patch.object(PagedAttentionCache, "search_prefix_match", spied), \
+            serving([("model", decoder_runs / "chat1")]) as (url, _, batcher):
+        first = chat(url, "model", requests[0][1], max_tokens=12)
+        later = concurrently(url, requests[1:], max_tokens=12)
+        assert batcher.answered_continuously == len(requests)
+    with static_path_only(), serving([("model", decoder_runs / "chat1")]) as (url, _, _):
+        static = [chat(url, "model", q, max_tokens=12) for _, q in requests]
+    assert skipped[0] == 0 and len(skipped) == len(requests)
+    assert all(s >= PAGE_TOKENS and s % PAGE_TOKENS == 0 for s in skipped[1:]), skipped
+    assert [a["choices"] for a in [first, *later]] == [a["choices"] for a in static]
