@@ -46,17 +46,17 @@ def serving(pairs, api_key=None, max_batch=8, max_wait=0.05, **limits):
 
 
 @contextmanager
-def gathered(batcher, queued: int, timeout: float = 60.0):
-    """Inside it, the worker's first batch waits (up to `timeout`) until `queued` more requests are in its queue
-    before it is answered, so that they reach the next batch together: what concurrent clients cause on a quiet
-    machine, made certain on a loaded one, where the clients' requests may come one by one."""
+def gathered(batcher, requests: int, timeout: float = 60.0):
+    """Inside it, the worker's first batch waits (up to `timeout`) until it and the queue hold all `requests`, so that
+    the rest reach the next batch together: what concurrent clients cause on a quiet machine, made certain on a loaded
+    one, where the clients' requests may come one by one (or two may reach the first batch together)."""
     answer, first = batcher._answer, threading.Event()
 
     def held(batch):
         if not first.is_set():
             first.set()
             deadline = time.monotonic() + timeout
-            while batcher.queue.qsize() < queued and time.monotonic() < deadline:
+            while len(batch) + batcher.queue.qsize() < requests and time.monotonic() < deadline:
                 time.sleep(0.01)
         return answer(batch)
 

@@ -44,7 +44,7 @@ def test_adapters_on_one_base_share_it_and_one_batch_serves_both(tiny_runs):
     pairs = [("first", tiny_runs / "labels1"), ("second", tiny_runs / "labels2")]
     with serving(pairs, max_wait=0.5) as (url, served, batcher):
         assert served["first"].base is served["second"].base, "one copy of the base"
-        with gathered(batcher, queued=2 * len(texts) - 1), ThreadPoolExecutor(8) as pool:  # both adapters at once
+        with gathered(batcher, requests=2 * len(texts)), ThreadPoolExecutor(8) as pool:  # both adapters at once
             answers = list(pool.map(lambda job: httpx.post(f"{url}/v1/classifications", json={
                 "model": job[0], "input": job[1]}, timeout=60).json(), [(n, t) for n, _ in pairs for t in texts]))
         assert batcher.batches < len(answers) and batcher.most_adapters == 2, "one batch served both adapters"
