@@ -8,10 +8,13 @@ a few steps) and merged; then each server in turn answers the same chat requests
   - transformers serve MERGED --continuous-batching
   - transformers serve MERGED (its static path), unless --no-static
 One client function measures every server: requests per second, p50 and p99 latency, completion tokens per
-second (from each answer's usage), errors. Bounded in requests and in time (`--seconds` a server at most).
+second, errors. Completion tokens are counted the same way for every server, by tokenizing each answer's text with
+the model's tokenizer: the servers' own `usage` differ (transformers counts the end-of-turn token, hftoolkit does
+not), while their greedy answers are the same. `--rounds` runs every server in turn that many times, and each figure
+is printed as the mean and the range over the rounds. Bounded in requests and in time (`--seconds` a server at most).
 
-    python benchmarks/serve_decoder.py [--clients 8] [--requests 64] [--max-tokens 24] [--work DIR] [--only NAME]
-        [--output serve_decoder.json]
+    python benchmarks/serve_decoder.py [--clients 8] [--requests 64] [--max-tokens 24] [--rounds 3] [--work DIR]
+        [--only NAME] [--output serve_decoder.json]
 """
 
 from __future__ import annotations
@@ -86,8 +89,10 @@ class Server:
         self.process.wait(timeout=120)
 
 
-def load(server: Server, clients: int, requests: int, max_tokens: int, seconds: float) -> dict:
-    """`clients` threads sending chat requests one after the other until `requests` are answered."""
+def load(server: Server, clients: int, requests: int, max_tokens: int, seconds: float, count, first: int = 0) -> dict:
+    """`clients` threads sending chat requests one after the other until `requests` are answered; `count(text)` is
+    the number of tokens of an answer. Request n asks QUESTIONS[n % 8] numbered `first + n`: no two prompts are the
+    same, and what they share is what chat prompts share, the chat template's beginning."""
     import httpx
 
     latencies, tokens, errors, lock = [], [0], [], threading.Lock()
@@ -95,20 +100,22 @@ def load(server: Server, clients: int, requests: int, max_tokens: int, seconds: 
 
     def client(k: int) -> None:
         with httpx.Client(timeout=300) as http:
-            for i in range(requests):
+            while True:
                 with lock:
                     if left[0] <= 0 or time.monotonic() > stop:
                         return
+                    n = requests - left[0]
                     left[0] -= 1
+                question = f"{QUESTIONS[n % len(QUESTIONS)]} (question {first + n})"
                 body = {"model": server.model, "temperature": 0, "max_tokens": max_tokens,
-                        "messages": [{"role": "user", "content": QUESTIONS[(k + i) % len(QUESTIONS)]}]}
+                        "messages": [{"role": "user", "content": question}]}
                 started = time.perf_counter()
                 answer = http.post(f"{server.url}/v1/chat/completions", json=body)
                 took = time.perf_counter() - started
                 with lock:
                     if answer.status_code == 200:
                         latencies.append(took)
-                        tokens[0] += answer.json()["usage"]["completion_tokens"]
+                        tokens[0] += count(answer.json()["choices"][0]["message"]["content"])
                     else:
                         errors.append(answer.text[:200])
 
@@ -147,28 +154,50 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=300, help="the most a server's load phase runs")
     parser.add_argument("--steps", type=int, default=10, help="training steps before serving")
     parser.add_argument("--no-static", action="store_true", help="leave out transformers serve's static path")
+    parser.add_argument("--rounds", type=int, default=3, help="every server in turn, this many times")
     parser.add_argument("--only", help="the one server to run, by the start of its name")
     parser.add_argument("--work", type=Path, help="a folder to keep the tuned models in, and reuse them from")
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
-    figures = {}
+    rounds: dict[str, list[dict]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         run, merged = tuned(args.work or Path(tmp), args.steps)
-        for name, (command, port, model) in servers(run, merged, args.clients, not args.no_static).items():
-            if args.only and not name.startswith(args.only):
-                continue
-            with Server(command, port, model) as server:
-                load(server, args.clients, args.clients, args.max_tokens, args.seconds)  # (warm-up)
-                figures[name] = load(server, args.clients, args.requests, args.max_tokens, args.seconds)
-            print(f"{name}: {figures[name]}", file=sys.stderr)
+        count = answer_tokens(merged)
+        for _ in range(args.rounds):
+            for name, (command, port, model) in servers(run, merged, args.clients, not args.no_static).items():
+                if args.only and not name.startswith(args.only):
+                    continue
+                with Server(command, port, model) as server:
+                    load(server, args.clients, args.clients, args.max_tokens, args.seconds, count,
+                         first=args.requests)  # (warm-up)
+                    figure = load(server, args.clients, args.requests, args.max_tokens, args.seconds, count)
+                rounds.setdefault(name, []).append(figure)
+                print(f"{name}: {figure}", file=sys.stderr)
     print(f"SmolLM2-135M-Instruct tuned {args.steps} steps; {args.clients} concurrent chat clients, greedy, "
-          f"max_tokens {args.max_tokens}, {args.requests} requests a server")
-    print(f"{'server':<42} {'requests':>8} {'errors':>6} {'req/s':>6} {'tok/s':>6} {'p50 s':>6} {'p99 s':>6}")
-    for name, f in figures.items():
-        print(f"{name:<42} {f['requests']:>8} {f['errors']:>6} {f['requests_per_second']:>6.2f} "
-              f"{f['tokens_per_second']:>6.1f} {f['p50_s'] or float('nan'):>6.2f} {f['p99_s'] or float('nan'):>6.2f}")
+          f"max_tokens {args.max_tokens}, {args.requests} requests a server a round; mean (min-max) over "
+          f"{args.rounds} rounds")
+    print(f"{'server':<42} {'errors':>6} {'req/s':>18} {'tok/s':>18} {'p50 s':>18} {'p99 s':>18}")
+    for name, figures in rounds.items():
+        errors = sum(f["errors"] for f in figures)
+        print(f"{name:<42} {errors:>6} " + " ".join(f"{spread(figures, key):>18}" for key in
+                                                      ("requests_per_second", "tokens_per_second", "p50_s", "p99_s")))
     if args.output:
-        args.output.write_text(json.dumps({"args": vars(args), **figures}, indent=1, default=str))
+        args.output.write_text(json.dumps({"args": vars(args), **rounds}, indent=1, default=str))
+
+
+def answer_tokens(merged: Path):
+    """text -> its number of tokens under the model's tokenizer."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(merged)
+    return lambda text: len(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def spread(figures: list[dict], key: str) -> str:
+    values = [f[key] for f in figures if f[key] is not None]
+    if not values:
+        return "-"
+    return f"{sum(values) / len(values):.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
 if __name__ == "__main__":
