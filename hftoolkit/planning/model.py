@@ -52,7 +52,9 @@ PRECISION_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 # (`overhead_calibration`: the steady step of a model of a fraction of a MiB, one row a step, less its planned
 # items); the Trainer's clipping, optimizer step and zero_grad per trainable parameter (`optimizer_calibration`);
 # gloo's (latency s, bytes of the full tensor per s) per collective between two processes (`gloo_calibration`).
-CPU_REFERENCE_PACE = 6.6e-10
+# (The constants were measured on an Intel Xeon without bf16 units, and held unscaled on an AMD EPYC with AVX2 only
+# (docs/plan.md): this is that EPYC's pace.)
+CPU_REFERENCE_PACE = 5.7e-10
 CPU_STEP_SECONDS = 0.0107
 CPU_OPTIMIZER_SECONDS = {"adamw": 9.9e-9, "adamw_fused": 2.6e-9, "sgd": 2.1e-9}
 GLOO = {"all_reduce": (1.6e-4, 1.8e9), "all_gather": (1.4e-4, 1.4e9), "reduce_scatter": (2.5e-4, 0.85e9)}
@@ -62,8 +64,9 @@ DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
 FSDP2_COPIES, CPU_COPY_BYTES_PER_SECOND = 6, 6.7e9
 # Seconds per byte of activations a step writes, for its element-wise work: measured by benchmarks/plan.py
 # (`activation_calibration`: the median over its one-process rows of the step less every other planned item, over
-# the planned activations). Checkpointing's second forward pass does the forward's share of it again.
-CPU_ACTIVATION_SECONDS, CHECKPOINTED_WORK = 1.97e-9, 1.5
+# the planned activations). FORWARD_WORK is the forward pass's share of it, against the whole step's: checkpointing's
+# second forward pass does it again, and a sequence scored without gradients (a reference model's) does it once.
+CPU_ACTIVATION_SECONDS, FORWARD_WORK = 1.97e-9, 0.5
 
 
 @dataclass(frozen=True)
@@ -451,14 +454,15 @@ def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precis
 
 def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dict) -> dict:
     """A CPU step's seconds besides its products: the element-wise work (norms, activations, softmax, dropout,
-    dtype casts and their gradients: memory-bound, so in proportion to the activations they write, allocated again
-    by checkpointing's second forward pass), the optimizer over the trainable parameters a process updates, the
-    collectives of the strategy over gloo, and the step's fixed work (the data loader, the Trainer's callbacks and
-    logging, autograd's bookkeeping)."""
+    dtype casts and their gradients: memory-bound, so in proportion to the activations they write, whose forward
+    share checkpointing's second forward pass and the sequences only scored, as a reference model's, do again), the
+    optimizer over the trainable parameters a process updates, the collectives of the strategy over gloo, and the
+    step's fixed work (the data loader, the Trainer's callbacks and logging, autograd's bookkeeping)."""
     batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
     written = sum(_activations(shape, recipe, batch, precision, lengths, False, False))
-    written *= recipe.training.gradient_accumulation * (CHECKPOINTED_WORK if recipe.training.gradient_checkpointing
-                                                         else 1)
+    trained, scored = (1, 0) if shape["seq2seq"] or shape["image_tokens"] else decoder_sequences(recipe, lengths)[:2]
+    passes = 1 + FORWARD_WORK * (scored / trained + recipe.training.gradient_checkpointing)
+    written *= recipe.training.gradient_accumulation * passes
     sharded = spread.shards_optimizer and spread.processes > 1
     updated = shape["trainable"] / (spread.processes if sharded else 1)
     pace = cpu_pace()

@@ -119,37 +119,43 @@ def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: 
 
 @cache
 def elementwise_seconds_per_byte() -> float:
-    """This CPU's pace at element-wise work, on one thread: seconds per byte written by a mix of the kernels a step
-    runs besides its products (an activation, a fused multiply-add, a softmax) over 16 MiB, best of a few. The
-    plan's CPU constants are in its units, so that they hold on a faster or slower CPU (planning/model.py).
-    Measured once per host and cached on disk beside the matmul rates."""
+    """This CPU's pace at a training step's element-wise work, on one thread: seconds per byte the forward pass writes,
+    its backward included, through what a transformer layer does besides its products (a norm, an activation,
+    dropout, a residual, a softmax), with autograd, on a small batch's activations; best of a few. The plan's CPU
+    constants are in its units, so that they hold on a faster or slower CPU (planning/model.py). Separate kernels
+    over large arrays were no measure of it: their speed differs between vendors' vector units several times more
+    than a step's does. Measured once per host and cached on disk beside the matmul rates."""
     import platform
 
     import torch
+    import torch.nn.functional as F
 
     from hftoolkit.runs.rundir import write_atomic
     from hftoolkit.sources.locations import cache_root
 
-    path, key = cache_root() / "matmul-rate.json", f"{platform.node()}-elementwise"
+    path, key = cache_root() / "matmul-rate.json", f"{platform.node()}-elementwise-step"
     cached = _read_rates(path)
     if key not in cached:
         own = torch.get_num_threads()
         torch.set_num_threads(1)
         try:
-            x, y = torch.randn(4 * 2**20), torch.randn(4 * 2**20)
+            generator = torch.Generator().manual_seed(0)
+            x = torch.randn(8, 128, 256, generator=generator).requires_grad_()
+            weight = torch.ones(256, requires_grad=True)
+            written = 7 * x.numel() * x.element_size()  # (norm, activation, mask, dropout, residual, softmax, product)
 
-            def mix() -> float:
+            def step() -> float:
                 start = time.perf_counter()
-                a = torch.nn.functional.gelu(x)
-                b = torch.addcmul(x, a, y)
-                torch.softmax(b.view(-1, 1024), dim=-1)
+                h = F.dropout(F.gelu(F.layer_norm(x, (256,), weight)), 0.1, training=True) + x
+                (torch.softmax(h, dim=-1) * x.detach()).sum().backward()
+                x.grad = weight.grad = None
                 return time.perf_counter() - start
 
-            mix()
+            step()
             times, deadline = [], time.perf_counter() + 0.5
             while len(times) < 5 or time.perf_counter() < deadline:
-                times.append(mix())
-            seconds = min(times) / (3 * x.numel() * x.element_size())
+                times.append(step())
+            seconds = min(times) / written
         finally:
             torch.set_num_threads(own)
         cached = _read_rates(path)

@@ -255,6 +255,21 @@ def test_a_cpu_step_counts_its_fixed_work_optimizer_and_vocabulary_besides_the_p
     assert checkpointed.items["element-wise"] > plan.items["element-wise"], "the forward pass runs twice"
 
 
+def test_a_reference_model_s_forward_pass_adds_the_forward_share_of_the_element_wise_work(gpt2):
+    """DPO scores each pair again with its reference model, without gradients; ORPO has none. Only the forward share
+    of the element-wise work is done again, as checkpointing's second forward pass does."""
+    from hftoolkit.planning.model import FORWARD_WORK
+
+    def element_wise(method: str, *sets) -> float:
+        planned = recipe("decoder-preference.yaml", f"preference.method={method}", *sets)
+        return plan_time(gpt2, planned, SINGLE, CPU, "fp32", LENGTHS, None, None).items["element-wise"]
+
+    dpo = element_wise("dpo")
+    assert dpo > (1 + FORWARD_WORK) * element_wise("orpo"), "(DPO also holds the reference's log-probabilities)"
+    assert element_wise("dpo", "training.gradient_checkpointing=true") == pytest.approx(
+        dpo * (1 + 2 * FORWARD_WORK) / (1 + FORWARD_WORK)), "checkpointing does the policy's forward share again"
+
+
 def test_a_prompted_decoder_projects_onto_the_vocabulary_only_where_its_answer_is(gpt2):
     def vocabulary(prompt: int, answer: int) -> float:
         lengths = {"max_length": prompt, "max_target_length": answer, "max_new_tokens": 8}
