@@ -114,3 +114,20 @@ def test_a_rate_file_cut_short_or_run_together_is_measured_again_not_fatal():
         assert throughput.matmul_flops_per_second("fp32", 64, 16, 32) > 0
         rates = json.loads(path.read_text())
         assert list(rates) == [next(k for k in rates if k.endswith("-fp32-64x16x32"))]
+
+
+def test_the_element_wise_pace_is_measured_once_per_host_and_leaves_a_run_s_random_draws_as_they_were():
+    """The plan measures it before a run draws anything: its dropout must not move the run's generator."""
+    import torch
+
+    from hftoolkit.training import throughput
+
+    throughput.elementwise_seconds_per_byte.cache_clear()
+    torch.manual_seed(1)
+    expected = torch.rand(4)
+    torch.manual_seed(1)
+    pace = throughput.elementwise_seconds_per_byte()
+    assert torch.equal(torch.rand(4), expected)
+    assert 0 < pace < 1e-6, "seconds per byte"
+    throughput.elementwise_seconds_per_byte.cache_clear()
+    assert throughput.elementwise_seconds_per_byte() == pace, "read back from the host's cache, not measured again"
