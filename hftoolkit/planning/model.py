@@ -444,7 +444,7 @@ def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precis
     if recipe.rl is not None:  # (at the products' rate: a lower bound where one token at a time is memory-bound)
         items["generation"] = generation_flops(shape, recipe, lengths) / spread.processes / rate
     if device.kind == "cpu":
-        items.update(_cpu_items(shape, recipe, spread, precision, lengths))
+        items.update(_cpu_items(shape, recipe, spread, precision, lengths, scored / trained))
     step = sum(items.values())
     steps = _steps(recipe, train_rows)
     return TimePlan(step, None if steps is None else steps * step,
@@ -452,16 +452,16 @@ def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precis
                     items)
 
 
-def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dict) -> dict:
+def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dict, scored_share: float) -> dict:
     """A CPU step's seconds besides its products: the element-wise work (norms, activations, softmax, dropout,
     dtype casts and their gradients: memory-bound, so in proportion to the activations they write, whose forward
     share checkpointing's second forward pass and the sequences only scored, as a reference model's, do again), the
     optimizer over the trainable parameters a process updates, the collectives of the strategy over gloo, and the
-    step's fixed work (the data loader, the Trainer's callbacks and logging, autograd's bookkeeping)."""
+    step's fixed work (the data loader, the Trainer's callbacks and logging, autograd's bookkeeping). `scored_share`:
+    the sequences only scored, per sequence trained."""
     batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
     written = sum(_activations(shape, recipe, batch, precision, lengths, False, False))
-    trained, scored = (1, 0) if shape["seq2seq"] or shape["image_tokens"] else decoder_sequences(recipe, lengths)[:2]
-    passes = 1 + FORWARD_WORK * (scored / trained + recipe.training.gradient_checkpointing)
+    passes = 1 + FORWARD_WORK * (scored_share + recipe.training.gradient_checkpointing)
     written *= recipe.training.gradient_accumulation * passes
     sharded = spread.shards_optimizer and spread.processes > 1
     updated = shape["trainable"] / (spread.processes if sharded else 1)

@@ -128,7 +128,6 @@ def elementwise_seconds_per_byte() -> float:
     import platform
 
     import torch
-    import torch.nn.functional as F
 
     from hftoolkit.runs.rundir import write_atomic
     from hftoolkit.sources.locations import cache_root
@@ -141,28 +140,37 @@ def elementwise_seconds_per_byte() -> float:
         try:
             # (dropout and randn draw from the global generator: forked, so that a run's own draws stay as they were)
             with torch.random.fork_rng(devices=[]):
-                x = torch.randn(8, 128, 256).requires_grad_()
-                weight = torch.ones(256, requires_grad=True)
-                written = 7 * x.numel() * x.element_size()  # (norm, GELU, mask, dropout, residual, softmax, product)
-
-                def step() -> float:
-                    start = time.perf_counter()
-                    h = F.dropout(F.gelu(F.layer_norm(x, (256,), weight)), 0.1, training=True) + x
-                    (torch.softmax(h, dim=-1) * x.detach()).sum().backward()
-                    x.grad = weight.grad = None
-                    return time.perf_counter() - start
-
-                step()
-                times, deadline = [], time.perf_counter() + 0.5
-                while len(times) < 5 or time.perf_counter() < deadline:
-                    times.append(step())
-            seconds = min(times) / written
+                seconds = _elementwise_step_seconds_per_byte()
         finally:
             torch.set_num_threads(own)
         cached = _read_rates(path)
         cached[key] = min(seconds, cached.get(key, seconds))  # (a busy machine's figure is too slow)
         write_atomic(path, json.dumps(cached).encode("utf-8"))
     return cached[key]
+
+
+def _elementwise_step_seconds_per_byte() -> float:
+    """The best of a few timings (at least 5, over half a second) of a layer's element-wise work, forward and
+    backward, over the bytes its forward pass writes."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(8, 128, 256).requires_grad_()
+    weight = torch.ones(256, requires_grad=True)
+    written = 7 * x.numel() * x.element_size()  # (norm, GELU, mask, dropout, residual, softmax, product)
+
+    def step() -> float:
+        start = time.perf_counter()
+        h = F.dropout(F.gelu(F.layer_norm(x, (256,), weight)), 0.1, training=True) + x
+        (torch.softmax(h, dim=-1) * x.detach()).sum().backward()
+        x.grad = weight.grad = None
+        return time.perf_counter() - start
+
+    step()
+    times, deadline = [], time.perf_counter() + 0.5
+    while len(times) < 5 or time.perf_counter() < deadline:
+        times.append(step())
+    return min(times) / written
 
 
 def _read_rates(path) -> dict[str, float]:

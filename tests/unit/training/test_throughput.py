@@ -6,7 +6,13 @@ import json
 
 import pytest
 
-from hftoolkit.training.throughput import TokenCounter, efficiency, matmul_flops_per_second, training_flops
+from hftoolkit.training.throughput import (
+    TokenCounter,
+    efficiency,
+    elementwise_seconds_per_byte,
+    matmul_flops_per_second,
+    training_flops,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -15,8 +21,10 @@ def own_rate_file(monkeypatch, tmp_path):
     made from what they read before this test's would put back a rate the test has replaced."""
     monkeypatch.setenv("HFTOOLKIT_CACHE", str(tmp_path))
     matmul_flops_per_second.cache_clear()
+    elementwise_seconds_per_byte.cache_clear()
     yield
     matmul_flops_per_second.cache_clear()
+    elementwise_seconds_per_byte.cache_clear()
 
 
 def test_token_counter_counts_real_and_padding_tokens_and_drops_length():
@@ -120,14 +128,11 @@ def test_the_element_wise_pace_is_measured_once_per_host_and_leaves_a_run_s_rand
     """The plan measures it before a run draws anything: its dropout must not move the run's generator."""
     import torch
 
-    from hftoolkit.training import throughput
-
-    throughput.elementwise_seconds_per_byte.cache_clear()
     torch.manual_seed(1)
     expected = torch.rand(4)
     torch.manual_seed(1)
-    pace = throughput.elementwise_seconds_per_byte()
+    pace = elementwise_seconds_per_byte()
     assert torch.equal(torch.rand(4), expected)
     assert 0 < pace < 1e-6, "seconds per byte"
-    throughput.elementwise_seconds_per_byte.cache_clear()
-    assert throughput.elementwise_seconds_per_byte() == pace, "read back from the host's cache, not measured again"
+    elementwise_seconds_per_byte.cache_clear()
+    assert elementwise_seconds_per_byte() == pace, "read back from the host's cache, not measured again"
