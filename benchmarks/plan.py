@@ -622,6 +622,73 @@ def activation_calibration(grid_rows: list[dict]) -> dict:
     return {"median": ordered and ordered[len(ordered) // 2], "rows": {k: f"{v:.3g}" for k, v in found.items()}}
 
 
+DECODE_DEPTHS, DECODE_TOKENS, DECODE_ROWS = (2, 8), (8, 40), 8
+
+
+def decode_calibration(rounds: int = 5) -> dict:
+    """plan.py's CPU_DECODE_SECONDS: a GPT-2 of the init: models' width with LoRA samples DECODE_ROWS answers, as
+    TRL's GRPO step does (GenerationConfig as TRL builds it), at two lengths and two depths, on one thread. A
+    token's seconds at each depth: the best time's difference over the tokens' (the products at this width are
+    negligible); then the line through the two depths, at the reference pace."""
+    import torch
+    import transformers
+    from peft import LoraConfig, get_peft_model
+
+    from hftoolkit.planning import model as plan_model
+
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    per_token = {}
+    for layers in DECODE_DEPTHS:
+        config = transformers.GPT2Config(vocab_size=1024, n_embd=64, n_layer=layers, n_head=4, n_inner=128,
+                                         n_positions=512, bos_token_id=0, eos_token_id=None)
+        model = get_peft_model(transformers.GPT2LMHeadModel(config), LoraConfig(r=8, lora_alpha=16)).eval()
+        prompt = torch.randint(1, 1024, (DECODE_ROWS, 16))
+        _sampling_seconds(model, prompt, DECODE_TOKENS[0], 1)  # (warm-up)
+        short, long = (_sampling_seconds(model, prompt, n, rounds) for n in DECODE_TOKENS)
+        per_token[layers] = (long - short) / (DECODE_TOKENS[1] - DECODE_TOKENS[0])
+    (few, a), (many, b) = sorted(per_token.items())
+    per_layer = (b - a) / (many - few)
+    pace = plan_model.cpu_pace()
+    return {"per_token_s": {k: round(v, 6) for k, v in per_token.items()}, "pace": round(pace, 3),
+            "decode_seconds": (round((a - few * per_layer) / pace, 6), round(per_layer / pace, 6))}
+
+
+def _sampling_seconds(model, prompt, tokens: int, rounds: int) -> float:
+    """The best of `rounds` times `model` samples `tokens` tokens after each row of `prompt`."""
+    import torch
+    import transformers
+
+    settings = transformers.GenerationConfig(max_new_tokens=tokens, do_sample=True, pad_token_id=0, bos_token_id=0,
+                                             temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=1.0,
+                                             disable_compile=True)
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        with torch.no_grad():
+            model.generate(input_ids=prompt, attention_mask=torch.ones_like(prompt), generation_config=settings)
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+GRPO = RECIPES / "decoder-grpo.yaml"
+
+
+def rl_step_calibration(out: Path) -> dict:
+    """plan.py's CPU_RL_STEP_SECONDS: the GRPO recipe's steady step (RECIPE_STEPS steps, one thread) less every
+    item the plan counts besides, at the lengths the run planned itself."""
+    from hftoolkit.planning import model as plan_model
+
+    measured = train(GRPO, [], "single", out / "runs" / "calibration-rl-step", steps=RECIPE_STEPS, precision="auto")
+    if "step_median" not in measured:
+        return measured
+    pace = plan_model.cpu_pace()
+    step = planned(GRPO, [f"training.max_steps={RECIPE_STEPS}"], "single", measured.get("planned_lengths"))["time"]
+    rest = step["step_seconds"] - plan_model.CPU_RL_STEP_SECONDS * pace
+    return {"measured_step": measured["step_median"], "spread": [measured["step_min"], measured["step_max"]],
+            "pace": round(pace, 3), "rl_step_seconds": round((measured["step_median"] - rest) / pace, 5)}
+
+
 def trl_calibration(out: Path, early: int = 10) -> dict:
     """plan.py's CPU_RUNTIME_BYTES["trl-bf16"] and TRL_BF16_PER_LENGTH: the preference recipe as shipped under bf16
     after `early` and after RECIPE_STEPS steps (a batch length met per step, its pairs being of many lengths): the
@@ -724,7 +791,7 @@ def main() -> None:
     elif before:
         report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained",
                                            "zero3_kept", "optimizer_seconds_per_parameter", "gloo", "step_overhead",
-                                           "trl_bf16", "onednn", "copy_bytes_per_second")
+                                           "trl_bf16", "onednn", "copy_bytes_per_second", "decode", "rl_step")
                   if k in before}
     else:
         report = {"runtime_imports_mib": {r: round(measure_runtime(r) / MiB, 1) for r in IMPORTS}}
@@ -734,11 +801,13 @@ def main() -> None:
         report["gloo"] = gloo_calibration()
         report["copy_bytes_per_second"] = copy_calibration()
         report["step_overhead"] = overhead_calibration(args.work)
+        report["decode"] = decode_calibration()
+        report["rl_step"] = rl_step_calibration(args.work)
         report["trl_bf16"] = trl_calibration(args.work)
         report["onednn"] = onednn_calibration(args.work)
     print("runtime in a run, tiny model (MiB):", report.get("runtime_in_a_run_mib"), flush=True)
-    for key in ("optimizer_seconds_per_parameter", "gloo", "copy_bytes_per_second", "step_overhead", "trl_bf16",
-                "onednn"):
+    for key in ("optimizer_seconds_per_parameter", "gloo", "copy_bytes_per_second", "step_overhead", "decode",
+                "rl_step", "trl_bf16", "onednn"):
         print(f"{key}:", report.get(key), flush=True)
     ck_folder = args.work / "checkpoints"
     ck = {arch: scaled_checkpoint(arch, 512, 8, 8, 2048, ck_folder) for arch in ("bert", "gpt2", "t5")}

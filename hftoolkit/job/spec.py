@@ -41,8 +41,9 @@ class Findings:
     notes: list[str] = field(default_factory=list)  # what preflight changed, one printed line each
     record: dict = field(default_factory=dict)  # the same, for manifest.json's "preflight"
     lengths: dict[str, int] = field(default_factory=dict)  # data.max_length & co. as clamped
-    # The data's longest prompt and answer in tokens (max_length, max_target_length), where preflight tokenized it:
-    # batches pad to their longest row, so no step is longer (the memory check plans at these).
+    # The data's longest prompt and answer in tokens (max_length, max_target_length), where preflight or the plan
+    # tokenized the whole train split: batches pad to their longest row, so no step is longer (the memory check plans
+    # at these).
     longest: dict[str, int] = field(default_factory=dict)
 
 

@@ -67,6 +67,13 @@ FSDP2_COPIES, CPU_COPY_BYTES_PER_SECOND = 6, 6.7e9
 # the planned activations). FORWARD_WORK is the forward pass's share of it, against the whole step's: checkpointing's
 # second forward pass does it again, and a sequence scored without gradients (a reference model's) does it once.
 CPU_ACTIVATION_SECONDS, FORWARD_WORK = 1.97e-9, 0.5
+# An online RL step's sampling writes its answers one token at a time, each a forward pass of the whole model whose
+# fixed work (generate's per-token bookkeeping, and each layer's modules called) outweighs a small model's products:
+# (seconds a token, seconds a token per layer), measured by benchmarks/plan.py (`decode_calibration`: a tiny
+# GPT-2 with LoRA sampling at two depths). CPU_RL_STEP_SECONDS: what TRL's GRPO step does besides (scoring the
+# answers, their advantages, its logging), measured by `rl_step_calibration` (the GRPO recipe's step less the rest).
+CPU_DECODE_SECONDS = (0.00156, 0.000644)
+CPU_RL_STEP_SECONDS = 0.0085
 
 
 @dataclass(frozen=True)
@@ -456,9 +463,10 @@ def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dic
     """A CPU step's seconds besides its products: the element-wise work (norms, activations, softmax, dropout,
     dtype casts and their gradients: memory-bound, so in proportion to the activations they write, whose forward
     share checkpointing's second forward pass and the sequences only scored, as a reference model's, do again), the
-    optimizer over the trainable parameters a process updates, the collectives of the strategy over gloo, and the
-    step's fixed work (the data loader, the Trainer's callbacks and logging, autograd's bookkeeping). `scored_share`:
-    the sequences only scored, per sequence trained."""
+    optimizer over the trainable parameters a process updates, the collectives of the strategy over gloo, the fixed
+    work of sampling an RL step's answers token by token, and the step's fixed work (the data loader, the Trainer's
+    callbacks and logging, autograd's bookkeeping; TRL's scoring of sampled answers). `scored_share`: the sequences
+    only scored, per sequence trained."""
     batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
     written = sum(_activations(shape, recipe, batch, precision, lengths, False, False))
     passes = 1 + FORWARD_WORK * (scored_share + recipe.training.gradient_checkpointing)
@@ -467,8 +475,13 @@ def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dic
     updated = shape["trainable"] / (spread.processes if sharded else 1)
     pace = cpu_pace()
     optimizer = CPU_OPTIMIZER_SECONDS.get(recipe.training.optimizer, CPU_OPTIMIZER_SECONDS["adamw"])
-    return {"element-wise": written * CPU_ACTIVATION_SECONDS * pace, "optimizer": updated * optimizer * pace,
-            "communication": _communication_seconds(shape, recipe, spread), "overhead": CPU_STEP_SECONDS * pace}
+    items = {"element-wise": written * CPU_ACTIVATION_SECONDS * pace, "optimizer": updated * optimizer * pace,
+             "communication": _communication_seconds(shape, recipe, spread), "overhead": CPU_STEP_SECONDS * pace}
+    if recipe.rl is not None:  # (answers are sampled once per rl.num_iterations steps)
+        per_token = CPU_DECODE_SECONDS[0] + CPU_DECODE_SECONDS[1] * shape["layers"]
+        items["sampling"] = recipe.rl.max_completion_length / recipe.rl.num_iterations * per_token * pace
+        items["overhead"] += CPU_RL_STEP_SECONDS * pace
+    return items
 
 
 def cpu_pace() -> float:

@@ -15,7 +15,7 @@ from hftoolkit.config.recipe import Recipe
 from hftoolkit.job.devices import Device
 from hftoolkit.job.precision import resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
-from hftoolkit.planning.lengths import memory_lengths, step_lengths
+from hftoolkit.planning.lengths import memory_lengths, step_lengths, tokenized_sample, with_data_longest
 from hftoolkit.planning.model import MemoryPlan, TimePlan, plan_memory, plan_time
 from hftoolkit.training.strategies import STRATEGIES, LaunchPlan, Strategy, strategy_for
 
@@ -251,7 +251,9 @@ def planned_job(job: Job, check: bool = True) -> Job:
 
     data = job.data or {}
     rows = {split: len(ds) if hasattr(ds, "__len__") else None for split, ds in data.items()}
-    step = step_lengths(job, memory_lengths(job))
+    sample = tokenized_sample(job)
+    job = with_data_longest(job, sample)
+    step = step_lengths(job, memory_lengths(job), sample)
     planned = strategy_plan(job.strategy, job, model_shape_of(job), this_machine(), rows.get("train"),
                             rows.get("eval"), step)
     said = refusal(job, planned.memory) if check and planned.memory is not None else None

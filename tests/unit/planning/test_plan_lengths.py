@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+import hftoolkit.planning.lengths as plan_lengths
 from hftoolkit.planning.lengths import padded
 from tests.helpers import RECIPES, train_recipe
 
@@ -41,8 +42,37 @@ def test_train_plans_a_step_at_the_data_s_lengths_whatever_the_recipe_allows(tmp
     assert short["planned_lengths"]["step"] == long["planned_lengths"]["step"], \
         "the builtin set's rows are shorter than 64 tokens"
     assert 0 < short["planned_lengths"]["step"]["max_length"] < 64
-    assert long["planned_lengths"]["memory"]["max_length"] == 256
+    # (the builtin sets are tokenized whole: no batch is longer than their longest row)
+    assert short["planned_lengths"]["memory"] == long["planned_lengths"]["memory"]
+    assert short["planned_lengths"]["step"]["max_length"] <= long["planned_lengths"]["memory"]["max_length"] < 64
+    assert short["planned_peak_mb"] == long["planned_peak_mb"]
+
+
+def test_memory_is_planned_at_the_recipe_s_lengths_where_the_split_is_too_large_to_tokenize_whole(tmp_path,
+                                                                                                   monkeypatch):
+    monkeypatch.setattr(plan_lengths, "WHOLE_SPLIT_ROWS", 16)
+    monkeypatch.setattr(plan_lengths, "SAMPLE_ROWS", 16)
+    short, long = (_planned(tmp_path, "encoder-classification.yaml", f"data.max_length={n}") for n in (64, 256))
+    assert long["planned_lengths"]["memory"]["max_length"] == 256, "a sample's longest bounds no batch"
     assert short["planned_peak_mb"] < long["planned_peak_mb"], "memory is planned at what a batch can reach"
+
+
+def test_a_denoising_run_is_planned_at_its_longest_text_and_clean_target(tmp_path):
+    """BART's noised input is the text less the masked spans' tokens: neither reaches the recipe's 96 tokens."""
+    planned = _planned(tmp_path, "seq2seq-denoise.yaml")
+    memory, step = planned["planned_lengths"]["memory"], planned["planned_lengths"]["step"]
+    assert step["max_length"] <= memory["max_length"] < 96
+    assert step["max_target_length"] <= memory["max_target_length"] < 96
+    assert memory["max_length"] <= memory["max_target_length"] + 2, "masking only shortens a text"
+
+
+def test_a_grpo_step_is_planned_at_its_prompts_tokens_padded_as_its_batch_s_prompts_pad(tmp_path):
+    """TRL samples each prompt's answers after the prompt, left-padded to the longest of the step's prompts: the
+    arithmetic questions are a few tokens, whatever data.max_length allows."""
+    planned = _planned(tmp_path, "decoder-grpo.yaml", "data.max_length=256")
+    memory, step = planned["planned_lengths"]["memory"], planned["planned_lengths"]["step"]
+    assert 0 < step["max_length"] <= memory["max_length"] < 64
+    assert planned["planned_step_items_s"]["sampling"] > 0
 
 
 def test_a_prompted_decoder_step_is_planned_at_its_rows_with_logits_at_their_answers(tmp_path):

@@ -317,6 +317,28 @@ def test_grpo_prices_its_sampling_its_cache_and_the_reference_pass(gpt2):
     assert plan_memory(gpt2, full(), SINGLE, a100, "bf16", LENGTHS).items.get("generation cache") is None
 
 
+def test_a_cpu_grpo_step_pays_each_sampled_token_s_pass_through_every_layer_and_trl_s_scoring(gpt2):
+    """On a CPU a small model's sampling is its fixed work per token, not its products: each answer token is a
+    forward pass of every layer, once per rl.num_iterations steps; TRL's scoring of the answers is fixed per step."""
+    import transformers
+
+    from hftoolkit.planning.model import CPU_DECODE_SECONDS, CPU_RL_STEP_SECONDS, CPU_STEP_SECONDS, cpu_pace
+
+    def items(shape, *sets):
+        grpo = recipe("decoder-grpo.yaml", "training.max_steps=10", *sets)
+        return plan_time(shape, grpo, SINGLE, CPU, "fp32", LENGTHS, None, None).items
+
+    plain, longer = items(gpt2), items(gpt2, "rl.max_completion_length=32")
+    assert plain["sampling"] == pytest.approx(8 * (CPU_DECODE_SECONDS[0] + 2 * CPU_DECODE_SECONDS[1]) * cpu_pace())
+    assert longer["sampling"] == pytest.approx(4 * plain["sampling"])
+    assert items(gpt2, "rl.num_iterations=2")["sampling"] == pytest.approx(plain["sampling"] / 2)
+    deeper = model_shape(meta(transformers.GPT2Config(n_embd=64, n_layer=8, n_head=4, vocab_size=1000,
+                                                      n_positions=128)))
+    assert items(deeper)["sampling"] > 2 * plain["sampling"]
+    assert plain["overhead"] == pytest.approx((CPU_STEP_SECONDS + CPU_RL_STEP_SECONDS) * cpu_pace())
+    assert "sampling" not in plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None).items
+
+
 def test_a_slower_cpu_plans_its_element_wise_optimizer_and_fixed_work_slower_in_proportion(gpt2, monkeypatch):
     from hftoolkit.planning.model import CPU_REFERENCE_PACE
     from hftoolkit.training import throughput
