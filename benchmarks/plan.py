@@ -327,42 +327,68 @@ def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict
             "wall_seconds": round(time.perf_counter() - start, 1), **step_seconds(times)}
 
 
-def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict | None = None) -> list[dict]:
-    """Each row trained, then planned; rows past `budget` seconds are left out, said so. With `measured_before`
-    (a plan.json's rows by name) nothing is trained: the measured figures are taken from there and planned again."""
-    results, start = [], time.perf_counter()
+def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict | None = None,
+             rounds: int = 1) -> list[dict]:
+    """Each row trained, then planned; rows past `budget` seconds are left out, said so. With `rounds` > 1 the grid is
+    trained that many times over, row after row (so a slow spell of the machine falls on every row alike), and each
+    row's step is the median of its rounds' steps, its spread their lowest and highest, its peak their largest. With
+    `measured_before` (a plan.json's rows by name) nothing is trained: the measured figures are taken from there and
+    planned again."""
+    measured, start = {}, time.perf_counter()
+    for round_ in range(rounds if measured_before is None else 1):
+        for name, recipe, sets, launch in rows:
+            if measured_before is not None:
+                if name in measured_before:
+                    measured[name] = [{k: measured_before[name][k] for k in MEASURED if k in measured_before[name]}]
+                continue
+            if time.perf_counter() - start > budget:
+                measured.setdefault(name, [{"skipped": "over the time budget"}])
+                continue
+            steps = RECIPE_STEPS if name.startswith("recipe:") else STEPS
+            precision = "auto" if name.startswith("recipe:") else "fp32"
+            measured.setdefault(name, []).append(train(recipe, sets, launch, out / "runs" / name.replace(":", "-"),
+                                                       steps=steps, precision=precision))
+            if rounds > 1:
+                print(f"round {round_ + 1} of {rounds}: {name}: {measured[name][-1].get('step_median')}", flush=True)
+    results = []
     for name, recipe, sets, launch in rows:
+        if name not in measured:
+            continue
         steps = RECIPE_STEPS if name.startswith("recipe:") else STEPS
         precision = "auto" if name.startswith("recipe:") else "fp32"
-        if measured_before is not None:
-            if name not in measured_before:
-                continue
-            measured = {k: measured_before[name][k] for k in MEASURED if k in measured_before[name]}
-        elif time.perf_counter() - start > budget:
-            results.append({"name": name, "launch": launch, "skipped": "over the time budget"})
-            continue
-        else:
-            measured = train(recipe, sets, launch, out / "runs" / name.replace(":", "-"), steps=steps,
-                             precision=precision)
-        row = {"name": name, "launch": launch, **measured}
-        if "peak_mb" in measured:
+        found = _over_rounds(measured[name])
+        row = {"name": name, "launch": launch, **found}
+        if "peak_mb" in found:
             plan = planned(recipe, sets + [f"training.max_steps={steps}", f"training.precision={precision}"], launch,
-                           measured.get("planned_lengths"))
+                           found.get("planned_lengths"))
             peak = plan["memory"]["peak"] / MiB
             step = plan["time"]["step_seconds"]
-            row.update(planned_mb=round(peak, 1), error=round(peak / measured["peak_mb"] - 1, 4),
+            row.update(planned_mb=round(peak, 1), error=round(peak / found["peak_mb"] - 1, 4),
                        items_mb={k: round(v / MiB, 1) for k, v in plan["memory"]["items"].items()},
-                       planned_step=step and round(step, 5), measured_step=measured.get("step_median"),
+                       planned_step=step and round(step, 5), measured_step=found.get("step_median"),
                        precision=plan["precision"], time_items=plan["time"].get("items"))
-            if step and measured.get("step_median"):
-                row["step_ratio"] = round(step / measured["step_median"], 3)
+            if step and found.get("step_median"):
+                row["step_ratio"] = round(step / found["step_median"], 3)
         print(_line(row), flush=True)
         results.append(row)
     return results
 
 
+def _over_rounds(runs: list[dict]) -> dict:
+    """One row's rounds as one: the first where a round failed or was skipped; else the median of the rounds'
+    steps with their lowest and highest (a single round keeps its own steps' spread), the largest peak."""
+    if len(runs) == 1 or any("peak_mb" not in run or "step_median" not in run for run in runs):
+        return runs[0]
+    steps = sorted(run["step_median"] for run in runs)
+    middle = len(steps) // 2
+    median = steps[middle] if len(steps) % 2 else (steps[middle - 1] + steps[middle]) / 2
+    largest = max(runs, key=lambda run: run["peak_mb"])
+    return {**largest, "step_median": round(median, 4), "step_min": steps[0], "step_max": steps[-1],
+            "rounds": [run["step_median"] for run in runs]}
+
+
 MEASURED = ("peak_mb", "peaks_mb", "train_seconds", "wall_seconds", "failed", "skipped", "step_median", "step_min",
-            "step_max", "planned_lengths")
+            "step_max", "planned_lengths", "rounds")
 HEADER = ("| run | launch | planned MiB | measured MiB | error | planned step s | measured step s (min-max) | "
           "planned / measured |\n|---|---|---|---|---|---|---|---|")
 
@@ -774,6 +800,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a few grid rows")
     parser.add_argument("--only", default="", help="comma-separated row names")
     parser.add_argument("--budget", type=float, default=45 * 60, help="seconds of grid runs at most")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="train the grid this many times over; a row's step is the median of its rounds'")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "plan")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "hftoolkit-plan-bench",
                         help="checkpoints and run directories (kept, so that checkpoints are built once)")
@@ -824,7 +852,8 @@ def main() -> None:
     wanted = set(filter(None, args.only.split(","))) or (set(QUICK) if args.quick else None)
     rows = [r for r in rows if wanted is None or r[0] in wanted]
     print(HEADER, flush=True)
-    report["grid"] = run_grid(rows, args.work, args.budget, before and {r["name"]: r for r in before["grid"]})
+    report["grid"] = run_grid(rows, args.work, args.budget, before and {r["name"]: r for r in before["grid"]},
+                              args.rounds)
     report["activation_seconds_per_byte"] = activation_calibration(report["grid"])
     print("element-wise seconds per activation byte:", report["activation_seconds_per_byte"], flush=True)
     report["estimators"] = compare_estimators()
