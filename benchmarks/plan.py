@@ -375,8 +375,9 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
 
 
 def _over_rounds(runs: list[dict]) -> dict:
-    """One row's rounds as one: the first where a round failed or was skipped; else the median of the rounds'
-    steps with their lowest and highest (a single round keeps its own steps' spread), the largest peak."""
+    """One row's rounds as one: the median of the rounds' steps with their lowest and highest, and the largest
+    peak; the first round as it is where there is one round (its own steps' spread), or where any failed or was
+    skipped."""
     if len(runs) == 1 or any("peak_mb" not in run or "step_median" not in run for run in runs):
         return runs[0]
     steps = sorted(run["step_median"] for run in runs)
