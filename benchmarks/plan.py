@@ -1,4 +1,4 @@
-"""The memory and time plan (hftoolkit/planning/model.py) against what runs really take on this machine.
+"""The memory and time plan (hftoolkit/planning/model.py, timing.py) against what runs really take on this machine.
 
     python benchmarks/plan.py [--quick] [--only NAME,...] [--heap] [--out DIR] [--replan plan.json] [--grid-only]
 
@@ -146,7 +146,8 @@ def planned(recipe_path: Path, sets: list[str], launch: str, lengths: dict | Non
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.job.devices import this_machine
     from hftoolkit.job.precision import resolve_precision
-    from hftoolkit.planning.model import model_shape, plan_memory, plan_time
+    from hftoolkit.planning.model import model_shape, plan_memory
+    from hftoolkit.planning.timing import plan_time
 
     recipe = load_recipe(recipe_path, sets)
     model = meta_model(recipe)
@@ -476,7 +477,8 @@ def llama_7b() -> list[dict]:
     import transformers
 
     from hftoolkit.job.devices import device_named
-    from hftoolkit.planning.model import Spread, model_shape, plan_memory, plan_time
+    from hftoolkit.planning.model import Spread, model_shape, plan_memory
+    from hftoolkit.planning.timing import plan_time
 
     with tempfile.TemporaryDirectory() as folder:
         transformers.LlamaConfig(hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
@@ -535,7 +537,7 @@ def optimizer_calibration(parameters: int = 2**22, tensors: int = 64) -> dict:
     the reference CPU's pace (the CPU constants' unit)."""
     import torch
 
-    from hftoolkit.planning.model import cpu_pace
+    from hftoolkit.planning.timing import cpu_pace
 
     torch.set_num_threads(1)
     found = {}
@@ -618,15 +620,15 @@ def gloo_calibration() -> dict:
 def overhead_calibration(out: Path) -> dict:
     """plan.py's CPU_STEP_SECONDS: the steady step of the tiny init:bert model (a fraction of a MiB of weights) one
     row a step, LoRA, fp32, one thread, less what the plan counts besides (its products, its optimizer)."""
-    from hftoolkit.planning import model
+    from hftoolkit.planning import timing
 
     sets = ["training.batch_size=1", "data.max_length=16"]
     measured = train(ENC, sets, "single", out / "runs" / "calibration-overhead", steps=40)
     if "step_median" not in measured:
         return measured
-    pace = model.cpu_pace()
+    pace = timing.cpu_pace()
     planned_step = planned(ENC, sets, "single")["time"]["step_seconds"]
-    overhead = measured["step_median"] - (planned_step - model.CPU_STEP_SECONDS * pace)
+    overhead = measured["step_median"] - (planned_step - timing.CPU_STEP_SECONDS * pace)
     return {"measured_step": measured["step_median"], "spread": [measured["step_min"], measured["step_max"]],
             "pace": round(pace, 3), "overhead": round(overhead / pace, 5)}
 
@@ -634,7 +636,7 @@ def overhead_calibration(out: Path) -> dict:
 def activation_calibration(grid_rows: list[dict]) -> dict:
     """plan.py's CPU_ACTIVATION_SECONDS: over the grid's one-process rows without checkpointing, the measured step
     less every other planned item, over the bytes of activations the plan says the step writes; their median."""
-    from hftoolkit.planning import model
+    from hftoolkit.planning import timing
 
     found = {}
     for row in grid_rows:
@@ -642,8 +644,8 @@ def activation_calibration(grid_rows: list[dict]) -> dict:
         if row["launch"] != "single" or "gc" in row["name"] or not items.get("element-wise") \
                 or not row.get("measured_step"):
             continue
-        pace = model.cpu_pace()
-        written = items["element-wise"] / (model.CPU_ACTIVATION_SECONDS * pace)
+        pace = timing.cpu_pace()
+        written = items["element-wise"] / (timing.CPU_ACTIVATION_SECONDS * pace)
         found[row["name"]] = (row["measured_step"] - (row["planned_step"] - items["element-wise"])) / written / pace
     ordered = sorted(found.values())
     return {"median": ordered and ordered[len(ordered) // 2], "rows": {k: f"{v:.3g}" for k, v in found.items()}}
@@ -661,7 +663,7 @@ def decode_calibration(rounds: int = 5) -> dict:
     import transformers
     from peft import LoraConfig, get_peft_model
 
-    from hftoolkit.planning import model as plan_model
+    from hftoolkit.planning import timing as plan_timing
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
@@ -676,7 +678,7 @@ def decode_calibration(rounds: int = 5) -> dict:
         per_token[layers] = (long - short) / (DECODE_TOKENS[1] - DECODE_TOKENS[0])
     (few, a), (many, b) = sorted(per_token.items())
     per_layer = (b - a) / (many - few)
-    pace = plan_model.cpu_pace()
+    pace = plan_timing.cpu_pace()
     return {"per_token_s": {k: round(v, 6) for k, v in per_token.items()}, "pace": round(pace, 3),
             "decode_seconds": (round((a - few * per_layer) / pace, 6), round(per_layer / pace, 6))}
 
@@ -704,14 +706,14 @@ GRPO = RECIPES / "decoder-grpo.yaml"
 def rl_step_calibration(out: Path) -> dict:
     """plan.py's CPU_RL_STEP_SECONDS: the GRPO recipe's steady step (RECIPE_STEPS steps, one thread) less every
     item the plan counts besides, at the lengths the run planned itself."""
-    from hftoolkit.planning import model as plan_model
+    from hftoolkit.planning import timing as plan_timing
 
     measured = train(GRPO, [], "single", out / "runs" / "calibration-rl-step", steps=RECIPE_STEPS, precision="auto")
     if "step_median" not in measured:
         return measured
-    pace = plan_model.cpu_pace()
+    pace = plan_timing.cpu_pace()
     step = planned(GRPO, [f"training.max_steps={RECIPE_STEPS}"], "single", measured.get("planned_lengths"))["time"]
-    rest = step["step_seconds"] - plan_model.CPU_RL_STEP_SECONDS * pace
+    rest = step["step_seconds"] - plan_timing.CPU_RL_STEP_SECONDS * pace
     return {"measured_step": measured["step_median"], "spread": [measured["step_min"], measured["step_max"]],
             "pace": round(pace, 3), "rl_step_seconds": round((measured["step_median"] - rest) / pace, 5)}
 
@@ -809,7 +811,7 @@ def main() -> None:
     parser.add_argument("--calibrate-only", action="store_true", help="the calibrations, no grid")
     parser.add_argument("--replan", type=Path, help="a plan.json: plan its measured rows again, train nothing")
     parser.add_argument("--grid-only", action="store_true",
-                        help="the grid rows alone, without measuring the constants planning/model.py already holds")
+                        help="the grid rows alone, without measuring the constants the plan already holds")
     parser.add_argument("--heap", action="store_true",
                         help="measure CPU_HEAP_RETAINED and ZERO3_KEPT_COPIES first (8 runs)")
     args = parser.parse_args()

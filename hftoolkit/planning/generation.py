@@ -1,5 +1,6 @@
 """What sampling answers costs a task grpo step (models/families/grpo.py): the key-value cache its answers hold
-while they are written, and the products of writing them; planning/model.py adds both to a step's plan."""
+while they are written, and the products of writing them; planning/model.py adds the cache to the memory plan and
+planning/timing.py the products to a step's time."""
 
 from __future__ import annotations
 

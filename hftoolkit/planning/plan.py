@@ -3,7 +3,7 @@ and the same plan asked by `train` before it loads anything.
 
 The model is built from its config on the meta device (nothing read but config.json), with the task head and the
 LoRA adapter the run would have; each strategy (training/strategies) divides its states as it would, and
-`planning/model.py` turns the figures into bytes and seconds on the target device.
+`planning/model.py` turns the figures into bytes, and `planning/timing.py` into seconds, on the target device.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ from hftoolkit.job.devices import Device
 from hftoolkit.job.precision import resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
 from hftoolkit.planning.lengths import memory_lengths, step_lengths, tokenized_sample, with_data_longest
-from hftoolkit.planning.model import MemoryPlan, TimePlan, plan_memory, plan_time
+from hftoolkit.planning.model import MemoryPlan, plan_memory
+from hftoolkit.planning.timing import TimePlan, plan_time
 from hftoolkit.training.strategies import STRATEGIES, LaunchPlan, Strategy, strategy_for
 
 # What the override of the memory check is called, wherever a refusal names it.

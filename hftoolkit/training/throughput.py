@@ -122,7 +122,7 @@ def elementwise_seconds_per_byte() -> float:
     """This CPU's pace at a training step's element-wise work, on one thread: seconds per byte the forward pass writes,
     its backward included, through what a transformer layer does besides its products (a norm, an activation,
     dropout, a residual, a softmax), with autograd, on a small batch's activations; best of a few. The plan's CPU
-    constants are in its units, so that they hold on a faster or slower CPU (planning/model.py). Separate kernels
+    constants are in its units, so that they hold on a faster or slower CPU (planning/timing.py). Separate kernels
     over large arrays were no measure of it: their speed differs between vendors' vector units several times more
     than a step's does. Measured once per host and cached on disk beside the matmul rates."""
     import platform

@@ -1,5 +1,6 @@
-"""The memory and time model behind `hftoolkit plan` (planning/model.py): its rules on meta-device models
-built from tiny configs. No training, no timing: benchmarks/plan.py holds the plan against measured runs."""
+"""The memory and time model behind `hftoolkit plan` (planning/model.py, planning/timing.py): its rules on
+meta-device models built from tiny configs. No training, no timing: benchmarks/plan.py holds the plan against
+measured runs."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ from hftoolkit.planning.model import (
     Spread,
     model_shape,
     plan_memory,
-    plan_time,
 )
+from hftoolkit.planning.timing import plan_time
 from tests.helpers import RECIPES
 
 LENGTHS = {"max_length": 32, "max_target_length": 16, "max_new_tokens": 8}
@@ -204,7 +205,7 @@ def test_frozen_products_keep_no_input_and_lora_dropout_keeps_a_copy():
     import transformers
     from peft import LoraConfig, get_peft_model
 
-    from hftoolkit.planning.model import _activations
+    from hftoolkit.planning.model import activation_bytes
 
     def adapted(config, auto, targets, dropout):
         model = meta(config, auto)
@@ -220,8 +221,8 @@ def test_frozen_products_keep_no_input_and_lora_dropout_keeps_a_copy():
     dropped = adapted(gpt2, "AutoModelForCausalLM", ["c_attn", "c_proj", "c_fc"], 0.1)["lora_saved"]
     assert dropped == [(4 * 4, 3 * 64 + 256)], "each input copied once dropped out (in place of the base's), a mask"
     recipe, lengths = full(), {"max_length": 32}
-    assert (_activations(lora, recipe, 8, "fp32", lengths | {"max_target_length": 32}, False)[0]
-            < _activations(plain, recipe, 8, "fp32", lengths | {"max_target_length": 32}, False)[0])
+    assert (activation_bytes(lora, recipe, 8, "fp32", lengths | {"max_target_length": 32}, False)[0]
+            < activation_bytes(plain, recipe, 8, "fp32", lengths | {"max_target_length": 32}, False)[0])
 
 
 def test_the_trainers_freed_gradients_share_memory_with_the_activations(gpt2):
@@ -237,7 +238,7 @@ CPU = Device("cpu", "cpu", 64 * 2**30, {})
 
 
 def test_a_cpu_step_counts_its_fixed_work_optimizer_and_vocabulary_besides_the_products(gpt2):
-    from hftoolkit.planning.model import CPU_STEP_SECONDS, cpu_pace
+    from hftoolkit.planning.timing import CPU_STEP_SECONDS, cpu_pace
 
     plan = plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None)
     assert set(plan.items) == {"products", "vocabulary", "element-wise", "optimizer", "communication", "overhead"}
@@ -258,7 +259,7 @@ def test_a_cpu_step_counts_its_fixed_work_optimizer_and_vocabulary_besides_the_p
 def test_a_reference_model_s_forward_pass_adds_the_forward_share_of_the_element_wise_work(gpt2):
     """DPO scores each pair again with its reference model, without gradients; ORPO has none. Only the forward share
     of the element-wise work is done again, as checkpointing's second forward pass does."""
-    from hftoolkit.planning.model import FORWARD_WORK
+    from hftoolkit.planning.timing import FORWARD_WORK
 
     def element_wise(method: str, *sets) -> float:
         planned = recipe("decoder-preference.yaml", f"preference.method={method}", *sets)
@@ -322,7 +323,7 @@ def test_a_cpu_grpo_step_pays_each_sampled_token_s_pass_through_every_layer_and_
     forward pass of every layer, once per rl.num_iterations steps; TRL's scoring of the answers is fixed per step."""
     import transformers
 
-    from hftoolkit.planning.model import CPU_DECODE_SECONDS, CPU_RL_STEP_SECONDS, CPU_STEP_SECONDS, cpu_pace
+    from hftoolkit.planning.timing import CPU_DECODE_SECONDS, CPU_RL_STEP_SECONDS, CPU_STEP_SECONDS, cpu_pace
 
     def items(shape, *sets):
         grpo = recipe("decoder-grpo.yaml", "training.max_steps=10", *sets)
@@ -340,7 +341,7 @@ def test_a_cpu_grpo_step_pays_each_sampled_token_s_pass_through_every_layer_and_
 
 
 def test_a_slower_cpu_plans_its_element_wise_optimizer_and_fixed_work_slower_in_proportion(gpt2, monkeypatch):
-    from hftoolkit.planning.model import CPU_REFERENCE_PACE
+    from hftoolkit.planning.timing import CPU_REFERENCE_PACE
     from hftoolkit.training import throughput
 
     def plan_at(pace: float):
