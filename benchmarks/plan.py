@@ -1,6 +1,7 @@
 """The memory and time plan (hftoolkit/planning/model.py, timing.py) against what runs really take on this machine.
 
     python benchmarks/plan.py [--quick] [--only NAME,...] [--heap] [--out DIR] [--replan plan.json] [--grid-only]
+                              [--rounds N] [--calibrate-only]
 
 0. `--heap`: how much of a step's activations glibc's heap keeps resident (plan.py's CPU_HEAP_RETAINED): two rows
    trained as usual and with MALLOC_MMAP_THRESHOLD_ fixed; ZERO3_KEPT_COPIES: the ZeRO-3 row with DeepSpeed's
@@ -9,7 +10,10 @@
    torch stack and once with DeepSpeed: the plan's CPU_RUNTIME_BYTES come from here.
 2. the grid: real `hftoolkit train` runs (3 steps) in subprocesses, each launch (one process, DDP, FSDP, ZeRO-2,
    ZeRO-3 on 2 CPU processes), LoRA, full and 4-bit, encoder, decoder and seq2seq: planned peak per process
-   against every process's VmHWM (manifest.json's "plan"; the error against the largest), step seconds too.
+   against every process's VmHWM (manifest.json's "plan"; the error against the largest), step seconds too, each
+   run's step planned just after it at this machine's rates measured anew (`planned_now`); `--rounds N` trains the
+   grid N times over. Unless --grid-only, the CPU time constants are calibrated first (the optimizer, gloo, the
+   fixed step, sampling, image rows, the sharded strategies against DDP).
 3. DeepSpeed's own ZeRO-2/ZeRO-3 model-state estimators and accelerate's estimate-memory weights beside ours.
 4. LLaMA-7B from its config alone: full fine-tuning, LoRA r=16, QLoRA, FSDP and ZeRO-3 over 8 A100-80GB.
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -147,7 +152,7 @@ def planned(recipe_path: Path, sets: list[str], launch: str, lengths: dict | Non
     from hftoolkit.job.devices import this_machine
     from hftoolkit.job.precision import resolve_precision
     from hftoolkit.planning.model import model_shape, plan_memory
-    from hftoolkit.planning.timing import plan_time
+    from hftoolkit.planning.timing import plan_time, sharded_bytes
 
     recipe = load_recipe(recipe_path, sets)
     model = meta_model(recipe)
@@ -160,7 +165,8 @@ def planned(recipe_path: Path, sets: list[str], launch: str, lengths: dict | Non
     memory = plan_memory(shape, recipe, spread, device, precision, lengths["memory"])
     timing = plan_time(shape, recipe, spread, device, precision, lengths["step"], None, None)
     return {"memory": memory.as_dict(), "time": timing.as_dict(), "parameters": shape["parameters"],
-            "trainable": shape["trainable"], "precision": precision}
+            "trainable": shape["trainable"], "precision": precision,
+            "sharded_bytes": sharded_bytes(shape, recipe, spread)}
 
 
 # ------------------------------------------------------------------------------------------------------- the grid
@@ -347,8 +353,12 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
                 continue
             steps = RECIPE_STEPS if name.startswith("recipe:") else STEPS
             precision = "auto" if name.startswith("recipe:") else "fp32"
-            measured.setdefault(name, []).append(train(recipe, sets, launch, out / "runs" / name.replace(":", "-"),
-                                                       steps=steps, precision=precision))
+            run = train(recipe, sets, launch, out / "runs" / name.replace(":", "-"), steps=steps, precision=precision)
+            if "step_median" in run:
+                run["planned_then"] = planned_now(recipe, sets + [f"training.max_steps={steps}",
+                                                                  f"training.precision={precision}"], launch,
+                                                  run.get("planned_lengths"))
+            measured.setdefault(name, []).append(run)
             if rounds > 1:
                 print(f"round {round_ + 1} of {rounds}: {name}: {measured[name][-1].get('step_median')}", flush=True)
     results = []
@@ -364,29 +374,49 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
                            found.get("planned_lengths"))
             peak = plan["memory"]["peak"] / MiB
             step = plan["time"]["step_seconds"]
+            then = found.get("planned_rounds")
+            if then:  # (each round planned at the rates measured just after it: see planned_now)
+                step = statistics.median(then)
             row.update(planned_mb=round(peak, 1), error=round(peak / found["peak_mb"] - 1, 4),
                        items_mb={k: round(v / MiB, 1) for k, v in plan["memory"]["items"].items()},
                        planned_step=step and round(step, 5), measured_step=found.get("step_median"),
                        precision=plan["precision"], time_items=plan["time"].get("items"))
-            if step and found.get("step_median"):
+            if then:
+                row["step_ratio"] = round(statistics.median(a / b for a, b in zip(then, found["rounds"])), 3)
+            elif step and found.get("step_median"):
                 row["step_ratio"] = round(step / found["step_median"], 3)
         print(_line(row), flush=True)
         results.append(row)
     return results
 
 
+def planned_now(recipe: Path, sets: list[str], launch: str, lengths: dict | None) -> float | None:
+    """The step planned at this machine's rates measured anew, now (the cached rates are deleted first). Each row is
+    planned just after its run: a shared machine's speed drifts over minutes, and a plan made at other rates than the
+    run met would measure that drift with the plan."""
+    from hftoolkit.sources.locations import cache_root
+    from hftoolkit.training import throughput
+
+    (cache_root() / "matmul-rate.json").unlink(missing_ok=True)
+    throughput.elementwise_seconds_per_byte.cache_clear()
+    return planned(recipe, sets, launch, lengths)["time"]["step_seconds"]
+
+
 def _over_rounds(runs: list[dict]) -> dict:
-    """One row's rounds as one: the median of the rounds' steps with their lowest and highest, and the largest
-    peak; the first round as it is where there is one round (its own steps' spread), or where any failed or was
-    skipped."""
-    if len(runs) == 1 or any("peak_mb" not in run or "step_median" not in run for run in runs):
+    """One row's rounds as one: the median of the rounds' steps with their lowest and highest, each round's step
+    and the step planned just after it, and the largest peak; the first round as it is where any failed or was
+    skipped (with its own steps' spread)."""
+    if any("peak_mb" not in run or "step_median" not in run for run in runs):
         return runs[0]
-    steps = sorted(run["step_median"] for run in runs)
-    middle = len(steps) // 2
-    median = steps[middle] if len(steps) % 2 else (steps[middle - 1] + steps[middle]) / 2
+    steps = [run["step_median"] for run in runs]
     largest = max(runs, key=lambda run: run["peak_mb"])
-    return {**largest, "step_median": round(median, 4), "step_min": steps[0], "step_max": steps[-1],
-            "rounds": [run["step_median"] for run in runs]}
+    found = {"rounds": steps, **largest}  # (a replanned row holds its rounds already)
+    if len(runs) > 1:
+        found.update(step_median=round(statistics.median(steps), 4), step_min=min(steps), step_max=max(steps))
+    then = [run.get("planned_then") for run in runs]
+    if all(then):
+        found["planned_rounds"] = then
+    return found
 
 
 MEASURED = ("peak_mb", "peaks_mb", "train_seconds", "wall_seconds", "failed", "skipped", "step_median", "step_min",
@@ -796,6 +826,77 @@ def zero3_calibration(rows: list[tuple], out: Path) -> dict:
             "copies": round((usual["peak_mb"] - released["peak_mb"]) / weights, 2)}
 
 
+IMAGE_SIZES, IMAGE_BATCH = (32, 224), 32
+
+
+def image_calibration(rounds: int = 7) -> dict:
+    """timing.py's CPU_IMAGE_SECONDS: the builtin digits as the vision family prepares them (stored as PNG bytes,
+    decoded and transformed by ViT's processor as rows are drawn), a batch of IMAGE_BATCH random rows drawn as the
+    data loader draws it, at two image sizes, on one thread; a row's seconds at each size (the best of `rounds`),
+    then the line through them over the values a row's pixel_values hold, at the reference pace."""
+    import random
+
+    import datasets
+    import torch
+    import transformers
+
+    from hftoolkit.models.families.vision import ImageClassification
+    from hftoolkit.planning import timing as plan_timing
+    from hftoolkit.sources.builtin import digits
+
+    torch.set_num_threads(1)
+    per_row, draw = {}, random.Random(0)
+    for size in IMAGE_SIZES:
+        rows = datasets.Dataset.from_list(digits(8 * IMAGE_BATCH, size=size))
+        processor = transformers.ViTImageProcessor(size={"height": size, "width": size})
+        prepared = ImageClassification().preprocess(None, processor, rows)  # (the job is read only for an error)
+        times = []
+        for _ in range(rounds):
+            batch = draw.sample(range(len(rows)), IMAGE_BATCH)
+            start = time.perf_counter()
+            prepared.__getitems__(batch)
+            times.append(time.perf_counter() - start)
+        per_row[3 * size * size] = min(times) / IMAGE_BATCH
+    (few, a), (many, b) = sorted(per_row.items())
+    per_value, pace = (b - a) / (many - few), plan_timing.cpu_pace()
+    return {"row_seconds": {k: round(v, 6) for k, v in per_row.items()}, "pace": round(pace, 3),
+            "image_seconds": (float(f"{(a - few * per_value) / pace:.3g}"), float(f"{per_value / pace:.3g}"))}
+
+
+SHARDED = ("fsdp", "zero2", "zero3")
+
+
+def sharded_calibration(out: Path, ck_folder: Path, rounds: int = 3) -> dict:
+    """timing.py's CPU_SHARDED_SECONDS_PER_BYTE: a GPT-2 of another size than the grid's (384 wide, 6 layers), full
+    fine-tuning, 16 rows a process on 2 processes, under DDP and under each sharded strategy, one after the other
+    `rounds` times over; a strategy's median step less DDP's, less their planned difference without the term, over
+    the bytes its collectives move a step."""
+    from hftoolkit.planning import timing as plan_timing
+
+    checkpoint = scaled_checkpoint("gpt2", 384, 6, 6, 1536, ck_folder)
+    sets = [f"model.checkpoint={checkpoint}", "data.max_length=64", "training.batch_size=32", *FULL]
+    steps: dict[str, list] = {}
+    for _ in range(rounds):
+        for launch in ("ddp", *SHARDED):
+            steps.setdefault(launch, []).append(train(DEC, sets, launch, out / "runs" / f"sharded-{launch}")
+                                                .get("step_median"))
+    if any(step is None for found in steps.values() for step in found):
+        return {"failed": steps}
+    median = {launch: sorted(found)[len(found) // 2] for launch, found in steps.items()}
+    saved = dict(plan_timing.CPU_SHARDED_SECONDS_PER_BYTE)
+    plan_timing.CPU_SHARDED_SECONDS_PER_BYTE.update(dict.fromkeys(SHARDED, 0.0))
+    try:
+        plans = {launch: planned(DEC, sets + ["training.precision=fp32"], launch) for launch in median}
+    finally:
+        plan_timing.CPU_SHARDED_SECONDS_PER_BYTE.update(saved)
+    pace, ddp = plan_timing.cpu_pace(), plans["ddp"]["time"]["step_seconds"]
+    result = {"measured": steps, "pace": round(pace, 3)}
+    for launch in SHARDED:
+        beyond = (median[launch] - median["ddp"]) - (plans[launch]["time"]["step_seconds"] - ddp)
+        result[launch] = float(f"{beyond / plans[launch]['sharded_bytes'] / pace:.3g}")
+    return result
+
+
 def main() -> None:
     import argparse
 
@@ -822,7 +923,8 @@ def main() -> None:
     elif before:
         report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained",
                                            "zero3_kept", "optimizer_seconds_per_parameter", "gloo", "step_overhead",
-                                           "trl_bf16", "onednn", "copy_bytes_per_second", "decode", "rl_step")
+                                           "trl_bf16", "onednn", "copy_bytes_per_second", "decode", "rl_step",
+                                           "sharded", "images")
                   if k in before}
     else:
         report = {"runtime_imports_mib": {r: round(measure_runtime(r) / MiB, 1) for r in IMPORTS}}
@@ -833,16 +935,20 @@ def main() -> None:
         report["copy_bytes_per_second"] = copy_calibration()
         report["step_overhead"] = overhead_calibration(args.work)
         report["decode"] = decode_calibration()
+        report["images"] = image_calibration()
         report["rl_step"] = rl_step_calibration(args.work)
         report["trl_bf16"] = trl_calibration(args.work)
         report["onednn"] = onednn_calibration(args.work)
     print("runtime in a run, tiny model (MiB):", report.get("runtime_in_a_run_mib"), flush=True)
     for key in ("optimizer_seconds_per_parameter", "gloo", "copy_bytes_per_second", "step_overhead", "decode",
-                "rl_step", "trl_bf16", "onednn"):
+                "images", "rl_step", "trl_bf16", "onednn"):
         print(f"{key}:", report.get(key), flush=True)
     ck_folder = args.work / "checkpoints"
     ck = {arch: scaled_checkpoint(arch, 512, 8, 8, 2048, ck_folder) for arch in ("bert", "gpt2", "t5")}
     ck.update(minilm=minilm(), smollm2=None if args.quick and not args.only else smollm2())
+    if not args.grid_only and not before:
+        report["sharded"] = sharded_calibration(args.work, ck_folder)
+        print("sharded strategies, seconds per byte moved beyond gloo's:", report["sharded"], flush=True)
     if args.calibrate_only:
         (args.out / "calibration.json").write_text(json.dumps(report, indent=1, default=str))
         return

@@ -101,6 +101,7 @@ def _dims(config) -> dict:
         "kv_heads": _config_value(config, "num_key_value_heads", default=heads),
         "vocab": _config_value(config, "vocab_size"), "seq2seq": seq2seq,
         "image_tokens": (image // patch) ** 2 + 1 if image and patch else 0,
+        "image_values": _config_value(config, "num_channels", default=3) * image * image if image else 0,
         "dropout": float(dropout) > 0, "norm": "rms" if kind in RMS_NORM else "layer",
         "wide_tensors": ACTIVATION_KEEPS.get(act, 2) + 2 * gated + (kind in T5_TYPES and float(dropout) > 0),
         "ffn_dropout": kind in T5_TYPES and float(dropout) > 0,

@@ -52,6 +52,16 @@ CPU_ACTIVATION_SECONDS, FORWARD_WORK = 1.97e-9, 0.5
 # answers, their advantages, its logging), measured by `rl_step_calibration` (the GRPO recipe's step less the rest).
 CPU_DECODE_SECONDS = (0.00156, 0.000644)
 CPU_RL_STEP_SECONDS = 0.0085
+# What a sharded strategy costs a CPU step beyond its collectives' own time (GLOO), per byte they move: its processes
+# meet at every layer's collective (DDP's meet about once a step), so each waits out the other's slower stretches
+# there, and the strategy allocates and copies its flat buffers (DeepSpeed's gradient partitions, the gathered
+# parameters). Measured by benchmarks/plan.py (`sharded_calibration`: on a model of another size than the grid's,
+# the strategy's step less DDP's, less their planned difference).
+CPU_SHARDED_SECONDS_PER_BYTE = {"fsdp": 1.21e-9, "zero2": 1.28e-9, "zero3": 2.67e-9}
+# An image row is decoded and transformed by the model's processor as its batch is drawn (models/families/vision.py):
+# (seconds a row, seconds per value of its pixel_values), measured by benchmarks/plan.py (`image_calibration`: the
+# builtin digits stored as PNG, through ViT's processor at two sizes, on one thread).
+CPU_IMAGE_SECONDS = (2.1e-4, 7.38e-9)
 
 
 @dataclass(frozen=True)
@@ -176,7 +186,8 @@ def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dic
     """A CPU step's seconds besides its products: the element-wise work (norms, activations, softmax, dropout,
     dtype casts and their gradients: memory-bound, so in proportion to the activations they write, whose forward
     share checkpointing's second forward pass and the sequences only scored, as a reference model's, do again), the
-    optimizer over the trainable parameters a process updates, the collectives of the strategy over gloo, the fixed
+    optimizer over the trainable parameters a process updates, the collectives of the strategy over gloo and what a
+    sharded strategy costs beyond them (`CPU_SHARDED_SECONDS_PER_BYTE`), the decoding of image rows, the fixed
     work of sampling an RL step's answers token by token, and the step's fixed work (the data loader, the Trainer's
     callbacks and logging, autograd's bookkeeping; TRL's scoring of sampled answers). `scored_share`: the sequences
     only scored, per sequence trained."""
@@ -190,6 +201,11 @@ def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dic
     optimizer = CPU_OPTIMIZER_SECONDS.get(recipe.training.optimizer, CPU_OPTIMIZER_SECONDS["adamw"])
     items = {"element-wise": written * CPU_ACTIVATION_SECONDS * pace, "optimizer": updated * optimizer * pace,
              "communication": _communication_seconds(shape, recipe, spread), "overhead": CPU_STEP_SECONDS * pace}
+    if spread.name in CPU_SHARDED_SECONDS_PER_BYTE and spread.processes > 1:
+        items["sharding"] = sharded_bytes(shape, recipe, spread) * CPU_SHARDED_SECONDS_PER_BYTE[spread.name] * pace
+    if shape.get("image_values"):  # (drawn in the training process, or in data.num_workers that share its cores)
+        per_row = CPU_IMAGE_SECONDS[0] + CPU_IMAGE_SECONDS[1] * shape["image_values"]
+        items["images"] = batch * recipe.training.gradient_accumulation * per_row * pace
     if recipe.rl is not None:  # (answers are sampled once per rl.num_iterations steps)
         per_token = CPU_DECODE_SECONDS[0] + CPU_DECODE_SECONDS[1] * shape["layers"]
         items["sampling"] = recipe.rl.max_completion_length / recipe.rl.num_iterations * per_token * pace
@@ -227,6 +243,16 @@ def _communication_seconds(shape: dict, recipe, spread: Spread) -> float:
         copies = FSDP2_COPIES * weights / CPU_COPY_BYTES_PER_SECOND if spread.runtime == "torch" else 0.0
         return cost("all_gather", 2 * units, 2 * weights) + cost("reduce_scatter", units, grads) + copies
     return cost("reduce_scatter", units, grads) + cost("all_gather", units, grads)
+
+
+def sharded_bytes(shape: dict, recipe, spread: Spread) -> float:
+    """Bytes a sharded strategy's collectives move a step (as `_communication_seconds` counts them): FSDP and ZeRO-3
+    gather the weights in the forward and the backward pass and reduce-scatter the gradients; ZeRO-2 reduce-scatters
+    the gradients and gathers them back updated."""
+    grads = 4 * shape["trainable"]
+    if spread.shards_parameters:
+        return 2 * _weight_bytes(shape, recipe)[0] + grads
+    return 2 * grads
 
 
 def _eval_seconds(shape: dict, recipe, spread: Spread, lengths: dict, eval_rows: int | None,

@@ -295,6 +295,59 @@ def test_processes_pay_for_their_collectives_and_sharded_optimizers_step_their_s
     assert items["ddp"]["optimizer"] == items["single"]["optimizer"], "DDP steps every parameter on every process"
 
 
+def test_a_sharded_strategy_on_cpus_pays_per_byte_its_collectives_move_beyond_their_own_time(gpt2):
+    """FSDP and ZeRO-3 gather the weights twice a step and reduce-scatter the gradients, ZeRO-2 moves the gradients
+    twice: each byte costs the strategy's measured constant at this CPU's pace; DDP and one process pay none."""
+    import transformers
+
+    from hftoolkit.planning.items import weight_bytes
+    from hftoolkit.planning.timing import CPU_SHARDED_SECONDS_PER_BYTE, cpu_pace
+
+    spreads = {"ddp": Spread("ddp", 2, 2, False, False, False),
+               "zero2": Spread("zero2", 2, 2, False, True, True, "deepspeed"),
+               "zero3": Spread("zero3", 2, 2, True, True, True, "deepspeed"),
+               "fsdp": Spread("fsdp", 2, 2, True, True, True)}
+    items = {name: plan_time(gpt2, full(), spread, CPU, "fp32", LENGTHS, None, None).items
+             for name, spread in spreads.items()}
+    grads, weights = 4 * gpt2["trainable"], weight_bytes(gpt2, full())[0]
+    assert "sharding" not in items["ddp"]
+    assert "sharding" not in plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None).items
+    assert items["zero2"]["sharding"] == pytest.approx(2 * grads * CPU_SHARDED_SECONDS_PER_BYTE["zero2"] * cpu_pace())
+    for name in ("fsdp", "zero3"):
+        moved = 2 * weights + grads
+        assert items[name]["sharding"] == pytest.approx(moved * CPU_SHARDED_SECONDS_PER_BYTE[name] * cpu_pace())
+    adapted = model_shape(meta(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000,
+                                                       n_positions=128), lora=True))
+    lora = plan_time(adapted, recipe("decoder-clm.yaml", "training.max_steps=10"), spreads["fsdp"], CPU, "fp32",
+                     LENGTHS, None, None).items
+    assert items["fsdp"]["sharding"] > lora["sharding"] > 0, "LoRA's frozen weights are gathered all the same"
+    assert "sharding" not in plan_time(gpt2, full(), spreads["fsdp"], GPUS["a100-80gb"], "bf16", LENGTHS, None,
+                                       None).items, "a GPU's collectives run beside its products"
+
+
+def test_a_cpu_step_of_an_image_model_decodes_and_transforms_its_rows():
+    """Images are decoded and transformed as a batch is drawn: a fixed cost per row and one per value of its
+    pixel_values, for each row a process draws in a step; text draws none."""
+    import transformers
+
+    from hftoolkit.planning.timing import CPU_IMAGE_SECONDS, cpu_pace
+
+    def images(size: int, *sets):
+        shape = model_shape(meta(transformers.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                                        intermediate_size=64, image_size=size, patch_size=8),
+                                 "AutoModelForImageClassification"))
+        vision = recipe("vision-classification.yaml", "training.max_steps=10", *sets)
+        return plan_time(shape, vision, SINGLE, CPU, "fp32", LENGTHS, None, None).items["images"]
+
+    per_row = CPU_IMAGE_SECONDS[0] + CPU_IMAGE_SECONDS[1] * 3 * 32 * 32
+    assert images(32) == pytest.approx(32 * per_row * cpu_pace())  # (the recipe's batch of 32)
+    assert images(32, "training.batch_size=8", "training.gradient_accumulation=2") == pytest.approx(images(32) / 2)
+    assert images(224) > 5 * images(32), "a larger image costs more to transform"
+    assert "images" not in plan_time(model_shape(meta(transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4,
+                                                                              vocab_size=1000, n_positions=128))),
+                                     full(), SINGLE, CPU, "fp32", LENGTHS, None, None).items
+
+
 def test_grpo_prices_its_sampling_its_cache_and_the_reference_pass(gpt2):
     """A grpo step samples batch_size answers of rl.max_completion_length tokens before it learns from them: the
     time plan has that generation, the memory plan its key-value cache; a KL term (rl.beta) adds the reference's
