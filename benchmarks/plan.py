@@ -882,7 +882,7 @@ def sharded_calibration(out: Path, ck_folder: Path, rounds: int = 3) -> dict:
                                                 .get("step_median"))
     if any(step is None for found in steps.values() for step in found):
         return {"failed": steps}
-    median = {launch: sorted(found)[len(found) // 2] for launch, found in steps.items()}
+    median = {launch: statistics.median(found) for launch, found in steps.items()}
     saved = dict(plan_timing.CPU_SHARDED_SECONDS_PER_BYTE)
     plan_timing.CPU_SHARDED_SECONDS_PER_BYTE.update(dict.fromkeys(SHARDED, 0.0))
     try:
