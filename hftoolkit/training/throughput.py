@@ -2,7 +2,7 @@
 
 `training_flops` counts the FLOPs spent on real tokens; `efficiency` compares that rate with what this machine's
 matrix products reach at the run's precision and sizes (`matmul_flops_per_second`, measured once per host and
-cached).
+boot, and cached).
 """
 
 from __future__ import annotations
@@ -83,13 +83,12 @@ def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: 
     """This machine's rate for a model layer's matrix products in `precision`: `tokens` x `width` inputs through
     four width x width products (attention) and two width x intermediate ones (feed-forward), best of a few.
 
-    Measured once per host, thread count, device, precision and size, and cached on disk. `tokens` is rounded
-    up to a multiple of 64, so runs whose batches differ by a few tokens share one measurement. `again` measures
-    anew and keeps the better of the two: a rate measured while the machine was busy is too low. `threads` measures
-    on that many CPU threads instead of this process's (a plan for processes that share the machine).
+    Measured once per host and boot (`_this_boot`), thread count, device, precision and size, and cached on disk.
+    `tokens` is rounded up to a multiple of 64, so runs whose batches differ by a few tokens share one measurement.
+    `again` measures anew and keeps the better of the two: a rate measured while the machine was busy is too low.
+    `threads` measures on that many CPU threads instead of this process's (a plan for processes that share the
+    machine).
     """
-    import platform
-
     import torch
 
     from hftoolkit.runs.rundir import write_atomic
@@ -105,7 +104,7 @@ def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: 
         finally:
             torch.set_num_threads(own)
     path = cache_root() / "matmul-rate.json"
-    key = f"{platform.node()}-{torch.get_num_threads()}-{device}-{precision}-{tokens}x{width}x{intermediate}"
+    key = f"{_this_boot()}-{torch.get_num_threads()}-{device}-{precision}-{tokens}x{width}x{intermediate}"
     cached = _read_rates(path)
     if key not in cached or again:
         rate = _measure(getattr(torch, DTYPES[precision]), device, tokens, width, intermediate)
@@ -124,15 +123,13 @@ def elementwise_seconds_per_byte() -> float:
     dropout, a residual, a softmax), with autograd, on a small batch's activations; best of a few. The plan's CPU
     constants are in its units, so that they hold on a faster or slower CPU (planning/timing.py). Separate kernels
     over large arrays were no measure of it: their speed differs between vendors' vector units several times more
-    than a step's does. Measured once per host and cached on disk beside the matmul rates."""
-    import platform
-
+    than a step's does. Measured once per host and boot and cached on disk beside the matmul rates."""
     import torch
 
     from hftoolkit.runs.rundir import write_atomic
     from hftoolkit.sources.locations import cache_root
 
-    path, key = cache_root() / "matmul-rate.json", f"{platform.node()}-elementwise-step"
+    path, key = cache_root() / "matmul-rate.json", f"{_this_boot()}-elementwise-step"
     cached = _read_rates(path)
     if key not in cached:
         own = torch.get_num_threads()
@@ -171,6 +168,19 @@ def _elementwise_step_seconds_per_byte() -> float:
     while len(times) < 5 or time.perf_counter() < deadline:
         times.append(step())
     return min(times) / written
+
+
+def _this_boot() -> str:
+    """The cached rates' host: its name and, on Linux, its boot. Machines that share a name and a home directory
+    (cloud machines and containers, a cluster's nodes) must not share a reading, nor a machine its reading from
+    before a restart, which may have brought it up on other hardware."""
+    import platform
+
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot:
+            return f"{platform.node()}-{boot.read().strip()[:8]}"
+    except OSError:
+        return platform.node()
 
 
 def _read_rates(path) -> dict[str, float]:

@@ -136,3 +136,23 @@ def test_the_element_wise_pace_is_measured_once_per_host_and_leaves_a_run_s_rand
     assert 0 < pace < 1e-6, "seconds per byte"
     elementwise_seconds_per_byte.cache_clear()
     assert elementwise_seconds_per_byte() == pace, "read back from the host's cache, not measured again"
+
+
+def test_machines_sharing_a_name_and_a_home_or_a_machine_restarted_measure_their_own_rates(monkeypatch):
+    """Cloud machines and containers often share a host name and a home directory: a reading is kept per boot."""
+    import os
+    import platform
+
+    from hftoolkit.training import throughput
+
+    here = throughput._this_boot()
+    assert here.startswith(platform.node())
+    if os.path.exists("/proc/sys/kernel/random/boot_id"):
+        assert len(here) == len(platform.node()) + 9, "the name and the boot's first 8 characters"
+    monkeypatch.setattr(throughput, "_this_boot", lambda: "vm-aaaa")
+    monkeypatch.setattr(throughput, "_measure", lambda *a: 1.0)
+    assert matmul_flops_per_second("fp32", 64, 16, 32) == 1.0
+    matmul_flops_per_second.cache_clear()
+    monkeypatch.setattr(throughput, "_this_boot", lambda: "vm-bbbb")
+    monkeypatch.setattr(throughput, "_measure", lambda *a: 2.0)
+    assert matmul_flops_per_second("fp32", 64, 16, 32) == 2.0, "the other boot's reading is not this one's"
