@@ -375,7 +375,8 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
             peak = plan["memory"]["peak"] / MiB
             step = plan["time"]["step_seconds"]
             then = found.get("planned_rounds")
-            if then:  # (each round planned at the rates measured just after it: see planned_now)
+            if then:  # (each round planned at the rates measured just after it, see planned_now; the time items
+                # stay those of this plan, at the rates of now)
                 step = statistics.median(then)
             row.update(planned_mb=round(peak, 1), error=round(peak / found["peak_mb"] - 1, 4),
                        items_mb={k: round(v / MiB, 1) for k, v in plan["memory"]["items"].items()},
@@ -676,7 +677,10 @@ def activation_calibration(grid_rows: list[dict]) -> dict:
             continue
         pace = timing.cpu_pace()
         written = items["element-wise"] / (timing.CPU_ACTIVATION_SECONDS * pace)
-        found[row["name"]] = (row["measured_step"] - (row["planned_step"] - items["element-wise"])) / written / pace
+        # (the items, not planned_step: a row planned after each of its rounds shows the median of those plans,
+        # while its items are planned at the rates of now, as `written` is)
+        rest = sum(items.values()) - items["element-wise"]
+        found[row["name"]] = (row["measured_step"] - rest) / written / pace
     ordered = sorted(found.values())
     return {"median": ordered and ordered[len(ordered) // 2], "rows": {k: f"{v:.3g}" for k, v in found.items()}}
 
