@@ -26,14 +26,14 @@ from hftoolkit.training.strategies.base import Spread
 
 # A CPU step's time besides its products, measured by benchmarks/plan.py on one thread of a CPU whose element-wise
 # pace (training/throughput.elementwise_seconds_per_byte) was CPU_REFERENCE_PACE; on another CPU each is scaled by
-# the ratio of its own pace to that one (`cpu_pace`), as the products are planned at its own measured rate: the fixed
-# work of a step
-# (`overhead_calibration`: the steady step of a model of a fraction of a MiB, one row a step, less its planned
-# items); the Trainer's clipping, optimizer step and zero_grad per trainable parameter (`optimizer_calibration`);
-# gloo's (latency s, bytes of the full tensor per s) per collective between two processes (`gloo_calibration`).
-# (The constants were measured on an Intel Xeon without bf16 units, and held unscaled on an AMD EPYC with AVX2 only
-# (docs/plan.md): this is that EPYC's pace.)
-CPU_REFERENCE_PACE = 5.7e-10
+# the ratio of its own pace to that one (`cpu_pace`), as the products are planned at its own measured rate: the
+# fixed work of a step (`overhead_calibration`: the steady step of a model of a fraction of a MiB, one row a step,
+# less its planned items); the Trainer's clipping, optimizer step and zero_grad per trainable parameter
+# (`optimizer_calibration`); gloo's (latency s, bytes of the full tensor per s) per collective between two processes
+# (`gloo_calibration`). (The constants were measured on an Intel Xeon without bf16 units, and held unscaled on an AMD
+# EPYC with AVX2 only (docs/plan.md): this is that EPYC's pace, as the pace is read now, the median after a warm-up:
+# docs/plan.md, "The pace".)
+CPU_REFERENCE_PACE = 7.1e-10
 CPU_STEP_SECONDS = 0.0107
 CPU_OPTIMIZER_SECONDS = {"adamw": 9.9e-9, "adamw_fused": 2.6e-9, "sgd": 2.1e-9}
 GLOO = {"all_reduce": (1.6e-4, 1.8e9), "all_gather": (1.4e-4, 1.4e9), "reduce_scatter": (2.5e-4, 0.85e9)}

@@ -8,6 +8,7 @@ boot, and cached).
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from functools import cache
 
@@ -120,16 +121,17 @@ def matmul_flops_per_second(precision: str = "fp32", tokens: int = 1024, width: 
 def elementwise_seconds_per_byte() -> float:
     """This CPU's pace at a training step's element-wise work, on one thread: seconds per byte the forward pass writes,
     its backward included, through what a transformer layer does besides its products (a norm, an activation,
-    dropout, a residual, a softmax), with autograd, on a small batch's activations; best of a few. The plan's CPU
-    constants are in its units, so that they hold on a faster or slower CPU (planning/timing.py). Separate kernels
-    over large arrays were no measure of it: their speed differs between vendors' vector units several times more
-    than a step's does. Measured once per host and boot and cached on disk beside the matmul rates."""
+    dropout, a residual, a softmax), with autograd, on a small batch's activations (how it is timed:
+    `_elementwise_step_seconds_per_byte`). The plan's CPU constants are in its units, so that they hold on a faster or
+    slower CPU (planning/timing.py). Separate kernels over large arrays were no measure of it: their speed differs
+    between vendors' vector units several times more than a step's does. Measured once per host and boot and cached
+    on disk beside the matmul rates (under a key of its own: an older version's reading was the best of a burst)."""
     import torch
 
     from hftoolkit.runs.rundir import write_atomic
     from hftoolkit.sources.locations import cache_root
 
-    path, key = cache_root() / "matmul-rate.json", f"{_this_boot()}-elementwise-step"
+    path, key = cache_root() / "matmul-rate.json", f"{_this_boot()}-elementwise-median"
     cached = _read_rates(path)
     if key not in cached:
         own = torch.get_num_threads()
@@ -146,9 +148,11 @@ def elementwise_seconds_per_byte() -> float:
     return cached[key]
 
 
-def _elementwise_step_seconds_per_byte() -> float:
-    """The best of a few timings (at least 5, over half a second) of a layer's element-wise work, forward and
-    backward, over the bytes its forward pass writes."""
+def _elementwise_step_seconds_per_byte(warm_up: float = 1.0, span: float = 1.0) -> float:
+    """The median of a layer's element-wise work timed, forward and backward, for `span` seconds after `warm_up`
+    seconds of it, over the bytes its forward pass writes. A fresh process's first timings, and the best of a
+    short burst, differ from run to run here by more than a whole run's steps do; the median after a warm-up
+    follows them."""
     import torch
     import torch.nn.functional as F
 
@@ -163,11 +167,13 @@ def _elementwise_step_seconds_per_byte() -> float:
         x.grad = weight.grad = None
         return time.perf_counter() - start
 
-    step()
-    times, deadline = [], time.perf_counter() + 0.5
+    deadline = time.perf_counter() + warm_up
+    while time.perf_counter() < deadline:
+        step()
+    times, deadline = [], time.perf_counter() + span
     while len(times) < 5 or time.perf_counter() < deadline:
         times.append(step())
-    return min(times) / written
+    return statistics.median(times) / written
 
 
 def _this_boot() -> str:
