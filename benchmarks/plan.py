@@ -251,53 +251,100 @@ QUICK = ("enc-lora-b32", "enc-full-b64", "dec-full-b32", "enc-full-ddp", "enc-fu
 
 # A run's optimizer steps timed where the Trainer ends each one (CallbackHandler.on_step_end), written when it ends
 # training: a sitecustomize on the runs' PYTHONPATH (every process of a launch inherits it) patches the handler as
-# transformers.trainer_callback is first imported, so the run imports nothing it would not import anyway.
+# transformers.trainer_callback is first imported, so the run imports nothing it would not import anyway. Every
+# HFTOOLKIT_PROBE_EVERY steps it also reads the machine's rates there, between two steps, with the run's own thread:
+# the pace, and the matmul rate at the sizes the run's own plan asked for (its calls to matmul_flops_per_second,
+# recorded as hftoolkit.training.throughput is imported), each probe's seconds left out of the step it follows.
 STEP_HOOK = """
-import importlib.abc, importlib.util, json, os, sys, time
-_times = []
-def _patch(module):
+import importlib.abc, importlib.util, inspect, json, os, sys, time
+_times, _probes, _sizes, _rates, _pace = [], [], [], [], []
+def _probe(throughput):
+    import torch
+    start = time.perf_counter()
+    with torch.random.fork_rng(devices=[]):  # (the pace's dropout must not move the run's draws)
+        _pace.append(throughput._elementwise_step_seconds_per_byte(warm_up=0.05, span=0.15))
+    for precision, tokens, width, intermediate in _sizes:
+        dtype = getattr(torch, throughput.DTYPES[precision])
+        tokens64 = max(64, -(-tokens // 64) * 64)
+        _rates.append([precision, tokens, width, intermediate,
+                       throughput._measure(dtype, "cpu", tokens64, width, intermediate, seconds=0.1)])
+    return time.perf_counter() - start
+def _patch_callbacks(module):
     handler = module.CallbackHandler
     step_end, train_end = handler.on_step_end, handler.on_train_end
+    every = int(os.environ.get("HFTOOLKIT_PROBE_EVERY") or 0)
     def on_step_end(self, *args, **kwargs):
         _times.append(time.perf_counter())
+        throughput = sys.modules.get("hftoolkit.training.throughput")
+        probed = every and len(_times) > 1 and len(_times) % every == 0 and throughput is not None
+        _probes.append(_probe(throughput) if probed else 0.0)
         return step_end(self, *args, **kwargs)
     def on_train_end(self, *args, **kwargs):
         with open(os.path.join(os.environ["HFTOOLKIT_STEP_TIMES"], f"{os.getpid()}.json"), "w") as f:
-            json.dump(_times, f)
+            json.dump({"ends": _times, "probes": _probes, "rates": _rates, "pace": _pace}, f)
         return train_end(self, *args, **kwargs)
     handler.on_step_end, handler.on_train_end = on_step_end, on_train_end
+def _patch_throughput(module):
+    original = module.matmul_flops_per_second
+    signature = inspect.signature(original)
+    def recorded(*args, **kwargs):
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        size = [bound.arguments[k] for k in ("precision", "tokens", "width", "intermediate")]
+        if size not in _sizes:
+            _sizes.append(size)
+        return original(*args, **kwargs)
+    module.matmul_flops_per_second = recorded
+_PATCHES = {"transformers.trainer_callback": _patch_callbacks, "hftoolkit.training.throughput": _patch_throughput}
 class _Finder(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "transformers.trainer_callback":
+        if name not in _PATCHES:
             return None
+        patch = _PATCHES.pop(name)
         sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
+        try:
+            spec = importlib.util.find_spec(name)
+        finally:
+            if _PATCHES:
+                sys.meta_path.insert(0, self)
         run = spec.loader.exec_module
         def exec_module(module):
             run(module)
-            _patch(module)
+            patch(module)
         spec.loader.exec_module = exec_module
         return spec
 if os.environ.get("HFTOOLKIT_STEP_TIMES"):
     sys.meta_path.insert(0, _Finder())
 """
 STEPS = 8  # a row's optimizer steps: the first one warms up, the median of the others is the step
+PROBES = 6  # about this many readings of the rates between a run's steps
 
 
 def step_seconds(folder: Path) -> dict:
-    """The median time between the ends of consecutive optimizer steps after the first, of the slowest process (a
-    step waits for every process), with the fastest and slowest such interval: the spread within the run."""
-    medians, lows, highs = [], [], []
+    """The median time between the ends of consecutive optimizer steps after the first, less the probe made between
+    them, of the slowest process (a step waits for every process), with the fastest and slowest such interval: the
+    spread within the run; and the rates the run's processes read between their steps (`STEP_HOOK`): `run_pace`, the
+    median pace, and `run_rates`, [precision, tokens, width, intermediate, the median FLOP/s] per size."""
+    medians, lows, highs, pace, rates = [], [], [], [], {}
     for path in folder.glob("*.json"):
-        ends = json.loads(path.read_text())
-        gaps = sorted(b - a for a, b in zip(ends[1:], ends[2:]))
+        found = json.loads(path.read_text())
+        ends, probes = found["ends"], found["probes"]
+        gaps = sorted(b - a - probe for a, b, probe in zip(ends[1:], ends[2:], probes[1:]))
         if gaps:
             medians.append(gaps[len(gaps) // 2] if len(gaps) % 2 else sum(gaps[len(gaps) // 2 - 1:][:2]) / 2)
             lows.append(gaps[0])
             highs.append(gaps[-1])
+        pace += found["pace"]
+        for *size, rate in found["rates"]:
+            rates.setdefault(tuple(size), []).append(rate)
     if not medians:
         return {}
-    return {"step_median": round(max(medians), 4), "step_min": round(max(lows), 4), "step_max": round(max(highs), 4)}
+    measured = {"step_median": round(max(medians), 4), "step_min": round(max(lows), 4),
+                "step_max": round(max(highs), 4)}
+    if pace and rates:
+        measured.update(run_pace=statistics.median(pace),
+                        run_rates=[[*size, statistics.median(found)] for size, found in rates.items()])
+    return measured
 
 
 def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict | None = None,
@@ -320,7 +367,8 @@ def train(recipe: Path, sets: list[str], launch: str, out: Path, env_extra: dict
     shutil.rmtree(times, ignore_errors=True)
     times.mkdir(parents=True)
     env = {**os.environ, "PYTHONPATH": f"{hook}{os.pathsep}{ROOT}", "OMP_NUM_THREADS": "1",
-           "ACCELERATE_USE_CPU": "true", "HFTOOLKIT_STEP_TIMES": str(times), **(env_extra or {})}
+           "ACCELERATE_USE_CPU": "true", "HFTOOLKIT_STEP_TIMES": str(times),
+           "HFTOOLKIT_PROBE_EVERY": str(max(1, steps // PROBES)), **(env_extra or {})}
     shutil.rmtree(out, ignore_errors=True)  # (a rerun replaces the row's run)
     start = time.perf_counter()
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
@@ -355,9 +403,10 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
             precision = "auto" if name.startswith("recipe:") else "fp32"
             run = train(recipe, sets, launch, out / "runs" / name.replace(":", "-"), steps=steps, precision=precision)
             if "step_median" in run:
-                run["planned_then"] = planned_now(recipe, sets + [f"training.max_steps={steps}",
-                                                                  f"training.precision={precision}"], launch,
-                                                  run.get("planned_lengths"))
+                planned_sets = sets + [f"training.max_steps={steps}", f"training.precision={precision}"]
+                run["planned_then"] = planned_now(recipe, planned_sets, launch, run.get("planned_lengths"))
+                if "run_rates" in run:
+                    run["planned_in_run"] = planned_at_run_rates(recipe, planned_sets, launch, run)
             measured.setdefault(name, []).append(run)
             if rounds > 1:
                 print(f"round {round_ + 1} of {rounds}: {name}: {measured[name][-1].get('step_median')}", flush=True)
@@ -386,6 +435,9 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
                 row["step_ratio"] = round(statistics.median(a / b for a, b in zip(then, found["rounds"])), 3)
             elif step and found.get("step_median"):
                 row["step_ratio"] = round(step / found["step_median"], 3)
+            if found.get("planned_in_run_rounds"):
+                row["in_run_ratio"] = round(statistics.median(
+                    a / b for a, b in zip(found["planned_in_run_rounds"], found["rounds"])), 3)
         print(_line(row), flush=True)
         results.append(row)
     return results
@@ -403,6 +455,26 @@ def planned_now(recipe: Path, sets: list[str], launch: str, lengths: dict | None
     return planned(recipe, sets, launch, lengths)["time"]["step_seconds"]
 
 
+def planned_at_run_rates(recipe: Path, sets: list[str], launch: str, run: dict) -> float:
+    """The step planned at the rates the run read between its own steps (`STEP_HOOK`): the plan's own error, apart
+    from the machine's speed moving between a run and a reading made beside it. A size the run did not read (none
+    should be missing: they are those its own plan asked for) is measured here."""
+    from hftoolkit.training import throughput
+
+    rates = {tuple(size): rate for *size, rate in run["run_rates"]}
+    measured, pace = throughput.matmul_flops_per_second, throughput.elementwise_seconds_per_byte
+
+    def read_in_run(precision="fp32", tokens=1024, width=1024, intermediate=4096, again=False, threads=None):
+        return rates.get((precision, tokens, width, intermediate)) or measured(precision, tokens, width,
+                                                                               intermediate, again, threads)
+
+    throughput.matmul_flops_per_second, throughput.elementwise_seconds_per_byte = read_in_run, lambda: run["run_pace"]
+    try:
+        return planned(recipe, sets, launch, run.get("planned_lengths"))["time"]["step_seconds"]
+    finally:
+        throughput.matmul_flops_per_second, throughput.elementwise_seconds_per_byte = measured, pace
+
+
 def _over_rounds(runs: list[dict]) -> dict:
     """One row's rounds as one: the median of the rounds' steps with their lowest and highest, each round's step
     and the step planned just after it, and the largest peak; the first round as it is where any failed or was
@@ -417,13 +489,16 @@ def _over_rounds(runs: list[dict]) -> dict:
     then = [run.get("planned_then") for run in runs]
     if all(then):
         found["planned_rounds"] = then
+    in_run = [run.get("planned_in_run") for run in runs]
+    if all(in_run):
+        found["planned_in_run_rounds"] = in_run
     return found
 
 
 MEASURED = ("peak_mb", "peaks_mb", "train_seconds", "wall_seconds", "failed", "skipped", "step_median", "step_min",
             "step_max", "planned_lengths", "rounds")
 HEADER = ("| run | launch | planned MiB | measured MiB | error | planned step s | measured step s (min-max) | "
-          "planned / measured |\n|---|---|---|---|---|---|---|---|")
+          "planned / measured | at the run's rates |\n|---|---|---|---|---|---|---|---|---|")
 
 
 def _line(row: dict) -> str:
@@ -432,9 +507,10 @@ def _line(row: dict) -> str:
     peaks = row.get("peaks_mb") or [row["peak_mb"]]
     measured = " / ".join(f"{p:.0f}" for p in peaks) if max(peaks) > 1.05 * min(peaks) else f"{row['peak_mb']:.0f}"
     spread = f" ({row['step_min']}-{row['step_max']})" if "step_min" in row else ""
-    ratio = f"{row['step_ratio']:.2f}" if row.get("step_ratio") else "-"
+    ratio, in_run = (f"{row[key]:.2f}" if row.get(key) else "-" for key in ("step_ratio", "in_run_ratio"))
     return (f"| {row['name']} | {row['launch']} | {row['planned_mb']:.0f} | {measured} | "
-            f"{100 * row['error']:+.1f}% | {row['planned_step']} | {row['measured_step']}{spread} | {ratio} |")
+            f"{100 * row['error']:+.1f}% | {row['planned_step']} | {row['measured_step']}{spread} | {ratio} | "
+            f"{in_run} |")
 
 
 # -------------------------------------------------------------------------------------- other estimators, LLaMA-7B
@@ -980,10 +1056,11 @@ def main() -> None:
     errors = [abs(r["error"]) for r in report["grid"] if "error" in r and isinstance(r["error"], float)]
     if errors:
         print(f"memory: {len(errors)} runs; within 15%: {sum(e <= 0.15 for e in errors)}; worst {max(errors):.1%}")
-    ratios = [r["step_ratio"] for r in report["grid"] if r.get("step_ratio")]
-    if ratios:
-        print(f"step: {len(ratios)} runs; within 25%: {sum(0.75 <= x <= 1.25 for x in ratios)}; "
-              f"planned / measured from {min(ratios):.2f} to {max(ratios):.2f}")
+    for key, what in (("step_ratio", "planned beside the run"), ("in_run_ratio", "planned at the run's rates")):
+        ratios = [r[key] for r in report["grid"] if r.get(key)]
+        if ratios:
+            print(f"step, {what}: {len(ratios)} runs; within 25%: {sum(0.75 <= x <= 1.25 for x in ratios)}; "
+                  f"planned / measured from {min(ratios):.2f} to {max(ratios):.2f}")
 
 
 if __name__ == "__main__":

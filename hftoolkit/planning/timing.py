@@ -99,11 +99,14 @@ def logit_positions(shape: dict, recipe, lengths: dict) -> tuple[int, int]:
 
 
 def _flops_per_token(shape: dict, lora: bool, tokens: int, through: float = 1.0) -> float:
-    """Training FLOPs per token (hftoolkit.training.throughput's convention): 6N, or 4N under LoRA, plus attention.
-    N leaves out a language-model head (its positions are counted by `logit_positions`); `through`: the share of N a
-    token passes through (a seq2seq model's token passes through one of its two stacks)."""
+    """Training FLOPs per token (hftoolkit.training.throughput's convention): 6N, or 4N under LoRA plus 6A for the
+    adapters' own A parameters (forward, input and weight gradients: negligible at a small rank on a wide model,
+    more than the frozen products at a rank near the width), plus attention. N leaves out a language-model head (its
+    positions are counted by `logit_positions`); `through`: the share of N a token passes through (a seq2seq model's
+    token passes through one of its two stacks)."""
     attention = 4 * shape["layers"] * tokens * shape["hidden"] * (2 if lora else 3)
-    return (4 if lora else 6) * (shape["non_embedding"] - shape.get("head", 0)) * through + attention
+    adapters = 6 * shape.get("adapter", 0) if lora else 0
+    return ((4 if lora else 6) * (shape["non_embedding"] - shape.get("head", 0)) + adapters) * through + attention
 
 
 def _stack_share(shape: dict, lengths: dict) -> float:

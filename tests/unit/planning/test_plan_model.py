@@ -171,6 +171,27 @@ def test_time_follows_the_flops_convention(gpt2):
     assert GPUS["t4"].peak_flops.get("bf16") is None, "no bf16 on a T4: no rate is made up"
 
 
+def test_lora_adapters_add_their_own_products_which_outweigh_the_frozen_ones_at_a_rank_near_the_width():
+    import transformers
+
+    config = transformers.GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000, n_positions=128)
+    plain = model_shape(meta(config))
+
+    def flops(rank):
+        from peft import LoraConfig, get_peft_model
+
+        shape = model_shape(get_peft_model(meta(config), LoraConfig(r=rank, target_modules="all-linear")))
+        plan = plan_time(shape, recipe("decoder-clm.yaml", f"lora.r={rank}"), SINGLE, GPUS["a100-80gb"], "bf16",
+                         LENGTHS, None, None)
+        return shape, plan.flops_per_step
+
+    small, small_flops = flops(4)
+    large, large_flops = flops(64)
+    rows = recipe().training.batch_size
+    assert large_flops - small_flops == rows * 32 * 6 * (large["adapter"] - small["adapter"])
+    assert large["adapter"] > plain["non_embedding"], "at rank 64 on a 64-wide model the adapters outweigh the base"
+
+
 def test_cpu_heap_keeps_a_fraction_of_the_activations_unless_the_mmap_threshold_is_fixed(gpt2, monkeypatch):
     cpu = Device("cpu", "cpu", 64 * 2**30, {})
     monkeypatch.delenv("MALLOC_MMAP_THRESHOLD_", raising=False)
