@@ -8,12 +8,13 @@
    defaults and with stage3_max_reuse_distance and stage3_max_live_parameters 0.
 1. `runtime`: the resident set of a process that imported what a training process imports (VmHWM), once for the
    torch stack and once with DeepSpeed: the plan's CPU_RUNTIME_BYTES come from here.
-2. the grid: real `hftoolkit train` runs (3 steps) in subprocesses, each launch (one process, DDP, FSDP, ZeRO-2,
+2. the grid: real `hftoolkit train` runs (8 steps, a recipe 40), each launch (one process, DDP, FSDP, ZeRO-2,
    ZeRO-3 on 2 CPU processes), LoRA, full and 4-bit, encoder, decoder and seq2seq: planned peak per process
    against every process's VmHWM (manifest.json's "plan"; the error against the largest), step seconds too, each
-   run's step planned just after it at this machine's rates measured anew (`planned_now`); `--rounds N` trains the
-   grid N times over. Unless --grid-only, the CPU time constants are calibrated first (the optimizer, gloo, the
-   fixed step, sampling, image rows, the sharded strategies against DDP).
+   run's step planned just after it at this machine's rates measured anew (`planned_now`), and planned again at the
+   rates the run read between its own steps (`STEP_HOOK`, `planned_at_run_rates`: the plan's own error, apart from
+   the machine's drift); `--rounds N` trains the grid N times over. Unless --grid-only, the CPU time constants are
+   calibrated first (the optimizer, gloo, the fixed step, sampling, image rows, the sharded strategies against DDP).
 3. DeepSpeed's own ZeRO-2/ZeRO-3 model-state estimators and accelerate's estimate-memory weights beside ours.
 4. LLaMA-7B from its config alone: full fine-tuning, LoRA r=16, QLoRA, FSDP and ZeRO-3 over 8 A100-80GB.
 
@@ -409,7 +410,9 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
                     run["planned_in_run"] = planned_at_run_rates(recipe, planned_sets, launch, run)
             measured.setdefault(name, []).append(run)
             if rounds > 1:
-                print(f"round {round_ + 1} of {rounds}: {name}: {measured[name][-1].get('step_median')}", flush=True)
+                last = measured[name][-1]
+                print(f"round {round_ + 1} of {rounds}: {name}: {last.get('step_median') or last.get('failed')}",
+                      flush=True)
     results = []
     for name, recipe, sets, launch in rows:
         if name not in measured:
@@ -439,6 +442,8 @@ def run_grid(rows: list[tuple], out: Path, budget: float, measured_before: dict 
                 row["in_run_ratio"] = round(statistics.median(
                     a / b for a, b in zip(found["planned_in_run_rounds"], found["rounds"])), 3)
         print(_line(row), flush=True)
+        for why in row.get("failed_rounds", []):
+            print(f"  {name}: a round failed: {why}", flush=True)
         results.append(row)
     return results
 
@@ -477,10 +482,14 @@ def planned_at_run_rates(recipe: Path, sets: list[str], launch: str, run: dict) 
 
 def _over_rounds(runs: list[dict]) -> dict:
     """One row's rounds as one: the median of the rounds' steps with their lowest and highest, each round's step
-    and the step planned just after it, and the largest peak; the first round as it is where any failed or was
-    skipped (with its own steps' spread)."""
-    if any("peak_mb" not in run or "step_median" not in run for run in runs):
+    and the steps planned just after it and at its own rates, and the largest peak, over the rounds that ran
+    (`failed_rounds`: why the others did not); the first round as it is where none ran."""
+    ran = [run for run in runs if "peak_mb" in run and "step_median" in run]
+    if not ran:
         return runs[0]
+    if len(ran) < len(runs):
+        return {**_over_rounds(ran), "failed_rounds": [run.get("failed", "no steps timed") for run in runs
+                                                       if run not in ran]}
     steps = [run["step_median"] for run in runs]
     largest = max(runs, key=lambda run: run["peak_mb"])
     found = {"rounds": steps, **largest}  # (a replanned row holds its rounds already)
