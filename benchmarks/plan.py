@@ -469,9 +469,9 @@ def planned_at_run_rates(recipe: Path, sets: list[str], launch: str, run: dict) 
     rates = {tuple(size): rate for *size, rate in run["run_rates"]}
     measured, pace = throughput.matmul_flops_per_second, throughput.elementwise_seconds_per_byte
 
-    def read_in_run(precision="fp32", tokens=1024, width=1024, intermediate=4096, again=False, threads=None):
-        return rates.get((precision, tokens, width, intermediate)) or measured(precision, tokens, width,
-                                                                               intermediate, again, threads)
+    def read_in_run(precision, tokens, width, intermediate, *rest, **options):  # (as planning/timing.py calls it)
+        size = (precision, tokens, width, intermediate)
+        return rates.get(size) or measured(*size, *rest, **options)
 
     throughput.matmul_flops_per_second, throughput.elementwise_seconds_per_byte = read_in_run, lambda: run["run_pace"]
     try:
@@ -487,20 +487,17 @@ def _over_rounds(runs: list[dict]) -> dict:
     ran = [run for run in runs if "peak_mb" in run and "step_median" in run]
     if not ran:
         return runs[0]
-    if len(ran) < len(runs):
-        return {**_over_rounds(ran), "failed_rounds": [run.get("failed", "no steps timed") for run in runs
-                                                       if run not in ran]}
-    steps = [run["step_median"] for run in runs]
-    largest = max(runs, key=lambda run: run["peak_mb"])
+    steps = [run["step_median"] for run in ran]
+    largest = max(ran, key=lambda run: run["peak_mb"])
     found = {"rounds": steps, **largest}  # (a replanned row holds its rounds already)
-    if len(runs) > 1:
+    if len(ran) > 1:
         found.update(step_median=round(statistics.median(steps), 4), step_min=min(steps), step_max=max(steps))
-    then = [run.get("planned_then") for run in runs]
-    if all(then):
-        found["planned_rounds"] = then
-    in_run = [run.get("planned_in_run") for run in runs]
-    if all(in_run):
-        found["planned_in_run_rounds"] = in_run
+    for key, rounds_key in (("planned_then", "planned_rounds"), ("planned_in_run", "planned_in_run_rounds")):
+        planned_rounds = [run.get(key) for run in ran]
+        if all(planned_rounds):
+            found[rounds_key] = planned_rounds
+    if len(ran) < len(runs):
+        found["failed_rounds"] = [run.get("failed", "no steps timed") for run in runs if run not in ran]
     return found
 
 
