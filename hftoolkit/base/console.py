@@ -20,6 +20,7 @@ from hftoolkit.base.errors import UserError
 from hftoolkit.base.library_output import LineStream, LogSink, fileno_of, record_library_deprecations, redirect_handlers
 from hftoolkit.base.lifecycle import Stopped
 from hftoolkit.base.ranks import is_main_process
+from hftoolkit.base.secrets import redact
 
 # Off a terminal, data work says how far it got only once it has lasted this long (short work: its result line).
 PROGRESS_AFTER = 2.0
@@ -131,6 +132,7 @@ def model_line(checkpoint: str, trainable: int | None, total: int, quantization:
 def _say(message: str, label: str, least: Verbosity, style: str = "") -> None:
     from rich.text import Text
 
+    message = redact(message)  # (shown, and written to train.log and a search worker's log: no secret in either)
     if _active:
         _active.sink.line(f"[hftoolkit] {label + ': ' if label else ''}{message}")
     if get_verbosity() >= least and is_main_process():
@@ -208,7 +210,7 @@ class Capture:
         if self.verbosity >= Verbosity.VERBOSE and self.main and line.strip():
             from rich.text import Text
 
-            self.console.print(Text.from_ansi(line), soft_wrap=True, highlight=False)
+            self.console.print(Text.from_ansi(redact(line)), soft_wrap=True, highlight=False)
 
 
 @contextlib.contextmanager

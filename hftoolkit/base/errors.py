@@ -18,6 +18,12 @@ class UserError(ClickException):
     # said only if no process has a reason of its own.
     consequence = False
 
+    def format_message(self) -> str:
+        """The message as it is printed and recorded: a secret it quotes (a URL's password) masked."""
+        from hftoolkit.base.secrets import redact
+
+        return redact(super().format_message())
+
     def show(self, file=None) -> None:
         """Said once per run: every process of a launch raises the same error for the same input, so the
         relaunching process prints the one reason (processes.first_reason); under a launcher started by hand, the

@@ -15,6 +15,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Protocol
 
+from hftoolkit.base.secrets import redact
+
 
 class LineSink(Protocol):
     """Where whole library lines go: the console's Capture (named by its shape, so this module needs no import
@@ -31,7 +33,8 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 class LogSink:
     """train.log's lines: held in memory until a file is attached, then appended to it, one flush a line
-    (a killed run keeps what was said). Colour codes are dropped; each line starts with the time."""
+    (a killed run keeps what was said). Colour codes are dropped; each line starts with the time. Secrets are
+    masked (base/secrets.py): a library may print a URL with its password, and a log is attached to bug reports."""
 
     def __init__(self):
         self.file = None
@@ -39,7 +42,7 @@ class LogSink:
         self.held: deque[str] = deque(maxlen=HELD_LINES)
 
     def line(self, text: str) -> None:
-        stamped = f"{time.strftime('%H:%M:%S')} {ANSI.sub('', text)}\n"
+        stamped = f"{time.strftime('%H:%M:%S')} {redact(ANSI.sub('', text))}\n"
         if self.file is None:
             self.held.append(stamped)
         else:

@@ -467,7 +467,7 @@ def write_report(run_dirs: list[Path], out: Path) -> Path:
     from hftoolkit.runs.report_study import read_study
 
     study = read_study(out)  # a search's study.json, beside its trials
-    (out / "report.html").write_text(render_html(runs, out, plots, study), encoding="utf-8")
-    report = out / "report.md"
-    report.write_text(render_markdown(runs, plots, study), encoding="utf-8")
-    return report
+    from hftoolkit.runs.rundir import write_text_atomic  # (secrets masked: a report is attached and shared)
+
+    write_text_atomic(out / "report.html", render_html(runs, out, plots, study))
+    return write_text_atomic(out / "report.md", render_markdown(runs, plots, study))

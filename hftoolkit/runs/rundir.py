@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from hftoolkit import __version__
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.run_layout import ADAPTER, CONFIG, LOCK, MANIFEST, METRICS, MODEL, RECIPE
+from hftoolkit.base.secrets import redact
 
 if TYPE_CHECKING:
     from hftoolkit.config.recipe import Recipe
@@ -114,7 +115,9 @@ class RunDirectory:
                 break
             os.close(fd)
         previous = _lock_record(os.read(fd, 1 << 16))
-        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(), "command": command or doing}
+        # (the command line is shown to whoever finds the folder in use: its secrets masked, as in every file)
+        record = {"pid": os.getpid(), "host": socket.gethostname(), "started": _now(),
+                  "command": redact(command or doing)}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         os.fsync(fd)
@@ -201,7 +204,7 @@ class RunDirectory:
     # ------------------------------------------------------------ atomic writes
 
     def write_text(self, name: str, text: str) -> Path:
-        return write_atomic(self.path / name, text.encode("utf-8"))
+        return write_text_atomic(self.path / name, text)
 
     def write_json(self, name: str, data) -> Path:
         return self.write_text(name, json.dumps(data, indent=2, default=_jsonable) + "\n")
@@ -290,6 +293,14 @@ def write_atomic(path: Path, data: bytes) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def write_text_atomic(path: Path, text: str) -> Path:
+    """Text written as `write_atomic` writes bytes, its secrets masked first (base/secrets.py): every text file a
+    user reads or hands on (a run's files, reports, a search's files, an export's Modelfile) is written here, so
+    that no writer can forget it; a YAML file's masked values are quoted, so that it still loads."""
+    path = Path(path)
+    return write_atomic(path, redact(text, yaml=path.suffix in (".yaml", ".yml")).encode("utf-8"))
 
 
 @contextlib.contextmanager

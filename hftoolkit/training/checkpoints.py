@@ -18,6 +18,7 @@ from pathlib import Path
 from hftoolkit.base import console
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.run_layout import CHECKPOINTS, RECIPE, RESULTS
+from hftoolkit.base.secrets import redact
 
 CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
 STAGING_PREFIX = ".tmp-"
@@ -213,7 +214,8 @@ def changed_keys(saved_yaml: str, new_yaml: str) -> list[str]:
             return {k: v for key, child in node.items() for k, v in flat(child, f"{prefix}{key}.").items()}
         return {prefix.rstrip("."): node}
 
-    old, new = flat(yaml.safe_load(saved_yaml) or {}), flat(yaml.safe_load(new_yaml) or {})
+    # (recipe.yaml is written with its secrets masked, base/secrets.py: the new recipe is compared as it would be)
+    old, new = (flat(yaml.safe_load(redact(text, yaml=True)) or {}) for text in (saved_yaml, new_yaml))
     return sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.lifecycle import PARENT_VARIABLE, REASONS_VARIABLE, STOP_SIGNALS, Stopped, first_reason
 from hftoolkit.base.run_layout import LOG
+from hftoolkit.base.secrets import redact
 from hftoolkit.training.strategies.launch import LaunchPlan
 
 # The command the user typed, handed to the relaunched processes for manifest.json.
@@ -107,7 +108,8 @@ def relaunch(plan: LaunchPlan, argv: list[str], run_dir: Path | None = None) -> 
                         "one process each: lower --num-processes, or spread them with --num-machines")
     cmd, env = launch_command(plan, argv, cuda)
     where = f" of {plan.num_processes} on machine {plan.machine_rank}" if plan.num_machines > 1 else ""
-    print(f"launching {here} process{'es' if here > 1 else ''}{where}: {shlex.join(cmd)}", file=sys.stderr, flush=True)
+    shown = redact(shlex.join(cmd))  # (the processes get the command as typed; the screen, its secrets masked)
+    print(f"launching {here} process{'es' if here > 1 else ''}{where}: {shown}", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(prefix="hftoolkit-launch-") as reasons:
         process = subprocess.Popen(cmd, env={**env, REASONS_VARIABLE: reasons}, start_new_session=True)
         status, stopped = _wait_passing_signals(process)
@@ -148,8 +150,9 @@ def _wait_passing_signals(process: subprocess.Popen) -> tuple[int, int | None]:
 def _keep_log(log: Path, run_dir: Path | None) -> None:
     """The launcher's log, appended to the run's train.log (when the run wrote one)."""
     if run_dir is not None and log.is_file() and log.stat().st_size and (Path(run_dir) / LOG).is_file():
+        said = redact(log.read_text(errors="replace"))  # (secrets masked, as in every line of train.log)
         with open(Path(run_dir) / LOG, "a", encoding="utf-8") as out:
-            out.write("\n--- the launcher (accelerate launch, torchrun) ---\n" + log.read_text(errors="replace"))
+            out.write("\n--- the launcher (accelerate launch, torchrun) ---\n" + said)
 
 
 def end_processes() -> None:

@@ -17,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict
@@ -31,6 +32,7 @@ WORKER_LOGS = "workers"
 CPUS_VARIABLE = "HFTOOLKIT_WORKER_CPUS"  # the CPU cores a worker keeps to (search_worker.py)
 DEFAULT_TRIALS = 20
 DEFAULT_HEARTBEAT_S = 20
+COPY_GRACE_S = 5  # how long a worker's last lines may take to reach its log once it has ended
 
 
 def search(recipe_path: Path, params: list[str], sets: list[str], out: Path, *, space_file: Path | None = None,
@@ -70,6 +72,7 @@ def resolve(recipe_path: Path, params: list[str], sets: list[str], out: Path, *,
             objective, workers, storage, study, heartbeat, startup_trials, num_processes, command) -> Search:
     """The search as every worker runs it, or RecipeError with every problem of the input, one line each."""
     from hftoolkit.config import tasks
+    from hftoolkit.job.hardware import library_problems
     from hftoolkit.workflows.search_space import file_items, parse_space
 
     settings, file_params = file_items(space_file) if space_file else ({}, [])
@@ -85,6 +88,7 @@ def resolve(recipe_path: Path, params: list[str], sets: list[str], out: Path, *,
         recipe = load_recipe(recipe_path, sets)
     except RecipeError:
         raise RecipeError(problems) from None  # (the recipe's own problems are among them)
+    problems += library_problems(recipe)  # (an optional library every trial needs, not installed)
     sampler = sampler or settings.get("sampler") or "tpe"
     if sampler not in ss.SAMPLERS:
         problems.append(f"--sampler {sampler}: expected one of {', '.join(ss.SAMPLERS)}")
@@ -197,17 +201,19 @@ def run_workers(search_: Search, shares: list[dict[str, str]], echo: Callable[[s
 
     logs = Path(search_.folder) / WORKER_LOGS
     logs.mkdir(exist_ok=True)
-    record = json.dumps(asdict(search_))
-    processes = []
+    record = json.dumps(asdict(search_))  # (the worker gets the real storage URL: it connects)
+    processes, copies = [], []
     study = _study(search_)
     seen = {t.number for t in study.get_trials(deepcopy=False) if t.state.name in FINISHED}
     try:
         for index, share in enumerate(shares):
-            with open(logs / f"worker-{index}.log", "ab") as log:
-                processes.append(subprocess.Popen(
-                    [sys.executable, "-m", "hftoolkit.workflows.search_worker", record, str(index)],
-                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                    env={**os.environ, **share, PARENT_VARIABLE: str(os.getpid())}))
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "hftoolkit.workflows.search_worker", record, str(index)],
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                env={**os.environ, **share, PARENT_VARIABLE: str(os.getpid())}))
+            copies.append(threading.Thread(target=copy_redacted, args=(processes[-1].stdout,
+                                                                        logs / f"worker-{index}.log"), daemon=True))
+            copies[-1].start()
         while any(p.poll() is None for p in processes):
             _say_finished(search_, study, seen, echo)
             time.sleep(1)
@@ -226,9 +232,23 @@ def run_workers(search_: Search, shares: list[dict[str, str]], echo: Callable[[s
         raise
     finally:
         _wait_or_kill(processes, 0)
+        for copy in copies:  # (the last lines, written before a worker's end is said)
+            copy.join(timeout=COPY_GRACE_S)
     failed = [(i, p.returncode) for i, p in enumerate(processes) if p.returncode not in (0, None)]
     for index, status in failed:
         echo(f"worker {index} ended with exit status {status}: see {logs / f'worker-{index}.log'}")
+
+
+def copy_redacted(stream, log: Path) -> None:
+    """A worker's output (a pipe) appended to its log line by line, its secrets masked (base/secrets.py): whatever
+    the worker or a library in it prints, a log is handed on like any file. Bytes that are not UTF-8 pass as they
+    are."""
+    from hftoolkit.base.secrets import redact
+
+    with stream, open(log, "ab") as out:
+        for line in stream:
+            out.write(redact(line.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape"))
+            out.flush()
 
 
 def echo_error(line: str) -> None:

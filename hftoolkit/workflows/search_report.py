@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 from hftoolkit.base.run_layout import MANIFEST
+from hftoolkit.runs.rundir import write_text_atomic
 from hftoolkit.workflows import search_study as ss
 from hftoolkit.workflows.search_trial import Search
 
@@ -29,7 +30,7 @@ def write_search_report(search: Search) -> Path:
     record = study_record(search, study)
     record["plots"] = write_study_plots(study, folder)
     record["best_recipe"] = write_best_recipe(search, record.get("best"), folder)
-    (folder / STUDY_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    write_text_atomic(folder / STUDY_RECORD, json.dumps(record, indent=2) + "\n")  # (secrets masked, as in every file)
     runs = sorted(p for p in folder.glob("trial-*") if (p / MANIFEST).is_file())
     if not runs:
         return folder / STUDY_RECORD
@@ -103,9 +104,9 @@ def write_best_recipe(search: Search, best: dict | None, folder: Path) -> str | 
     recipe = load_recipe(search.recipe_path, [*search.sets, *search.space.overrides(best["params"])])
     recipe = replaced(recipe, {"name": f"{recipe.name}-best"})
     said = ", ".join(f"{k}={v}" for k, v in best["params"].items())
-    (folder / BEST_RECIPE).write_text(
-        f"# hftoolkit train {folder / BEST_RECIPE}\n# The best trial of study {search.study} ({best['run']}, "
-        f"{search.goal.metric}={best['value']:.4g}): {said}\n" + recipe_to_yaml(recipe), encoding="utf-8")
+    write_text_atomic(folder / BEST_RECIPE,  # (secrets masked, as in every file)
+                      f"# hftoolkit train {folder / BEST_RECIPE}\n# The best trial of study {search.study} "
+                      f"({best['run']}, {search.goal.metric}={best['value']:.4g}): {said}\n" + recipe_to_yaml(recipe))
     return BEST_RECIPE
 
 

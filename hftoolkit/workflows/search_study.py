@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.secrets import redact
 
 STUDY_DB = "study.db"
 SAMPLERS = ("tpe", "random", "grid")
@@ -43,13 +44,9 @@ def default_url(folder: Path) -> str:
 
 
 def shown(url: str) -> str:
-    """The URL as it may be printed: its password hidden."""
-    from sqlalchemy.engine import make_url
-
-    try:
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # not a URL at all: nothing in it to hide that its shape lets us find
-        return url.split("@")[-1] if "@" in url else url
+    """The URL as it may be printed: its password hidden (`USER:***@HOST`, base/secrets.py's rule). Not a URL at
+    all: only what follows its last @, since nothing in it has a shape that says where a password is."""
+    return redact(url) if "://" in url else url.rpartition("@")[2]
 
 
 def driver_url(url: str) -> str:

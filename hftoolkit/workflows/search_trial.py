@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.base.secrets import redact
 from hftoolkit.workflows.search_space import Space
 from hftoolkit.workflows.search_study import SURPLUS_ATTR, Objective, counted, quiet_optuna, run_name
 from hftoolkit.workflows.variants import Outcome, Variant, prepare
@@ -243,5 +244,6 @@ def trial_line(study, outcome: Outcome, total: int) -> str:
 
 
 def _line(err: BaseException) -> str:
+    """The error's first line, its secrets masked: it is shown, kept in the study's database and in the report."""
     text = (getattr(err, "message", None) or str(err)).strip()
-    return text.splitlines()[0] if text else type(err).__name__
+    return redact(text.splitlines()[0]) if text else type(err).__name__
