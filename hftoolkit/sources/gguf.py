@@ -217,10 +217,9 @@ def _convert(gguf: Path, out: Path, dtype: str) -> None:
     `from_pretrained(folder, gguf_file=name)` dequantizes every weight; the model is rebuilt from its config
     without the GGUF quantization config and saved with config, safetensors, tokenizer (with its chat template)
     and generation config. Fine-tuning runs on the dequantized weights."""
-    import importlib.util
+    from hftoolkit.base import extras
 
-    if importlib.util.find_spec("gguf") is None:
-        raise UserError(f"model.checkpoint: reading {gguf.name} needs the gguf package: pip install 'gguf>=0.10'")
+    extras.requires("gguf", f"model.checkpoint: reading {gguf.name}")  # (resolve_checkpoint refused it before)
     import torch
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer, GgufConfig

@@ -12,12 +12,12 @@ from hftoolkit.base.errors import UserError
 from hftoolkit.base.memory import peak_memory_mb
 from hftoolkit.base.run_layout import CARD, LOG, METRICS, PREDICTIONS
 from hftoolkit.config import tasks
-from hftoolkit.config.recipe import Recipe, recipe_to_yaml, replaced
+from hftoolkit.config.recipe import Recipe, RecipeError, recipe_to_yaml, replaced
 from hftoolkit.evaluation.evaluate import evaluate
 from hftoolkit.job.spec import Job
 from hftoolkit.models.families import formulation
 from hftoolkit.runs.record import metrics_record
-from hftoolkit.runs.rundir import RunDirectory
+from hftoolkit.runs.rundir import RunDirectory, open_run
 from hftoolkit.sources.data import use_split
 from hftoolkit.workflows.rewards import scoring
 from hftoolkit.workflows.trained import load_trained
@@ -35,7 +35,9 @@ def reevaluate(run_dir: Path) -> dict:
     from hftoolkit.training.throughput import TokenCounter
     from hftoolkit.training.trainer import build_trainer
 
-    job, form, model, processor = load_trained(run_dir, data=True)
+    opened = open_run(run_dir)
+    refuse_missing_libraries(opened.recipe)
+    job, form, model, processor = load_trained(opened, data=True)
     run, data = RunDirectory(run_dir), job.data
     console.phase(console.data_line({"eval": len(data["eval"])}))
     encoded = {split: form.preprocess(job, processor, ds) for split, ds in data.items()}
@@ -75,6 +77,7 @@ def evaluate_recipe(recipe: Recipe, split: str | None = None, output: Path | Non
     # switched off (every reward exactly 0), where without one it would load a second copy of the model.
     bare = {} if recipe.task == tasks.PREFERENCE else {"lora.enabled": False}
     recipe = replaced(recipe, {**bare, "model.quantization": "none"})
+    refuse_missing_libraries(recipe)
     run = RunDirectory(output) if output else None
     if run is not None:
         run.claim(overwrite=overwrite)
@@ -126,7 +129,9 @@ def reevaluate_split(run_dir: Path, split: str) -> dict:
     """
     if not re.fullmatch(r"\w+(\.\w+)*", split):  # datasets' own rule for split names
         raise UserError(f"--split: {split!r} is not a split name (letters, digits and _): name a split such as test")
-    job, form, model, processor = load_trained(run_dir, data=True, split=split)
+    opened = open_run(run_dir)
+    refuse_missing_libraries(opened.recipe)
+    job, form, model, processor = load_trained(opened, data=True, split=split)
     console.phase(console.data_line({split: len(job.data["eval"])}))
     scorer, results, predictions, seconds = _score(job, form, model, processor, job.data)
     run = RunDirectory(run_dir)
@@ -135,6 +140,16 @@ def reevaluate_split(run_dir: Path, split: str) -> dict:
     run.write_json(METRICS, metrics)
     run.write_jsonl(f"predictions-{split}.jsonl", predictions)
     return metrics
+
+
+def refuse_missing_libraries(recipe: Recipe) -> None:
+    """What the eval pass needs and this machine lacks, before anything loads: TRL, whose trainer scores tasks
+    preference and grpo as it trained them; bitsandbytes, for a model loaded in 8 or 4 bits."""
+    from hftoolkit.job.hardware import library_problems
+
+    lacking = library_problems(recipe, training=False)
+    if lacking:
+        raise RecipeError(lacking)
 
 
 def _score(job: Job, form, model, processor, data):

@@ -21,11 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hftoolkit.base import console
+from hftoolkit.base import console, extras
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.run_layout import EXPORT, RECIPE
 from hftoolkit.config import tasks
-from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, open_run, staged_folder
+from hftoolkit.runs.rundir import TRAINED_EVAL_FAILED, RunDirectory, open_run, staged_folder, write_text_atomic
 
 FORMATS = ("gguf", "ollama", "onnx")
 CHECKED_INPUTS = 4  # eval inputs each export is run on beside the run's model
@@ -56,6 +56,8 @@ def export_run(run_dir: Path, out: Path, fmt: str, quantization: str | None = No
     run = open_run(run_dir, merged=True)
     _refuse_unfinished(run)
     _refuse_format(run.recipe, fmt)
+    if fmt in ("gguf", "ollama"):  # (after the run's own refusals: a run GGUF can't hold needs no library for it)
+        extras.requires("gguf", f"export --format {fmt}")
     directory = RunDirectory(run.path)
     with directory.held("export", command or f"hftoolkit export {run.path}"):
         started = time.perf_counter()
@@ -186,7 +188,7 @@ def _gguf(job, form, model, tokenizer, folder: Path, inputs: list, quantization:
         # Where an answer ends when the model chats (its template's end of turn, and eos), whatever the task was
         stops = [tokenizer.decode([i]) for i in CHAT_PROMPT_AND_TARGET.stops(tokenizer) if i is not None]
         text = modelfile(name, tokenizer, stops, job.recipe.eval.generation.model_dump(), system_prompt(job))
-        (folder / MODELFILE).write_text(text, encoding="utf-8")
+        write_text_atomic(folder / MODELFILE, text)  # (secrets masked, as in every file: a system prompt may hold one)
         written.append(MODELFILE)
     console.phase(f"checking {name}: read back with transformers' GGUF loader, run beside the run's model")
     greedy = dataclasses.replace(job, recipe=replaced(job.recipe, {"eval.generation.strategy": "greedy"}, "export"))

@@ -66,6 +66,7 @@ def prepare(variants: list[Variant], out: Path, overwrite: bool = False, num_pro
     one recipe); returns the folder that holds them. Raises RecipeError listing every problem of every
     variant (a problem shared by all is listed once), then, once the recipes are valid, of every folder.
     """
+    from hftoolkit.job.hardware import library_problems
     from hftoolkit.training.strategies import launch_strategy
 
     found: dict[str, list[str]] = {}  # variant name -> its recipe's problems
@@ -80,6 +81,8 @@ def prepare(variants: list[Variant], out: Path, overwrite: bool = False, num_pro
             for problem in err.problems:  # load_recipe names an override `--set k=v`; a grid value came from --grid
                 item = next((i for i in grid_items if problem.startswith(f"--set {i}: ")), None)
                 problems.append(problem.replace("--set", "--grid", 1) if item else problem)
+        else:
+            problems += library_problems(variant.recipe)  # (an optional library the variant needs, not installed)
     shared = set.intersection(*(set(p) for p in found.values())) if len(found) > 1 else set()
     lines = list(dict.fromkeys(p for problems in found.values() for p in problems if p in shared))
     lines += [f"variant {name}: {p}" for name, problems in found.items() for p in problems if p not in shared]
