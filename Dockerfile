@@ -47,25 +47,25 @@ RUN if [ "${APP_UID}" = 0 ] || [ "${APP_GID}" = 0 ]; then \
     && chown -R app:app /home/app /workspace \
     && chmod 1777 /home/app /home/app/.cache "${HF_HOME}" "${HFTOOLKIT_CACHE}" /workspace /workspace/runs
 
-# The package's dependencies first, read from pyproject.toml alone: this layer stays cached
-# until they change, so editing the source reinstalls only the package. torch is held at
-# the base image's CUDA build so that pip cannot swap it for another build while resolving.
+# The package's dependencies first, read from pyproject.toml alone, at the versions the suite passed with
+# (constraints.txt): this layer stays cached until they change, so editing the source reinstalls only the package.
+# torch is held at the base image's CUDA build so that pip cannot swap it for another build while resolving.
 WORKDIR /opt/hftoolkit
-COPY pyproject.toml .
+COPY pyproject.toml constraints.txt ./
 RUN echo "torch==$(python -c 'import torch; print(torch.__version__)')" > /tmp/torch-constraint.txt \
     && python -c 'import tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 extras = p["optional-dependencies"]; \
-print("\n".join(p["dependencies"] + extras["deepspeed"] + extras["benchmarks"] + extras["serve"] + extras["onnx"] + extras["search"]))' \
+print("\n".join(p["dependencies"] + [r for name, reqs in extras.items() if name not in ("test", "all") for r in reqs]))' \
        > /tmp/requirements.txt \
-    && pip install --no-cache-dir --constraint /tmp/torch-constraint.txt --requirement /tmp/requirements.txt \
+    && pip install --no-cache-dir --constraint /tmp/torch-constraint.txt --constraint constraints.txt \
+       --requirement /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 
-# The package source, installed into the image's Python; the build context is filtered by
-# .dockerignore.
+# The package source, installed into the image's Python with every optional feature; the build context is filtered
+# by .dockerignore. The recipes ship inside the package: `hftoolkit train NAME` (or recipes/NAME.yaml) finds them.
 COPY . .
-RUN pip install --no-cache-dir --constraint /tmp/torch-constraint.txt '.[deepspeed,benchmarks,serve,onnx,search]' \
+RUN pip install --no-cache-dir --constraint /tmp/torch-constraint.txt --constraint constraints.txt '.[all]' \
     && rm /tmp/torch-constraint.txt \
-    && cp -r recipes /workspace/recipes \
     && hftoolkit --help > /dev/null
 
 USER ${APP_UID}:${APP_GID}

@@ -8,12 +8,8 @@ from typing import Annotated
 
 import typer
 
+from hftoolkit.base.errors import UserError
 from hftoolkit.cli.options import SetOption, VerboseOption
-
-# The shipped recipes sit beside the package in a checkout (editable install), or in the
-# working directory (the Docker image copies them to /workspace/recipes).
-RECIPES_DIR = next((p for p in (Path(__file__).resolve().parents[2] / "recipes", Path.cwd() / "recipes")
-                    if p.is_dir()), Path("recipes"))
 
 
 def validate(
@@ -71,14 +67,68 @@ def validate(
         raise RecipeError(problems)
 
 
-def list_recipes():
-    """List the shipped recipes with a one-line description each."""
+def list_recipes(
+    names: Annotated[list[str] | None, typer.Argument(metavar="NAME", help=(
+        "With --copy: the shipped recipes to copy (a name as listed, or accelerate/NAME); default all of them."))
+                     ] = None,
+    copy: Annotated[Path | None, typer.Option("--copy", metavar="DIR", help=(
+        "Write the shipped recipes (all, or the NAMEs) into DIR for editing; accelerate/ configs keep their "
+        "folder. Then `hftoolkit train DIR/NAME.yaml`."))] = None,
+    overwrite: Annotated[bool, typer.Option("--overwrite", help="With --copy: replace files that exist.")] = False,
+):
+    """List the shipped recipes, one line each (name and description); --copy writes them out for editing."""
+    from hftoolkit.config import shipped
+
+    if copy is None:
+        if names:
+            raise UserError(f"{' '.join(names)}: names are what --copy copies: add --copy DIR, or leave them out to "
+                            "list every shipped recipe")
+        _list(shipped.shipped_recipes())
+        return
+    for written in _copy(names or [], copy, overwrite):
+        typer.echo(str(written))
+
+
+def _list(paths: list[Path]) -> None:
     import yaml
 
+    from hftoolkit.config.shipped import shipped_name
     from hftoolkit.evaluation.harness import harness_task_file
 
-    for path in sorted(RECIPES_DIR.glob("*.yaml")):
-        if harness_task_file(path):  # (not a recipe, and its `!function` tag is no YAML safe_load reads)
+    rows = []
+    for path in paths:
+        if path.parent.name == "accelerate" or harness_task_file(path):  # (not recipes: launcher configs, and
+            continue  # harness tasks, whose `!function` tag is no YAML safe_load reads)
+        description = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("description", "")
+        rows.append((shipped_name(path), description.splitlines()[0] if description else ""))
+    width = max((len(name) for name, _ in rows), default=0)
+    for name, description in rows:
+        typer.echo(f"{name:<{width}}  {description}".rstrip())
+
+
+def _copy(names: list[str], folder: Path, overwrite: bool) -> list[Path]:
+    """Copy the shipped recipes named (all where none is) into `folder`; every name and every clash is checked
+    before anything is written."""
+    from hftoolkit.config import shipped
+
+    available = {shipped.shipped_name(p): p for p in shipped.shipped_recipes()}
+    problems, chosen = [], {}
+    for name in names or list(available):
+        key = Path(name).with_suffix("").as_posix() if Path(name).suffix in (".yaml", ".yml") else name
+        if key not in available:
+            close = shipped.close_match(name)
+            hint = f"did you mean {close!r}?" if close else "`hftoolkit recipes` lists them"
+            problems.append(f"{name}: no shipped recipe of that name: {hint}")
             continue
-        description = (yaml.safe_load(path.read_text()) or {}).get("description", "")
-        typer.echo(f"{path.relative_to(RECIPES_DIR.parent)}\t{description.splitlines()[0] if description else ''}")
+        chosen[key] = folder / available[key].relative_to(shipped.SHIPPED)
+    if folder.exists() and not folder.is_dir():
+        problems.append(f"--copy: {folder} is a file, not a folder: choose another folder")
+    clashes = [str(target) for target in chosen.values() if target.exists() and not overwrite]
+    if clashes:
+        problems.append(f"--copy: {', '.join(clashes)} already exist{'s' if len(clashes) == 1 else ''}: pass "
+                        "--overwrite to replace them, or choose another folder")
+    if problems:
+        raise UserError("\n".join(problems))
+    from hftoolkit.runs.rundir import write_atomic
+
+    return [write_atomic(target, available[key].read_bytes()) for key, target in chosen.items()]

@@ -25,8 +25,9 @@ from hftoolkit.cli.options import (
 
 
 def train(
-    recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file (or, with --resume, a run "
-                                                                  "directory).")],
+    recipe: Annotated[Path, typer.Argument(metavar="RECIPE", help="Recipe YAML file, or a shipped recipe's name "
+                                                                  "(`hftoolkit recipes`); with --resume, a run "
+                                                                  "directory.")],
     set_: SetOption = None,
     output: Annotated[Path | None, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
         "Run directory (default output.dir/name)."))] = None,
@@ -53,11 +54,19 @@ def train(
     """Fine-tune a model as the recipe says and write a run directory."""
     from hftoolkit.base import console
     from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.config.shipped import find_recipe, origin
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     recipe, output = _recipe_and_output(recipe, output, resume, overwrite)
     parsed = load_recipe(recipe, set_ or [])
+    recipe = find_recipe(recipe)
     run_dir = output or parsed.run_dir
+    from hftoolkit.config.recipe import RecipeError
+    from hftoolkit.job.hardware import library_problems
+
+    lacking = library_problems(parsed)  # (an optional library: refused before the launch, any load or any write)
+    if lacking:
+        raise RecipeError(lacking)
     from hftoolkit.training import relaunch
     from hftoolkit.training.strategies import Machines, launch_strategy
 
@@ -75,7 +84,8 @@ def train(
     from hftoolkit.base.ranks import is_main_process
 
     metrics = run_training(parsed, run_dir, command=relaunch.command_line(), overwrite=overwrite, resume=resume,
-                           verbosity=verbosity, strategy=strategy, memory_check=not skip_memory_check)
+                           verbosity=verbosity, strategy=strategy, memory_check=not skip_memory_check,
+                           recipe_file=origin(recipe))
     if is_main_process():
         stdout.show_result(metrics, run_dir, as_json, verbosity)
     relaunch.end_processes()
@@ -202,12 +212,12 @@ def bench(
     """The course's comparison, offline: sentiment classification with an encoder, a decoder and an
     encoder-decoder, translation with T5, BART and a decoder, and image classification with ViT; one report."""
     from hftoolkit.base import console
-    from hftoolkit.cli.recipes import RECIPES_DIR
+    from hftoolkit.config.shipped import SHIPPED
     from hftoolkit.runs.report import load_run, summary_rows
     from hftoolkit.workflows.across_families import bench as run_bench
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
-    result = run_bench(families, output, RECIPES_DIR, set_ or [], echo=console.phase, verbosity=verbosity)
+    result = run_bench(families, output, SHIPPED, set_ or [], echo=console.phase, verbosity=verbosity)
     if verbosity > console.Verbosity.QUIET:
         stdout.print_rows(summary_rows([load_run(o.variant.run_dir) for o in result.outcomes]))
     _say_report(result.report, verbosity)

@@ -30,6 +30,7 @@ from hftoolkit.config.sections import (
     Section,
     TrainingSection,
 )
+from hftoolkit.config.shipped import close_match, find_recipe
 
 # Names users bring from TrainingArguments, peft and the HF example scripts -> the recipe key that says the same.
 # An unknown key found here is answered with our key, wherever in the recipe it was written.
@@ -207,10 +208,12 @@ class RecipeError(UserError):
 
 def load_recipe(path: str | Path, overrides: list[str] = ()) -> Recipe:
     """Read, override and validate a recipe file; raises RecipeError listing every problem."""
-    path = Path(path)
-    raw = read_yaml_mapping(path, str(path), "recipe file not found: check the path (`hftoolkit recipes` lists the "
-                            "shipped ones)", "the recipe", "a recipe is a YAML mapping of sections (name, task, "
-                            "model, data, ...)")
+    typed, path = path, find_recipe(path)  # a shipped recipe by name where no such file is here (config/shipped.py)
+    close = close_match(typed) if not path.exists() else None
+    hint = f"did you mean {close!r}? " if close else ""
+    raw = read_yaml_mapping(path, str(path), f"recipe file not found: {hint}check the path, or name a shipped "
+                            "recipe (`hftoolkit recipes` lists them)", "the recipe",
+                            "a recipe is a YAML mapping of sections (name, task, model, data, ...)")
     overridden = apply_overrides(raw, overrides, path)
     return validate_recipe(raw, str(path), overridden)
 

@@ -39,7 +39,7 @@ from hftoolkit.workflows.rewards import scoring
 
 def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = False, resume: bool = False,
           verbosity: console.Verbosity | None = None, strategy: Strategy | None = None,
-          memory_check: bool = True) -> dict:
+          memory_check: bool = True, recipe_file: str | None = None) -> dict:
     """Run one recipe end to end; returns metrics.json's content.
 
     What the libraries say goes to the run directory's train.log (and to the console only when verbosity is
@@ -48,7 +48,7 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
     resume continues the run in `run_dir` from its newest complete checkpoint (checkpoints.py). `strategy` is how
     the run is spread, built once by the CLI (when not given: from the launcher's environment, read back). A run
     planned over this machine's memory is refused before anything loads, unless `memory_check` is False
-    (planning/plan.py).
+    (planning/plan.py). `recipe_file` says in manifest.json which file the recipe was read from (config/shipped.py).
     Bad input found before training starts (preflight: every problem at once) removes the run directory
     this call created; a run that fails once training has started keeps its log and says "failed" in
     manifest.json, or "trained, eval failed" once its weights are saved.
@@ -58,7 +58,7 @@ def train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool = F
     try:
         with console.capture(verbosity=verbosity) as log:
             strategy = strategy or strategy_for(current_launch())
-            return _train(recipe, run_dir, command, overwrite, resume, log, strategy, memory_check)
+            return _train(recipe, run_dir, command, overwrite, resume, log, strategy, memory_check, recipe_file)
     finally:
         gc.unfreeze()  # what the run left behind is collectable again (a caller may go on: tests, notebooks)
         gc.enable()
@@ -76,7 +76,7 @@ def _startup_done() -> None:
 
 
 def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, resume: bool, log,
-           strategy: Strategy, memory_check: bool) -> dict:
+           strategy: Strategy, memory_check: bool, recipe_file: str | None) -> dict:
     from hftoolkit.training.multi_machine import check_run_directory, lost_peer
 
     state = strategy.process_state()
@@ -101,7 +101,7 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
             console.note(f"preflight: {line}")
         _check_benchmarks(job)
         console.phase(console.data_line({split: None if is_stream(ds) else len(ds) for split, ds in job.data.items()}))
-        resume_from = _open_run(job, run, writer, command, resume, log, progress)
+        resume_from = _open_run(job, run, writer, command, resume, log, progress, recipe_file)
         return _run(job, run, state, writer, resume_from, started, progress)
     except Stopped as stop:
         _stopped(stop, run, writer, existed, progress, command)
@@ -197,7 +197,8 @@ def writes_run(recipe: Recipe, state) -> bool:
     return state.is_local_main_process if recipe.training.save_on_each_node else state.is_main_process
 
 
-def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], resume: bool, log, progress: Progress):
+def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], resume: bool, log, progress: Progress,
+              recipe_file: str | None):
     """Accept the run: recipe.yaml and manifest.json written (`writer`); the checkpoint --resume continues."""
     from hftoolkit.training import checkpoints
 
@@ -209,7 +210,7 @@ def _open_run(job: Job, run: RunDirectory, writer: bool, command: list[str], res
         log.attach(run / LOG, writer=True)  # the run is accepted: its log starts with what was said so far
         run.start(recorded, command, job.recipe.training.seed)
         progress.written = True
-        run.update_manifest(resumed_from=str(resume_from) if resume_from else None,
+        run.update_manifest(recipe_file=recipe_file, resumed_from=str(resume_from) if resume_from else None,
                             data_fingerprint=fingerprint(job.data), preflight=job.findings.record,
                             resolved=resolved_record(job), plan=job.plan.record())
     return resume_from

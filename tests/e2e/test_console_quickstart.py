@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 
@@ -18,10 +19,20 @@ NOISE = ("LOAD REPORT", "Warning", "{'loss'", "{'train_runtime'", "it/s]")
 
 @pytest.fixture(scope="session")
 def quickstart(tmp_path_factory):
-    """`hftoolkit train recipes/encoder-classification.yaml --overwrite`, the README's command, into a temporary
-    run directory."""
-    run = tmp_path_factory.mktemp("runs") / "encoder-classification"
-    return run, run_cli("train", QUICKSTART, "--overwrite", "--output", run)
+    """`hftoolkit train encoder-classification --overwrite`, the README's command, in an empty folder: the recipe is
+    the one shipped inside the package, the run lands in the folder's runs/."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(tmp_path_factory.mktemp("empty"))
+        result = run_cli("train", "encoder-classification", "--overwrite")
+        return Path.cwd() / "runs" / "encoder-classification", result
+
+
+def test_the_quickstart_reads_the_shipped_recipe_in_an_empty_folder(quickstart):
+    from hftoolkit import __version__
+
+    run, _ = quickstart
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["recipe_file"] == f"encoder-classification (shipped with hftoolkit {__version__})"
 
 
 def test_the_console_shows_the_toolkits_phases_and_the_table(quickstart):
@@ -43,7 +54,8 @@ def test_the_console_shows_the_toolkits_phases_and_the_table(quickstart):
     assert err[-1] == "eval: 240 examples"
 
     out = result.stdout
-    assert "accuracy *" in out and "train_seconds" in out and out.endswith(f"run directory: {run}\n")
+    assert "accuracy *" in out and "train_seconds" in out
+    assert out.endswith("run directory: runs/encoder-classification\n")
     for noise in NOISE:
         assert noise not in result.output, noise
 

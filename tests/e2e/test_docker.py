@@ -182,8 +182,9 @@ def test_dockerignore_keeps_git_runs_venvs_and_caches_out():
     }
     for required in (".git", "runs", ".venv", "venv", "**/__pycache__", ".pytest_cache"):
         assert required in patterns, f".dockerignore does not exclude {required}"
-    # The build needs these: the source, its metadata, and the recipes copied into the image.
-    for needed in ("pyproject.toml", "README.md", "hftoolkit", "recipes", "*.py", "*.toml", "*.md", "*.yaml"):
+    # The build needs these: the source (the recipes inside it), its metadata and the lock.
+    for needed in ("pyproject.toml", "README.md", "constraints.txt", "hftoolkit", "recipes", "*.py", "*.toml", "*.md",
+                   "*.yaml", "*.txt"):
         assert needed not in patterns, f".dockerignore must not exclude {needed}"
 
 

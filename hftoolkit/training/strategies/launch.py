@@ -14,6 +14,7 @@ from pathlib import Path
 
 from hftoolkit.base.ranks import under_launcher
 from hftoolkit.config.recipe import read_yaml_mapping
+from hftoolkit.config.shipped import find_recipe
 
 # accelerate's (and torchrun's) port when a config names none; every machine must name the same one.
 DEFAULT_PORT = 29500
@@ -75,9 +76,9 @@ def plan_from_config(config: Path | None, num_processes: int | None, source: str
         n, m = num_processes or 1, machines.num_machines or 1
         return _on_machines(LaunchPlan(num_processes=n, distributed="MULTI_GPU" if n > 1 or m > 1 else "NO",
                                        source=source), {}, machines)
-    config = Path(config)
-    data = read_yaml_mapping(config, source, f"accelerate config {config} not "
-                             "found: check the path (the shipped ones are in recipes/accelerate/)", "the config",
+    config = find_recipe(config)  # (a shipped one by its name too: accelerate/ddp)
+    data = read_yaml_mapping(config, source, f"accelerate config {config} not found: check the path, or name a "
+                             "shipped one (`hftoolkit recipes` lists them under accelerate/)", "the config",
                              f"{config} is not a mapping of accelerate settings: write it with `accelerate config`")
     deepspeed, fsdp = data.get("deepspeed_config") or {}, data.get("fsdp_config") or {}
     plan = LaunchPlan(num_processes=num_processes or int(data.get("num_processes") or 1),

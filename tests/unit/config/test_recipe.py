@@ -180,15 +180,16 @@ def test_validate_names_a_harness_task_file_or_a_launch_config_in_one_line(tmp_p
 
 
 def test_recipes_lists_recipes_only(tmp_path, monkeypatch):
-    from hftoolkit.cli import recipes as recipe_commands
+    from hftoolkit.config import shipped
     from hftoolkit.evaluation.harness import SHIPPED_TASKS
 
     folder = tmp_path / "recipes"
-    folder.mkdir()
+    (folder / "accelerate").mkdir(parents=True)
     write(folder, {**GOOD, "description": "a recipe"}, "r.yaml")
     (folder / "sums_gen.yaml").write_text((SHIPPED_TASKS / "sums_gen.yaml").read_text())  # `!function` inside
-    monkeypatch.setattr(recipe_commands, "RECIPES_DIR", folder)
-    assert plain(run_cli("recipes").output) == "recipes/r.yaml a recipe"
+    (folder / "accelerate" / "ddp.yaml").write_text("distributed_type: MULTI_GPU\n")
+    monkeypatch.setattr(shipped, "SHIPPED", folder)
+    assert plain(run_cli("recipes").output) == "r a recipe"
 
 
 def test_no_shipped_recipe_folder_holds_a_harness_task_file():
