@@ -77,7 +77,8 @@ def export(
     quantization: Annotated[str | None, typer.Option("--quantization", "-q", metavar="TYPE", help=(
         "GGUF weights: f32, f16 (default), bf16 or q8_0."))] = None,
     verbose: VerboseOption = False,
-    quiet: QuietOption = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help=(  # (-q is --quantization here)
+        "Print only errors and the path written."))] = False,
 ):
     """Export a run for another runtime, LoRA merged in; the file is read back, run on a few eval inputs beside
     the run, and the difference printed: an export beyond its format's tolerance fails and leaves nothing."""

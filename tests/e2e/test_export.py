@@ -230,7 +230,7 @@ def test_gguf_export_reads_back_as_the_run_and_trains_again_from_the_file(decode
 def test_q8_0_states_and_bounds_its_difference_and_ollama_writes_a_modelfile(decoder, tmp_path):
     run = copy_of(decoder, tmp_path)
     out = tmp_path / "ollama"
-    said = plain(run_cli("export", run, "--format", "ollama", "--quantization", "q8_0", "--output", out).output)
+    said = plain(run_cli("export", run, "-f", "ollama", "-q", "q8_0", "--output", out).output)
     assert "q8_0 rounding of the weights alone" in said, said
     check = json.loads((out / EXPORT).read_text())["check"]
     assert check["difference_beyond_rounding"] <= 1e-3 * max(1.0, check["max_logit_difference"]) + 1e-3

@@ -60,3 +60,14 @@ def test_commands_show_help_with_h_too():
 def test_shell_completion_installs_with_one_command():
     text = run_cli("--help").stdout
     assert "--install-completion" in text and "--show-completion" in text
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_no_two_options_of_a_command_share_a_flag(name):
+    flags = [flag for param in click_command(name).params for flag in param.opts + param.secondary_opts]
+    assert len(flags) == len(set(flags)), sorted(f for f in flags if flags.count(f) > 1)
+
+
+def test_export_s_short_q_is_its_quantization():
+    context = click_command("export").make_context("export", ["RUN", "-f", "gguf", "-o", "OUT", "-q", "q8_0"])
+    assert context.params["quantization"] == "q8_0" and context.params["quiet"] is False
