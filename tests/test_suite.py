@@ -30,3 +30,26 @@ def test_xdist_groups_keep_their_tests_on_one_worker(tmp_path):
     workers = {line.split("]")[0] for line in result.stdout.splitlines() if "test_grouped.py" in line
                and "PASSED" in line}
     assert len(workers) == 1, f"one group ran on {sorted(workers)}:\n{result.stdout[-2000:]}"
+
+
+def test_ci_runs_the_readme_s_test_command_step_by_step():
+    """.ci/run is the README's test command (its `pip install -q` quiet, its pytest listing the slowest tests), so
+    that what CI passes is what a contributor runs."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    readme = (root / "README.md").read_text(encoding="utf-8")
+    block = re.search(r"\*\*Tests\*\*.*?```bash\n(.*?)\n```", readme, re.S).group(1)
+    ci = [shlex.split(line, comments=True) for line in (root / ".ci" / "run").read_text().splitlines()
+          if line.startswith(("pip ", "ruff ", "mkdocs ", "python "))]
+    def essential(words: list[str]) -> list[str]:
+        return [w for w in words if w not in ("-q", "-p", "no:cacheprovider") and not w.startswith("--durations")]
+
+    for step in block.split(" && "):
+        words = shlex.split(step)
+        if words[:2] == ["python3", "-m"] or words[0] == ".":  # (.ci/run makes its venv the same way)
+            continue
+        assert any(essential(words) == essential(line) for line in ci), step
+    assert "constraints.txt" in block

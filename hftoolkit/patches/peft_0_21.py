@@ -1,6 +1,7 @@
 """peft 0.21 imports bitsandbytes as it loads (peft/helpers.py; `from transformers import Trainer` imports peft) and
 again as it wraps layers, and bitsandbytes imports torch's compiler: a cost every run that quantizes nothing would
-pay. `bitsandbytes_hidden` hides it from peft where it is not needed."""
+pay. `bitsandbytes_hidden` hides it from peft where it is not needed. peft 0.22 no longer imports it as it loads,
+but still as it wraps layers, through the same cached answers."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import sys
 from contextlib import contextmanager
 
 LIBRARY = "peft"
-VERSIONS = ">=0.21,<0.22"
+VERSIONS = ">=0.21,<0.23"  # (0.22.0 checked: get_peft_model imports bitsandbytes unless hidden)
 
 
 @contextmanager

@@ -5,10 +5,11 @@ relies on reads differently, so that a new release is checked before it is trust
 from __future__ import annotations
 
 import re
+import sys
 
 import pytest
 
-from hftoolkit.patches import in_range, patch_modules
+from hftoolkit.patches import in_range, installed, patch_modules
 from tests.helpers import ROOT
 
 PACKAGE = ROOT / "hftoolkit"
@@ -27,6 +28,8 @@ def test_each_patch_names_its_library_and_holds_for_the_installed_version(module
     name = module.__name__.rsplit(".", 1)[1]
     assert name.startswith(module.LIBRARY.replace("-", "_") + "_"), "the module is named after the library it patches"
     assert re.fullmatch(r"[a-z_]+_\d+(_\d+)*", name), "and the version range"
+    if not installed(module):  # (an optional library: TRL, DeepSpeed are extras of pyproject)
+        pytest.skip(f"{module.LIBRARY} is not installed, so {name} is not applied: nothing to check")
     assert in_range(module), (f"{module.LIBRARY} {version(module.LIBRARY)} is outside {module.VERSIONS}, the range "
                               f"{name} was checked against: check the patch against this version, then widen it")
     assert module.still_needed() == [], "the code this patch relies on has changed"
@@ -47,21 +50,66 @@ def test_the_version_check_fails_outside_the_range():
     assert not in_range(SimpleNamespace(LIBRARY="accelerate", VERSIONS=">=0.1,<0.2"))
 
 
-def test_the_trl_range_installed_is_the_one_its_patch_was_checked_against():
-    """pyproject's TRL requirement is trl_1_16's VERSIONS: a release outside it is checked here before it's allowed."""
-    from packaging.requirements import Requirement
-    from packaging.specifiers import SpecifierSet
-    from setuptools.config.pyprojecttoml import read_configuration  # (tomllib is 3.11 on)
-
+def test_a_patch_of_a_library_that_is_not_installed_is_skipped_with_its_reason(monkeypatch):
     from hftoolkit.patches import trl_1_16
 
-    pyproject = read_configuration(PACKAGE.parent / "pyproject.toml", expand=False)
-    trl = next(Requirement(r) for r in pyproject["project"]["dependencies"] if Requirement(r).name == "trl")
-    assert trl.specifier == SpecifierSet(trl_1_16.VERSIONS)
-    assert list(trl.specifier.filter(["1.14.2", "1.15.0", "1.16.0", "1.17.0"])) == ["1.16.0"]  # (see trl_1_16)
+    monkeypatch.setitem(sys.modules, "trl", None)  # (as where the preference extra is not installed)
+    assert not installed(trl_1_16)
+    with pytest.raises(pytest.skip.Exception, match="trl is not installed, so trl_1_16 is not applied"):
+        test_each_patch_names_its_library_and_holds_for_the_installed_version(trl_1_16)
+
+
+def requirements() -> dict[str, object]:
+    """pyproject.toml's direct requirements, core and extras, by canonical name."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+    from setuptools.config.pyprojecttoml import read_configuration  # (tomllib is 3.11 on)
+
+    project = read_configuration(PACKAGE.parent / "pyproject.toml", expand=False)["project"]
+    listed = project["dependencies"] + [r for extra in project["optional-dependencies"].values() for r in extra]
+    return {canonicalize_name(req.name): req for req in map(Requirement, listed) if req.name != "hftoolkit"}
+
+
+def locked() -> dict[str, str]:
+    """constraints.txt: the versions the suite passed with, by canonical name."""
+    from packaging.utils import canonicalize_name
+
+    lines = [line.split("#")[0].strip() for line in (PACKAGE.parent / "constraints.txt").read_text().splitlines()]
+    return {canonicalize_name(name): pinned for name, _, pinned in (line.partition("==") for line in lines if line)}
+
+
+def test_a_patched_library_s_range_is_the_one_its_patch_was_checked_against():
+    """A release outside a patch's VERSIONS is checked there before pyproject allows it (trl: 1.15.0 fails where
+    Triton is missing, 1.14 has no fused LM head; see trl_1_16)."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.utils import canonicalize_name
+
+    required = requirements()
+    patched = {canonicalize_name(m.LIBRARY): m for m in MODULES}
+    assert {"trl", "peft", "accelerate", "transformers", "deepspeed"} <= set(patched) & set(required)
+    for name, module in patched.items():
+        if name in required:
+            assert required[name].specifier == SpecifierSet(module.VERSIONS), name
+    assert list(required["trl"].specifier.filter(["1.14.2", "1.15.0", "1.16.0", "1.17.0"])) == ["1.16.0"]
+
+
+def test_every_range_holds_the_locked_release_and_stops_before_the_next_major():
+    """The ranges state what was tested: the lock's release is inside each, none is open-ended."""
+    from packaging.version import Version
+
+    pins = locked()
+    for name, requirement in requirements().items():
+        if name == "torch":  # (installed first, the machine's build; not in the lock)
+            continue
+        assert name in pins, f"{name} is required but constraints.txt does not lock it"
+        assert requirement.specifier.contains(pins[name], prereleases=True), f"{requirement} leaves out {pins[name]}"
+        assert any(spec.operator == "<" for spec in requirement.specifier), f"{requirement} has no upper bound"
+        upper = min(Version(spec.version) for spec in requirement.specifier if spec.operator == "<")
+        assert upper <= Version(f"{Version(pins[name]).major + 1}"), f"{requirement} reaches past the next major"
 
 
 def test_trl_s_still_needed_says_when_its_code_reads_otherwise(monkeypatch):
+    pytest.importorskip("trl", reason="TRL is an extra: pip install 'hftoolkit[preference]'")
     from trl import DPOTrainer, KTOTrainer
 
     from hftoolkit.patches import trl_1_16
@@ -81,6 +129,7 @@ def test_kto_s_mismatched_answers_are_the_batch_of_all_processes_rotated_by_one(
     """TokenizedPreference adds KL_completion_ids to tokenized KTO rows (shuffled for training) and passes DPO's on."""
     from types import SimpleNamespace
 
+    pytest.importorskip("trl", reason="TRL is an extra: pip install 'hftoolkit[preference]'")
     import datasets
     from trl import DPOTrainer, KTOTrainer
 
