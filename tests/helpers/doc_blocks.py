@@ -585,13 +585,10 @@ def plant_hub(home: Path) -> None:
     if gguf is not None:
         revisions = {yaml.safe_load(p.read_text())["model"].get("revision") for p in (ROOT / "recipes").glob("*.yaml")
                      if GGUF_REPO in p.read_text()}
-        folder = home / "gguf-repo"
-        folder.mkdir(exist_ok=True)
-        if not (folder / gguf.name).exists():
-            (folder / gguf.name).symlink_to(gguf)
+        llama = tiny_llama(home / "tiny-llama", gguf)
+        folder = stand_in_gguf(home, gguf).parent
         for revision in sorted(r for r in revisions if r) or [None]:
             hub_cache.plant_model(hub, GGUF_REPO, folder, revision_sha=revision)
-        llama = tiny_llama(home / "tiny-llama", gguf)
         for repo_id in TINY_SMOLLM2:
             hub_cache.plant_model(hub, repo_id, llama)
     for repo_id, configs in planted_data_sets().items():
@@ -599,25 +596,50 @@ def plant_hub(home: Path) -> None:
                                 else None)
 
 
+def stand_in_gguf(home: Path, gguf: Path) -> Path:
+    """SmolLM2's GGUF file as the docs' commands read it (by the package's `installed:` name or the Hub repository's
+    file): the tiny Llama of `tiny_llama`, SmolLM2's tokenizer and chat template, under the real file's name, written
+    by the package's own exporter. The commands run as written at a tiny model's cost; the real weights are tested
+    where they are the point (tests/e2e/test_smollm2.py, tests/unit/sources/test_gguf.py)."""
+    out = home / "gguf-repo" / gguf.name
+    if not out.is_file():
+        import transformers as tf
+
+        from hftoolkit.exports.gguf import write_gguf
+
+        llama = tiny_llama(home / "tiny-llama", gguf)
+        model, tokenizer = tf.AutoModelForCausalLM.from_pretrained(llama), tf.AutoTokenizer.from_pretrained(llama)
+        write_gguf(model, tokenizer, out, "f32", name="SmolLM2-135M-Instruct (tiny stand-in)")
+    return out
+
+
 def tiny_llama(out: Path, gguf: Path) -> Path:
-    """A 2-layer, 64-wide random Llama with SmolLM2's tokenizer (read from its GGUF file's conversion)."""
+    """A 2-layer, 64-wide random Llama with SmolLM2's tokenizer and chat template (read from its GGUF file's metadata,
+    no weights converted), written whole or not at all."""
     if (out / "config.json").is_file():
         return out
+    import shutil
+
     import torch
     import transformers as tf
 
-    from hftoolkit.sources.gguf import plain_checkpoint
-
-    tokenizer = tf.AutoTokenizer.from_pretrained(plain_checkpoint(gguf))
+    tokenizer = tf.AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = tf.LlamaConfig(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                             num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
                             bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True)
+                            pad_token_id=tokenizer.pad_token_id, tie_word_embeddings=True,
+                            # At the default 0.02 the layers add little to the tied embedding: greedy decoding repeats
+                            # the last token ("\n" after the template's "assistant\n": empty answers), and no logit can
+                            # rise far above the rest of a 49k vocabulary, so LoRA's loss barely falls.
+                            initializer_range=0.2)
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = tf.LlamaForCausalLM(config)
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
+    tmp = out.with_name(out.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(out)
     return out
 
 
