@@ -27,6 +27,7 @@ def quickstart(tmp_path_factory):
         return Path.cwd() / "runs" / "encoder-classification", result
 
 
+@pytest.mark.slow
 def test_the_quickstart_reads_the_shipped_recipe_in_an_empty_folder(quickstart):
     from hftoolkit import __version__
 

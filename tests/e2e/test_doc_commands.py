@@ -158,6 +158,7 @@ def test_every_python_module_the_docs_name_imports():
     assert missing == [], "modules the docs name that do not import:\n" + "\n".join(missing)
 
 
+@pytest.mark.slow
 def test_every_hftoolkit_command_the_docs_show_parses_run_or_not():
     """The options of every documented `hftoolkit` command exist and take the values given, marked blocks too
     (a Docker page's `docker run ... hftoolkit train ...` included)."""

@@ -23,6 +23,7 @@ def lora_run(tmp_path_factory):
     return run, result
 
 
+@pytest.mark.slow
 def test_train_writes_the_run_directory_contract(lora_run):
     run, result = lora_run
     for name in FILES:

@@ -59,6 +59,7 @@ def tagging_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_tagging_run_scores_entities_and_tags_every_word(tagging_run):
     metrics = metrics_of(tagging_run)
     assert metrics["task"] == "tagging" and metrics["main_metric"] == "f1" and metrics["greater_is_better"]
@@ -195,6 +196,7 @@ def untrained_perplexity() -> float:
     return math.exp(total / len(evaluation))
 
 
+@pytest.mark.slow
 def test_mlm_run_reports_perplexity_without_gathering_logits(mlm_run):
     run, asked = mlm_run
     metrics = metrics_of(run)

@@ -37,6 +37,7 @@ def left_behind(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir()) if parent.exists() else []
 
 
+@pytest.mark.slow
 def test_onnx_export_is_checked_recorded_and_predicts_as_the_run(classifier, tmp_path):
     run = copy_of(classifier, tmp_path)
     out = tmp_path / "exports" / "bert-onnx"
@@ -67,6 +68,7 @@ def test_onnx_export_is_checked_recorded_and_predicts_as_the_run(classifier, tmp
     assert "## Exports" in page and str(out.resolve()) in page
 
 
+@pytest.mark.slow
 def test_an_onnx_export_predicts_where_torch_and_transformers_are_not_installed(classifier, tmp_path):
     """The folder runs in a service that has ONNX Runtime, tokenizers and numpy only: predict in a process where
     importing torch or transformers fails gives the run's labels."""
@@ -85,6 +87,7 @@ def test_an_onnx_export_predicts_where_torch_and_transformers_are_not_installed(
     assert json.loads(done.stdout)["label"] == json.loads(expected)["label"]
 
 
+@pytest.mark.slow
 def test_an_export_beyond_its_tolerance_fails_and_leaves_nothing(classifier, tmp_path, monkeypatch):
     from hftoolkit.workflows import export
 
@@ -209,6 +212,7 @@ def decoder(tiny_llama, tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_gguf_export_reads_back_as_the_run_and_trains_again_from_the_file(decoder, tmp_path):
     run = copy_of(decoder, tmp_path)
     out = tmp_path / "gguf"
@@ -243,6 +247,7 @@ def test_q8_0_states_and_bounds_its_difference_and_ollama_writes_a_modelfile(dec
     assert [e["quantization"] for e in json.loads((run / MANIFEST).read_text())["exports"]] == ["q8_0"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, sets", [
     ("smollm2-instruct.yaml", ("model.gguf_file=null", "model.revision=null")),
     ("decoder-preference.yaml", ()),

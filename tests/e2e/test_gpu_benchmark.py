@@ -93,6 +93,7 @@ def test_grpo_samples_with_generate_anywhere_and_with_vllm_only_where_a_gpu_has_
     assert gpu.skip_reason("GRPO, vLLM colocated", 8) == "needs a CUDA GPU with the vllm package installed"
 
 
+@pytest.mark.slow
 def test_without_a_cached_checkpoint_the_weights_are_random_bert_base(gpu, tmp_path, monkeypatch):
     import transformers
 

@@ -363,6 +363,7 @@ def test_hub_data_set_with_config_and_nested_column_trains(hf_home, tmp_path):
 # ---------------------------------------------------------------- eval RECIPE
 
 
+@pytest.mark.slow
 def test_eval_of_a_smoke_recipe_prints_untrained_metrics_and_writes_nothing(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     first = plain(run_cli("eval", RECIPES / "encoder-classification.yaml").output)

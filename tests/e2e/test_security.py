@@ -35,10 +35,12 @@ def _receiver(call: ast.Call) -> str:
     return ast.unparse(call.func.value)
 
 
+@pytest.mark.slow
 def test_the_source_scan_sees_the_package():
     assert len(SOURCES) > 20 and any(_receiver(c) == "yaml" for _, c in _calls("safe_load"))
 
 
+@pytest.mark.slow
 def test_torch_load_is_only_called_with_weights_only_true():
     unsafe = [where for where, call in _calls("load") if _receiver(call) == "torch"
               and not any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
@@ -49,6 +51,7 @@ def test_torch_load_is_only_called_with_weights_only_true():
     assert pickles == []
 
 
+@pytest.mark.slow
 def test_yaml_is_only_read_through_safe_load():
     unsafe = [where for name in ("load", "load_all", "full_load", "full_load_all", "unsafe_load", "unsafe_load_all")
               for where, call in _calls(name) if _receiver(call) == "yaml"]
@@ -58,6 +61,7 @@ def test_yaml_is_only_read_through_safe_load():
     assert loaders == []
 
 
+@pytest.mark.slow
 def test_trust_remote_code_is_never_switched_on_in_the_source():
     literal = [where for name in ("from_pretrained", "from_config") for where, call in _calls(name)
                for k in call.keywords if k.arg == "trust_remote_code" and isinstance(k.value, ast.Constant)

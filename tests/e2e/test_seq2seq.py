@@ -100,6 +100,7 @@ def t5_translation(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_t5_translation_writes_bleu_chrf_and_generated_predictions(t5_translation):
     metrics = metrics_of(t5_translation)
     assert metrics["family"] == "seq2seq" and metrics["main_metric"] == "bleu"
@@ -112,6 +113,7 @@ def test_t5_translation_writes_bleu_chrf_and_generated_predictions(t5_translatio
     assert (t5_translation / "adapter" / "adapter_model.safetensors").is_file()
 
 
+@pytest.mark.slow
 def test_t5_lora_trains_only_q_and_v_adapters(t5_translation):
     from hftoolkit.workflows.evaluate import load_trained
 
@@ -143,6 +145,7 @@ def test_bart_summarization_scores_rouge(tmp_path):
     assert len(rows) == 12 and all(r["input"].startswith(r["reference"]) and "text" in r for r in rows)
 
 
+@pytest.mark.slow
 def test_bart_denoise_reports_perplexity_and_reconstructs_text(tmp_path):
     run = tmp_path / "denoise"
     train_recipe(RECIPES / "seq2seq-denoise.yaml", run, *FEW_STEPS)

@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.helpers import RECIPES, run_cli
-from tests.helpers.processes import kill_tree, start_in_group
+from tests.helpers.processes import start_in_group
 from tests.helpers.resume import kill_when_paused
 
 ENCODER = RECIPES / "encoder-classification.yaml"
@@ -230,22 +230,32 @@ def test_killed_sweep_completes_when_run_again_without_retraining_finished_varia
 
 
 @pytest.mark.slow
-@pytest.mark.xdist_group("processes")  # two processes: one such test at a time on a 2-core machine
-def test_num_processes_launches_each_variant_like_train_does(tmp_path):
-    """--num-processes 2: each variant is `hftoolkit train` relaunched under accelerate (2 CPU processes, gloo)."""
-    args = sweep_args(tmp_path, "lora.r=4", sets=(*SHORT, "training.batch_size=8"))
-    process = start_in_group([sys.executable, "-m", "hftoolkit", *args, "--num-processes", "2"],
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        output, _ = process.communicate(timeout=300)
-    except subprocess.TimeoutExpired:
-        kill_tree(process)
-        output, _ = process.communicate()
-        pytest.fail(f"the sweep still ran after 300 s:\n{output[-3000:]}")
-    assert process.returncode == 0, output[-3000:]
-    assert "launching 2 processes" in output
-    assert re.search(r"1/1 r-4 accuracy=[0-9.]+ ", output), output[-2000:]
+def test_num_processes_launches_each_variant_like_train_does(tmp_path, monkeypatch):
+    """--num-processes 2: each variant is handed to relaunch, the function that `hftoolkit train --num-processes 2`
+    starts its processes with, with the plan that command makes (2 processes, relaunched under accelerate) and
+    `train` arguments that train the variant into its folder. Here relaunch runs those arguments in this process;
+    that it starts 2 CPU processes which train as one does is tests/e2e/test_distributed.py's and test_kills.py's."""
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.training import relaunch as relaunching
+    from hftoolkit.training.strategies import launch_strategy
+
+    handed = []
+
+    def relaunch(plan, argv, run_dir=None):
+        handed.append((plan, argv, run_dir))
+        return run_cli(*argv, expect=None).exit_code
+
+    monkeypatch.setattr(relaunching, "relaunch", relaunch)
+    sets = (*SHORT, "training.batch_size=8")
+    result = run_cli(*sweep_args(tmp_path, "lora.r=4", sets=sets), "--num-processes", "2")
     run = tmp_path / "encoder-classification" / "r-4"
+    (plan, argv, run_dir), = handed
+    as_train = launch_strategy(load_recipe(ENCODER, [*sets, "lora.r=4"]), 2, None).launch
+    assert plan.relaunch and (plan.num_processes, plan.distributed, plan.config) == (
+        as_train.num_processes, as_train.distributed, as_train.config) == (2, as_train.distributed, None), plan
+    assert argv[0] == "train" and argv[argv.index("--output") + 1] == str(run) and run_dir == run, argv
+    assert "--num-processes" not in argv, "the relaunched processes do not relaunch"
+    assert re.search(r"1/1 r-4 accuracy=[0-9.]+ ", result.output), result.output[-2000:]
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["name"] == "r-4" and metrics["lora_rank"] == 4
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"

@@ -30,6 +30,7 @@ def wheel(tmp_path_factory):
     return built
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_every_shipped_recipe_and_the_package_data(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     recipes = {f"hftoolkit/recipes/{p.relative_to(SHIPPED).as_posix()}" for p in shipped_recipes()}
@@ -38,6 +39,7 @@ def test_the_wheel_holds_every_shipped_recipe_and_the_package_data(wheel):
         assert any(name.startswith(data) for name in names), data
 
 
+@pytest.mark.slow
 def test_the_installed_wheel_lists_its_recipes_in_an_empty_folder(wheel, tmp_path):
     target, empty = tmp_path / "site", tmp_path / "empty"
     empty.mkdir()

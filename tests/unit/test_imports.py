@@ -6,6 +6,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ROOT
 
 PACKAGE = ROOT / "hftoolkit"
@@ -58,6 +60,7 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+@pytest.mark.slow
 def test_the_package_has_no_import_cycle():
     graph = import_graph()
     assert {"hftoolkit.runs.report_plots", "hftoolkit.models.families.encoder"} <= set(graph)  # the walk found them

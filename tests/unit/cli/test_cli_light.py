@@ -12,6 +12,7 @@ from tests.helpers import RECIPES, ROOT, plain, run_cli
 HEAVY = ("torch", "transformers", "peft", "datasets", "accelerate", "lm_eval")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["--help"], ["validate", str(RECIPES / "encoder-classification.yaml")],
                                   ["recipes"], ["doctor"], ["runs", str(ROOT / "tests")], ["eval", "--help"],
                                   ["validate", str(RECIPES / "decoder-clm.yaml"), "--set",
@@ -71,6 +72,7 @@ def test_validate_reports_every_problem_of_every_file(tmp_path):
     assert "training.batch_size: input should be greater than 0" in text
 
 
+@pytest.mark.slow
 def test_doctor_reports_versions_backend_and_the_hub_settings():
     out = run_cli("doctor").output
     for key in ("torch", "transformers", "bitsandbytes backend", "cuda", "hub cache", "hub endpoint", "hub token",

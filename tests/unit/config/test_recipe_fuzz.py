@@ -44,6 +44,7 @@ def load(path, text: str | bytes) -> Recipe | None:
         return None
 
 
+@pytest.mark.slow
 @FUZZ
 @given(documents)
 def test_any_yaml_document_gives_a_recipe_error_or_a_recipe(recipe_file, document):
@@ -51,6 +52,7 @@ def test_any_yaml_document_gives_a_recipe_error_or_a_recipe(recipe_file, documen
     assert result is None or isinstance(result, Recipe)
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.data())
 def test_a_shipped_recipe_with_one_value_replaced_gives_a_recipe_error_or_a_recipe(recipe_file, data):
@@ -68,6 +70,7 @@ def test_a_shipped_recipe_with_one_value_replaced_gives_a_recipe_error_or_a_reci
         assert math.isfinite(recipe.training.learning_rate) or recipe.training.learning_rate == math.inf
 
 
+@pytest.mark.slow
 @FUZZ
 @given(st.binary(max_size=200) | st.text(max_size=200))
 @example(b"\xff\xfe\x00")

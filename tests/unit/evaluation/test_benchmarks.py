@@ -146,6 +146,7 @@ def test_multiple_choice_accuracy_equals_the_accuracy_from_the_models_loglikelih
     assert record["value"] == pytest.approx(right / len(rows))
 
 
+@pytest.mark.slow
 def test_generation_exact_match_equals_the_one_from_predicts_answers(lora_run, tmp_path):
     rows = shipped_rows("sums_gen")[:5]
     prompts = tmp_path / "prompts.txt"
@@ -312,6 +313,7 @@ def test_the_report_sets_each_benchmark_of_the_tuned_run_beside_its_base(lora_ru
     assert "(untrained baseline)" in runs_table and f"(untrained baseline) {BEST}" not in runs_table
 
 
+@pytest.mark.slow
 def test_the_benchmark_section_shows_in_a_browser(base_and_tuned_report, tmp_path):
     from tests.helpers import browser
 
@@ -328,6 +330,7 @@ def test_the_benchmark_section_shows_in_a_browser(base_and_tuned_report, tmp_pat
     assert any("vs base" in c for c in cells) and image[0] > 0 and image[1] > 0
 
 
+@pytest.mark.slow
 def test_eval_benchmarks_in_a_recipe_is_validated_with_the_rest():
     empty = run_cli("validate", DECODER, "--set", "eval.benchmarks.tasks=[]", expect=2)
     assert "eval.benchmarks.tasks" in plain(empty.output) and "name at least one task" in plain(empty.output)

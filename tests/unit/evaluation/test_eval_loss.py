@@ -42,6 +42,7 @@ def by_hand(run_dir):
     return sum(sums) / sum(counts), sum(batch_means) / len(batch_means)
 
 
+@pytest.mark.slow
 def test_eval_loss_is_the_mean_over_the_eval_sets_answer_tokens(tmp_path):
     run = tmp_path / "run"
     train_recipe(RECIPES / "smollm2-instruct.yaml", run, *TINY_INSTRUCTION)

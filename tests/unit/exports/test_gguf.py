@@ -98,6 +98,7 @@ def one_line_error(call, *args, **kwargs) -> str:
     return message
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", ROUND_TRIPS)
 def test_a_written_model_reads_back_with_the_same_logits(model_type, tokenizer, tmp_path):
     model = decoder(model_type, tokenizer)
@@ -123,6 +124,7 @@ def test_llama_s_rope_rows_are_permuted_as_llama_cpp_stores_them(tokenizer, tmp_
     assert not (stored.data == q).all()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization,dtype", [("f16", "float16"), ("bf16", "bfloat16")])
 def test_f16_and_bf16_differ_from_the_model_only_by_the_rounding_of_its_weights(quantization, dtype, tokenizer,
                                                                                  tmp_path):

@@ -93,6 +93,7 @@ def torch_logits(model, tokenizer, inputs):
         return model(**batch).logits.numpy()
 
 
+@pytest.mark.slow
 def test_the_manifest_names_the_task_labels_and_graph_inputs(classifier, tagger):
     assert classifier[3] == {"task": "classification", "labels": LABELS,
                              "inputs": ["input_ids", "attention_mask", "token_type_ids"], "max_length": MAX_LENGTH,
@@ -101,6 +102,7 @@ def test_the_manifest_names_the_task_labels_and_graph_inputs(classifier, tagger)
     assert {p.name for p in classifier[2].iterdir()} >= {"model.onnx", "tokenizer.json"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("batch_size", [1, 3, 32])
 def test_classification_gives_the_runs_labels_and_probabilities(classifier, batch_size):
     from hftoolkit.models.families.labels import CLASSIFICATION

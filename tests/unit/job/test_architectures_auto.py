@@ -69,6 +69,7 @@ def tiny_model(model_type: str):
     return getattr(transformers, auto).from_config(config)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("model_type", sorted(MODEL_TYPE_FAMILIES))
 def test_family_of_agrees_with_the_hand_table(model_type):
     import transformers

@@ -53,6 +53,7 @@ def counted(monkeypatch):
     return configs, located
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, sets", [
     ("encoder-classification.yaml", []),
     ("seq2seq-translation-t5.yaml", ["data.max_eval_samples=4", "eval.generation.max_new_tokens=4"]),
@@ -72,6 +73,7 @@ def test_train_and_eval_load_each_config_once_and_locate_the_checkpoint_once(tmp
     assert list(located.values()) == [1], located
 
 
+@pytest.mark.slow
 def test_a_run_s_files_follow_the_user_s_umask(tmp_path):
     import os
     import stat
@@ -88,6 +90,7 @@ def test_a_run_s_files_follow_the_user_s_umask(tmp_path):
     assert not private, private
 
 
+@pytest.mark.slow
 def test_a_run_directory_written_before_the_job_existed_still_evaluates_and_predicts(tmp_path):
     run = tmp_path / "old-run"
     shutil.copytree(OLD_RUN, run)
@@ -130,6 +133,7 @@ def pickled_bert(tmp_path_factory):
     return folder
 
 
+@pytest.mark.slow
 def test_a_checkpoint_whose_only_weights_are_a_plain_pickle_trains(tmp_path, pickled_bert):
     run_cli("train", RECIPES / "encoder-classification.yaml", "--output", tmp_path / "run",
             "--set", f"model.checkpoint={pickled_bert}", "--set", "training.max_steps=2")

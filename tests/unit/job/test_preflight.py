@@ -29,6 +29,7 @@ def _manifest(run: Path) -> dict:
     return json.loads((run / "manifest.json").read_text())
 
 
+@pytest.mark.slow
 def test_max_length_beyond_the_position_table_is_clamped_and_the_run_trains(tmp_path):
     long = " ".join(["the film was long"] * 200)  # about 800 tokens: past BERT's 512 positions
     data = _csv(tmp_path / "long.csv", "text,label", [f"{long} {i},{'pos' if i % 2 else 'neg'}" for i in range(8)])
@@ -42,6 +43,7 @@ def test_max_length_beyond_the_position_table_is_clamped_and_the_run_trains(tmp_
     assert _manifest(run)["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_target_length_beyond_bart_positions_is_clamped_and_the_run_trains(tmp_path):
     summary = " ".join(["a very long summary"] * 150)  # about 600 target tokens: past the tiny BART's 512
     data = _csv(tmp_path / "docs.csv", "text,target", [f"document {i} about cats,{summary}" for i in range(8)])
@@ -52,6 +54,7 @@ def test_target_length_beyond_bart_positions_is_clamped_and_the_run_trains(tmp_p
     assert _manifest(run)["preflight"]["max_target_length"] == {"asked": 100000, "used": 512}
 
 
+@pytest.mark.slow
 def test_empty_texts_are_dropped_counted_and_the_run_trains(tmp_path):
     rows = [f"the film was fine {i},{'pos' if i % 2 else 'neg'}" for i in range(10)]
     train = _csv(tmp_path / "train.csv", "text,label", [*rows, ",pos", "   ,neg"])
@@ -110,6 +113,7 @@ def test_an_eval_image_folder_may_hold_one_class(tmp_path):
     assert names == ["cat", "dog"] and data["eval"]["label"][:] == [1, 1]
 
 
+@pytest.mark.slow
 def test_decoder_without_a_pad_token_classifies_padding_with_eos(tmp_path):
     from tests.helpers.inputs import tokenizer_without
 
@@ -152,6 +156,7 @@ def test_lengths_are_clamped_per_family(tmp_path):
     assert position_limit(RobertaConfig(max_position_embeddings=514, pad_token_id=1), None) == 512
 
 
+@pytest.mark.slow
 def test_a_run_whose_eval_fails_keeps_its_adapter_and_eval_completes_it(tmp_path, monkeypatch):
     import hftoolkit.workflows.train
 
@@ -262,6 +267,7 @@ def test_a_relative_data_path_is_read_from_the_current_folder_and_a_missing_one_
                                  "folder): check the path")
 
 
+@pytest.mark.slow
 def test_packing_where_no_formulation_packs_is_refused_in_one_line_before_training(tmp_path, no_weights):
     """data.packing true on a task that trains one example a row (here the quickstart's classification) used to
     train unpacked, exit 0, without a word."""

@@ -171,6 +171,7 @@ def test_blocks_is_clm_only():
     assert "data.packing blocks cuts concatenated texts, which only task clm trains on" in plain(result.output)
 
 
+@pytest.mark.slow
 def test_an_instruction_run_packs_without_padding(tmp_path):
     sets = (*ON_GPT2, "training.max_steps=3", "data.max_eval_samples=8", "eval.generation.max_new_tokens=2",
             "training.batch_size=4", "data.max_length=64", "data.max_target_length=32")
@@ -181,6 +182,7 @@ def test_an_instruction_run_packs_without_padding(tmp_path):
     assert packed["padding_fraction"] < 0.1, "rows are full"
 
 
+@pytest.mark.slow
 def test_padding_free_is_the_default_on_a_model_that_packs_and_pads_less(tmp_path):
     sets = (*ON_GPT2, "training.max_steps=3", "data.max_eval_samples=8", "eval.generation.max_new_tokens=2",
             "training.batch_size=8")

@@ -30,6 +30,7 @@ def llama_folder(tmp_path: Path, **sizes) -> Path:
     return folder
 
 
+@pytest.mark.slow
 def test_a_plan_names_every_strategy_itemized_and_the_cheapest_that_fits():
     planned = plan_json(ENCODER)
     rows = {row["strategy"]: row for row in planned["strategies"]}
@@ -46,6 +47,7 @@ def test_a_plan_names_every_strategy_itemized_and_the_cheapest_that_fits():
     assert rows["ddp"]["time"]["items"]["communication"] > 0 == time["items"]["communication"]
 
 
+@pytest.mark.slow
 def test_a_decoder_plans_prompt_and_answer_and_a_preference_step_its_pairs_and_reference_pass():
     def single(*sets: str) -> dict:
         sets = ("data.max_length=64", "training.batch_size=8", *sets)
@@ -63,6 +65,7 @@ def test_a_decoder_plans_prompt_and_answer_and_a_preference_step_its_pairs_and_r
     assert planned["orpo"]["memory"]["items"]["buffers"] < planned["dpo"]["memory"]["items"]["buffers"]
 
 
+@pytest.mark.slow
 def test_a_reward_pair_is_planned_as_two_sequences_of_prompt_and_answer_through_a_score_head():
     def single(recipe: str, *sets: str) -> dict:
         sets = ("data.max_length=64", "data.max_target_length=64", "training.batch_size=8",
@@ -79,6 +82,7 @@ def test_a_reward_pair_is_planned_as_two_sequences_of_prompt_and_answer_through_
     assert encoder["cheapest_fit"] == "single" and encoder["strategies"][0]["time"]["eval_seconds"] > 0
 
 
+@pytest.mark.slow
 def test_llama_7b_from_its_config_alone_on_a100s(tmp_path):
     """Full fine-tuning keeps 16 bytes a parameter (fp32 weights and gradients, two Adam moments): more than one
     80 GB card, while sharding the states over 8 fits; LoRA r=16 and QLoRA fit one card."""
@@ -101,6 +105,7 @@ def test_llama_7b_from_its_config_alone_on_a100s(tmp_path):
     assert qlora_peak < lora_peak / 3 < 16 * 6.7e9 / 3
 
 
+@pytest.mark.slow
 def test_a_hub_id_whose_config_alone_is_cached_is_planned_offline(tmp_path, monkeypatch):
     from tests.helpers.hub_cache import plant_model, use_hf_home
 
@@ -167,6 +172,7 @@ def test_a_new_strategy_is_one_class_and_one_line_in_the_table(monkeypatch):
 # ---------------------------------------------------------------- train asks first, and records what it measured
 
 
+@pytest.mark.slow
 def test_a_run_planned_over_the_memory_stops_before_loading_and_leaves_the_users_files(tmp_path):
     out = tmp_path / "mine"
     out.mkdir()
@@ -182,6 +188,7 @@ def test_a_run_planned_over_the_memory_stops_before_loading_and_leaves_the_users
     assert not fresh.exists(), "no run folder is left behind"
 
 
+@pytest.mark.slow
 def test_the_override_trains_where_the_plan_says_no(tmp_path, monkeypatch):
     from hftoolkit.job import devices
 
@@ -194,6 +201,7 @@ def test_the_override_trains_where_the_plan_says_no(tmp_path, monkeypatch):
     assert json.loads((run / "manifest.json").read_text())["status"] == "complete"
 
 
+@pytest.mark.slow
 def test_train_plans_a_pair_set_at_its_longest_pair_where_the_recipe_allows_longer(tmp_path):
     """Batches pad to their longest row: a step of short pairs is planned short, whatever data.max_length allows;
     `plan`, which reads no data, plans at the recipe's lengths."""
@@ -211,6 +219,7 @@ def test_train_plans_a_pair_set_at_its_longest_pair_where_the_recipe_allows_long
     assert at_recipe["strategies"][0]["memory"]["items"]["activations"] / 2**20 > 5 * long
 
 
+@pytest.mark.slow
 def test_a_run_records_its_plan_beside_what_it_measured(tmp_path):
     run = tmp_path / "run"
     train_recipe(ENCODER, run, "training.max_steps=3")

@@ -33,6 +33,7 @@ def _planned(tmp_path, recipe: str, *sets: str) -> dict:
     return json.loads((run / "manifest.json").read_text())["plan"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe, lengths", [
     ("encoder-classification.yaml", ("data.max_length=64", "data.max_length=256")),
     ("seq2seq-translation-t5.yaml", ("data.max_length=64", "data.max_length=256")),
@@ -75,6 +76,7 @@ def test_a_grpo_step_is_planned_at_its_prompts_tokens_padded_as_its_batch_s_prom
     assert planned["planned_step_items_s"]["sampling"] > 0
 
 
+@pytest.mark.slow
 def test_a_prompted_decoder_step_is_planned_at_its_rows_with_logits_at_their_answers(tmp_path):
     planned = _planned(tmp_path, "decoder-preference.yaml", "task=instruction", "preference=null",
                        "data.train=builtin:instructions",

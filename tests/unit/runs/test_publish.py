@@ -91,6 +91,7 @@ def front_matter(card: str):
 # ---------------------------------------------------------------- what is uploaded
 
 
+@pytest.mark.slow
 def test_dry_run_lists_weights_tokenizer_recipe_metrics_and_card_only(tmp_path):
     run = make_run(tmp_path)
     files, card = publish.push(run, "alice/bert-sst2", dry_run=True)

@@ -113,6 +113,7 @@ def report(tmp_path_factory) -> tuple[list[Path], Path]:
     return runs, out
 
 
+@pytest.mark.slow
 def test_table_lists_every_run_and_marks_the_best_per_task(report):
     runs, out = report
     rows = table_rows((out / "report.md").read_text(encoding="utf-8"))
@@ -422,6 +423,7 @@ def test_runs_that_share_a_name_without_recipes_get_unique_labels():
                                                           "bert (elsewhere/x) (2)", "gpt2"]
 
 
+@pytest.mark.slow
 def test_a_grpo_run_gets_a_rewards_section_with_each_reward_its_length_and_kl(tmp_path):
     from hftoolkit.runs.summary import load_run
 

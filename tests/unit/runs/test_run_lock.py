@@ -49,6 +49,7 @@ def test_a_finished_run_leaves_no_lock_and_a_killed_writers_record_is_reported_a
     assert json.loads((trained / "manifest.json").read_text())["status"] == "complete", result.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [("train", "--resume", "{run}"), ("train", str(ENCODER), "--output", "{run}"),
                                   ("train", str(ENCODER), "--output", "{run}", "--overwrite"), ("eval", "{run}"),
                                   ("merge", "{run}", "--output", "{out}")],

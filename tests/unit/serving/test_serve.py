@@ -37,6 +37,7 @@ def tiny_runs(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 def test_adapters_on_one_base_share_it_and_one_batch_serves_both(tiny_runs):
     import httpx
 
@@ -57,6 +58,7 @@ def test_adapters_on_one_base_share_it_and_one_batch_serves_both(tiny_runs):
         "each adapter answers with its own weights"
 
 
+@pytest.mark.slow
 def test_merged_and_fully_fine_tuned_runs_are_served_as_they_are(tiny_runs, tmp_path):
     import httpx
 
@@ -90,6 +92,7 @@ def test_a_tagging_run_tags_the_words_as_predict_does(tmp_path):
     assert answer == {"index": 0, **expected}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["seq2seq-translation-t5.yaml", "decoder-clm.yaml"])
 def test_a_seq2seq_or_clm_run_completes_and_streams_as_predict_writes(tmp_path, recipe):
     import httpx
@@ -111,6 +114,7 @@ def test_a_seq2seq_or_clm_run_completes_and_streams_as_predict_writes(tmp_path, 
     assert chat.status_code == 400 and chat.json()["error"]["code"] == "wrong_endpoint"  # (it reads no conversation)
 
 
+@pytest.mark.slow
 def test_bad_requests_get_their_4xx_in_openai_s_shape_and_the_next_request_is_answered(tiny_runs):
     import httpx
 

@@ -64,6 +64,7 @@ def concurrently(url: str, requests: list[tuple[str, str]], **settings) -> list[
         return list(pool.map(lambda r: chat(url, r[0], r[1], **settings), requests))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", ["chat1", "merged"])
 def test_greedy_answers_through_continuous_batching_are_the_static_path_s(decoder_runs, run):
     requests = [("model", q) for q in QUESTIONS]
@@ -80,6 +81,7 @@ def test_greedy_answers_through_continuous_batching_are_the_static_path_s(decode
         assert text == predicted(decoder_runs / run, "--input", QUESTIONS[0], "--max-new-tokens", "24")[0]["text"]
 
 
+@pytest.mark.slow
 def test_a_bf16_run_answers_through_continuous_batching_as_the_static_path_does(decoder_runs):
     """One request at a time, the same greedy tokens. (Concurrent rows are exact in fp32 only: in bf16 the attention
     over a packed batch sums in another order, so a near tie may break otherwise, as the static path's own padding
@@ -95,6 +97,7 @@ def test_a_bf16_run_answers_through_continuous_batching_as_the_static_path_does(
     assert all(a["choices"][0]["finish_reason"] in ("stop", "length") for a in together)
 
 
+@pytest.mark.slow
 def test_a_lone_request_does_not_wait_out_max_wait(decoder_runs):
     """With a 30 s window, a request on a quiet server (greedy through continuous batching, sampled through a static
     batch, one after the other) is answered in much less."""
@@ -110,6 +113,7 @@ def test_a_lone_request_does_not_wait_out_max_wait(decoder_runs):
     assert texts[0] and texts[0] == texts[1], "a sampled answer is seeded, so the same each time"
 
 
+@pytest.mark.slow
 def test_sampled_answers_stay_seeded_while_continuous_batching_writes_others(decoder_runs):
     with serving([("chat", decoder_runs / "chat1")]) as (url, _, batcher):
         alone = chat(url, "chat", QUESTIONS[1], max_tokens=16, temperature=1.0)["choices"][0]
@@ -122,6 +126,7 @@ def test_sampled_answers_stay_seeded_while_continuous_batching_writes_others(dec
         assert batcher.answered_continuously == len(greedy)
 
 
+@pytest.mark.slow
 def test_adapters_of_one_base_are_still_mixed_in_one_batch_as_predict_answers(decoder_runs):
     pairs = [("first", decoder_runs / "chat1"), ("second", decoder_runs / "chat2")]
     requests = [(name, q) for q in QUESTIONS[:4] for name, _ in pairs]  # (interleaved: any batch of two mixes)
@@ -136,6 +141,7 @@ def test_adapters_of_one_base_are_still_mixed_in_one_batch_as_predict_answers(de
     assert answers[0]["choices"] != answers[1]["choices"], "each adapter answers with its own weights"
 
 
+@pytest.mark.slow
 def test_streaming_stop_strings_and_max_tokens_through_continuous_batching(decoder_runs):
     question = QUESTIONS[0]
     with serving([("chat", decoder_runs / "chat1")]) as (url, _, batcher):
@@ -162,6 +168,7 @@ def test_streaming_stop_strings_and_max_tokens_through_continuous_batching(decod
             assert len(pieces) > 1, "the answer came in pieces as it was written"
 
 
+@pytest.mark.slow
 def test_prompts_that_begin_alike_share_their_first_pages_and_answer_as_the_static_path_does(decoder_runs):
     """The pages of a beginning several prompts share (a system prompt, an instruction) are prefilled once: later
     requests start past it. What each request skipped is read where transformers' scheduler asks the cache."""

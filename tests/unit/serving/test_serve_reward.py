@@ -11,6 +11,7 @@ from tests.helpers.serving import QUICK, predicted, serving
 pytest.importorskip("fastapi")
 
 
+@pytest.mark.slow
 def test_a_reward_run_scores_answers_as_predict_does_and_refuses_chat(tmp_path):
     import httpx
 

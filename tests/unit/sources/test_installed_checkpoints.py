@@ -59,6 +59,7 @@ def test_a_missing_package_is_named_with_its_install_command(monkeypatch, tmp_pa
     assert not (tmp_path / "run" / "adapter").exists()
 
 
+@pytest.mark.slow
 def test_doctor_lists_each_installed_checkpoint_with_its_package_or_its_install_command(monkeypatch):
     not_installed(monkeypatch, installed.MINILM)
     out = run_cli("doctor").output

@@ -41,6 +41,7 @@ def same_weights(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(bool((a[k] == b[k]).all()) for k in a)
 
 
+@pytest.mark.slow
 def test_eval_every_n_steps_logs_the_task_metrics_to_the_log_history(tmp_path):
     run = tmp_path / "run"
     train_recipe(ENCODER, run, *TINY, "eval.every=3")
@@ -66,6 +67,7 @@ def test_eval_every_epoch_on_a_perplexity_task_logs_perplexity(tmp_path):
     assert during[9]["eval_loss"] == pytest.approx(final["eval_loss"], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_eval_during_training_of_a_generation_task_scores_generated_text(tmp_path):
     run = tmp_path / "run"
     train_recipe(RECIPES / "seq2seq-translation-t5.yaml", run, *TINY, "eval.every=epoch",
@@ -75,6 +77,7 @@ def test_eval_during_training_of_a_generation_task_scores_generated_text(tmp_pat
     assert all("eval_bleu" in row and "eval_chrf" in row for row in during.values())
 
 
+@pytest.mark.slow
 def test_early_stopping_stops_before_the_last_epoch(tmp_path):
     # No change can beat a threshold of 1 on accuracy: the second eval counts as no improvement and,
     # with patience 1, stops training there.
@@ -87,6 +90,7 @@ def test_early_stopping_stops_before_the_last_epoch(tmp_path):
     assert (run / "adapter").is_dir()
 
 
+@pytest.mark.slow
 def test_keep_best_keeps_the_best_checkpoint_and_its_weights(tmp_path):
     run = tmp_path / "run"
     train_recipe(ENCODER, run, *TINY, "eval.every=1", "eval.keep_best=true", "training.keep_last=1")

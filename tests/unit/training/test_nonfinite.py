@@ -24,6 +24,7 @@ def _log(run):
     return [json.loads(line) for line in (run / "log_history.jsonl").read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_exploding_learning_rate_stops_naming_the_step_and_the_last_good_checkpoint(tmp_path):
     from safetensors.torch import load_file
 
@@ -155,6 +156,7 @@ def test_a_skipped_update_leaves_weights_and_optimizer_state_untouched(tmp_path)
     assert len(losses) == 6 and all(math.isfinite(x) for x in losses), "later losses are not poisoned by the NaN"
 
 
+@pytest.mark.slow
 def test_a_crafted_nan_batch_stops_training_by_default(tmp_path):
     from hftoolkit.training.nonfinite import NonFiniteError
 

@@ -85,6 +85,7 @@ def trained(tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 def test_training_ranks_held_out_pairs_better_than_the_untrained_model(trained):
     base = json.loads(run_cli("eval", REWARD, *sets(*WHOLE), "--json").stdout)["eval"]
     metrics = json.loads((trained / "metrics.json").read_text())
@@ -147,6 +148,7 @@ def test_a_run_of_another_task_is_refused_in_one_line(tmp_path):
     assert "\n" not in str(refused.value)
 
 
+@pytest.mark.slow
 def test_a_decoder_learns_the_pairs_as_one_sequence_read_at_its_last_token(tmp_path):
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.job.resolve import resolve_job
@@ -186,6 +188,7 @@ def conversations(path, rows: list[dict], separate_prompt: bool = False):
     return path
 
 
+@pytest.mark.slow
 def test_conversation_pairs_with_margins_train_and_score_in_the_chat_layout(tmp_path):
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.sources.builtin import preferences

@@ -124,6 +124,7 @@ def test_a_rate_file_cut_short_or_run_together_is_measured_again_not_fatal():
         assert list(rates) == [next(k for k in rates if k.endswith("-fp32-64x16x32"))]
 
 
+@pytest.mark.slow
 def test_the_element_wise_pace_is_measured_once_per_host_and_leaves_a_run_s_random_draws_as_they_were():
     """The plan measures it before a run draws anything: its dropout must not move the run's generator."""
     import torch

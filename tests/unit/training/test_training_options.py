@@ -143,6 +143,7 @@ def test_cpu_bf16_features_are_amx_or_avx512_bf16_as_torch_reports_them(monkeypa
     assert resolve_precision("auto", "bert") == ("bf16" if features else "fp32")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("features, precision", [(["avx512_bf16"], "bf16"), ([], "fp32")])
 def test_a_run_records_the_precision_auto_picked_and_the_cpu_features_behind_it(monkeypatch, tmp_path, features,
                                                                                precision):
@@ -200,6 +201,7 @@ def test_auto_under_deepspeed_on_cpu_processes_picks_fp32_and_says_why(monkeypat
     assert zero3.problems(recipe_with("training.precision=bf16"))  # named, not auto: refused in one line
 
 
+@pytest.mark.slow
 def test_plan_rows_carry_each_strategys_precision(monkeypatch, tmp_path):
     """plan shows every strategy at once: each row is planned in the precision auto picks for it."""
     import torch
@@ -218,6 +220,7 @@ def test_plan_rows_carry_each_strategys_precision(monkeypatch, tmp_path):
         assert precisions["zero3"] == precisions["zero2"] == "fp32"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe_path", [ENCODER, RECIPES / "seq2seq-translation-t5.yaml"])
 def test_bf16_on_a_cpu_casts_frozen_weights_once_and_trains_the_same_numbers(tmp_path, recipe_path):
     """A LoRA run's frozen linear weights are held in bf16 while it trains under bf16 autocast on a CPU (what autocast
