@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 import uuid
 from pathlib import Path
 
@@ -76,6 +77,7 @@ def tree(process: subprocess.Popen) -> list[psutil.Process]:
         return []
 
 
+@pytest.mark.slow
 def test_a_hopeless_trial_is_pruned_at_its_first_eval_kept_and_said_pruned(tmp_path):
     """Two trials enqueued in order: a learning rate too small to move the loss, then one so large that the loss
     jumps; the median pruner (after one trial) stops the second at its first eval, on the eval loss."""
@@ -180,8 +182,13 @@ def test_two_machines_share_one_postgres_study_and_a_killed_worker_s_trial_resum
     folder = tmp_path / "encoder-classification"
     assert manifest(folder / retry.user_attrs["run"])["resumed_from"].endswith("checkpoint-2")
     assert sorted(p.name for p in folder.glob("trial-*")) == sorted(runs)
+    password = urllib.parse.urlsplit(POSTGRES).password.encode()  # (.ci/postgres sets one)
+    holding = [str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file() and password in p.read_bytes()]
+    assert holding == [], f"files that hold the study's password: {holding}"
+    assert b"hftoolkit:***@" in (folder / retry.user_attrs["run"] / "manifest.json").read_bytes()
 
 
+@pytest.mark.slow
 def test_a_grid_sweep_never_imports_optuna(tmp_path):
     """The grid path works where hftoolkit[search] is not installed: Optuna made unimportable in the process."""
     code = ("import sys; sys.modules['optuna'] = None; sys.argv = ['hftoolkit', *sys.argv[1:]]; "
