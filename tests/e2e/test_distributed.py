@@ -19,11 +19,14 @@ import pytest
 
 from tests.helpers import RECIPES, run_cli, train_recipe
 from tests.helpers.launches import (
+    ENCODER_DDP_SETS,
+    ENCODER_DDP_STEPS,
     LOSS_RTOL,
     REWARD_NOISY_SHARE,
     SAME_BATCHES,
     assert_complete_run,
     assert_same_training,
+    encoder_on_two_processes,
     run_bounded,
 )
 
@@ -39,38 +42,35 @@ def read_json_lines(path: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
-def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, no_dropout):
-    sets = (f"model.checkpoint={no_dropout['bert']}", *SAME_BATCHES,
-            # 21 eval examples in per-process batches of 8: the last step is padded with repeated examples.
-            "data.max_eval_samples=21", "eval.batch_size=8")
+def test_encoder_on_two_processes_trains_and_scores_as_on_one(tmp_path, tmp_path_factory, no_dropout):
+    """`hftoolkit train --num-processes 2` (the run tests/e2e/test_kills.py's DDP chain resumes to: 6 steps, 21 eval
+    examples in per-process batches of 8, the last eval step padded with repeated examples) against one process."""
+    sets = (f"model.checkpoint={no_dropout['bert']}", *ENCODER_DDP_SETS)
     started = time.perf_counter()
     train_recipe(ENCODER, tmp_path / "one", *sets)
     one_s = time.perf_counter() - started
-    args = ["train", ENCODER, "--output", tmp_path / "two", "--num-processes", "2"]
-    overrides = [a for s in sets for a in ("--set", s)]
-    rc, output, two_s = run_bounded([sys.executable, "-m", "hftoolkit", *args, *overrides])
-    assert rc == 0, output[-4000:]
+    run_two, output = encoder_on_two_processes(tmp_path_factory, no_dropout["bert"])
     assert output.count("run directory:") == 1, "the metrics table is printed by the main process only"
-    assert_complete_run(tmp_path / "two", "--num-processes 2")
-    figures = assert_same_training(tmp_path / "one", tmp_path / "two")
-    ran = [json.loads((tmp_path / run / "manifest.json").read_text())["distributed"] for run in ("one", "two")]
-    precision = json.loads((tmp_path / "two" / "metrics.json").read_text())["precision"]
+    assert_complete_run(run_two, "--num-processes 2")
+    figures = assert_same_training(tmp_path / "one", run_two, steps=ENCODER_DDP_STEPS)
+    ran = [json.loads((run / "manifest.json").read_text())["distributed"] for run in (tmp_path / "one", run_two)]
+    precision = json.loads((run_two / "metrics.json").read_text())["precision"]
     assert ran[0] == {"type": "NO", "processes": 1, "machines": 1, "sharding": None, "precision": precision,
                       "devices": ["cpu"]}
     assert ran[1] == {"type": "MULTI_CPU", "processes": 2, "machines": 1, "sharding": None, "precision": precision,
                       "devices": ["cpu:0", "cpu:0"]}
 
     eval_one = json.loads((tmp_path / "one" / "metrics.json").read_text())["eval"]
-    eval_two = json.loads((tmp_path / "two" / "metrics.json").read_text())["eval"]
+    eval_two = json.loads((run_two / "metrics.json").read_text())["eval"]
     assert eval_one.keys() == eval_two.keys()
     for key in eval_one:  # accuracy & co. count examples: a repeated or lost one would change them
         assert eval_two[key] == pytest.approx(eval_one[key], rel=LOSS_RTOL, abs=1e-9), key
     # Predictions are shared out over the processes and gathered back: every eval example once, in order.
-    one, two = (read_json_lines(tmp_path / run / "predictions.jsonl") for run in ("one", "two"))
+    one, two = (read_json_lines(run / "predictions.jsonl") for run in (tmp_path / "one", run_two))
     assert len(two) == 21
     assert [(p["input"], p["label"]) for p in two] == [(p["input"], p["label"]) for p in one]
     assert [p["probability"] for p in two] == pytest.approx([p["probability"] for p in one], abs=1e-4)
-    print(f"encoder: 1 process {one_s:.0f} s, 2 processes {two_s:.0f} s, {figures}")
+    print(f"encoder: 1 process {one_s:.0f} s, {figures}")
 
 
 @pytest.mark.slow
@@ -100,25 +100,35 @@ def test_seq2seq_under_accelerate_launch_trains_and_scores_as_on_one(tmp_path, n
     print(f"seq2seq: 1 process {one_s:.0f} s, 2 processes {two_s:.0f} s, {figures}")
 
 
+DPO_SETS = (*SAME_BATCHES, "data.max_eval_samples=32", "eval.batch_size=8", "eval.max_predictions=2",
+            "eval.generation.max_new_tokens=2")
+
+
+@pytest.fixture(scope="module")
+def dpo_on_one_process(tmp_path_factory):
+    """The DPO recipe on one process, which both launches below are held to."""
+    run = tmp_path_factory.mktemp("dpo") / "one"
+    train_recipe(PREFERENCE, run, *DPO_SETS)
+    return run
+
+
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 @pytest.mark.parametrize("spread", [["--num-processes", "2"],
-                                    ["--accelerate-config", str(RECIPES / "accelerate" / "fsdp.yaml")],
                                     ["--accelerate-config", str(RECIPES / "accelerate" / "deepspeed-zero3.yaml")]],
-                         ids=["ddp", "fsdp", "zero3"])
-def test_preference_on_two_processes_trains_and_scores_as_on_one(tmp_path, spread):
-    """TRL's DPO trainer under each strategy: the same per-step losses, weights and held-out rewards as one process
-    (32 eval pairs in per-process batches of 8: no pair repeated to fill a batch)."""
-    sets = (*SAME_BATCHES, "data.max_eval_samples=32", "eval.batch_size=8", "eval.max_predictions=2",
-            "eval.generation.max_new_tokens=2")
-    train_recipe(PREFERENCE, tmp_path / "one", *sets)
-    overrides = [a for s in sets for a in ("--set", s)]
+                         ids=["ddp", "zero3"])
+def test_preference_on_two_processes_trains_and_scores_as_on_one(tmp_path, dpo_on_one_process, spread):
+    """TRL's DPO trainer under DDP, and under ZeRO-3, whose reference log-probabilities come from partitioned
+    weights: the same per-step losses, weights and held-out rewards as one process (32 eval pairs in per-process
+    batches of 8: no pair repeated to fill a batch). TRL under FSDP: ORPO, below."""
+    overrides = [a for s in DPO_SETS for a in ("--set", s)]
     rc, output, _ = run_bounded([sys.executable, "-m", "hftoolkit", "train", PREFERENCE, "--output",
                                  tmp_path / "two", *spread, *overrides])
     assert rc == 0, output[-4000:]
     assert_complete_run(tmp_path / "two", spread[0])
-    assert_same_training(tmp_path / "one", tmp_path / "two")
-    eval_one, eval_two = (json.loads((tmp_path / run / "metrics.json").read_text())["eval"] for run in ("one", "two"))
+    assert_same_training(dpo_on_one_process, tmp_path / "two")
+    eval_one, eval_two = (json.loads((run / "metrics.json").read_text())["eval"]
+                          for run in (dpo_on_one_process, tmp_path / "two"))
     for key in ("loss", "reward_accuracy", "reward_margin", "logps_chosen", "logps_rejected"):
         assert eval_two[key] == pytest.approx(eval_one[key], rel=LOSS_RTOL, abs=1e-6), key
 
@@ -126,14 +136,14 @@ def test_preference_on_two_processes_trains_and_scores_as_on_one(tmp_path, sprea
 @pytest.mark.slow
 @pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
 @pytest.mark.parametrize(("method", "spread"), [
-    ("orpo", ["--num-processes", "2"]), ("kto", ["--num-processes", "2"]),
     ("orpo", ["--accelerate-config", str(RECIPES / "accelerate" / "fsdp.yaml")]),
     ("kto", ["--accelerate-config", str(RECIPES / "accelerate" / "deepspeed-zero3.yaml")])],
-    ids=["orpo-ddp", "kto-ddp", "orpo-fsdp", "kto-zero3"])
+    ids=["orpo-fsdp", "kto-zero3"])
 def test_orpo_and_kto_on_two_processes_train_as_on_one(tmp_path, method, spread):
     """ORPO's NLL is a mean over the chosen tokens of all processes' batches, and KTO's KL answers are drawn from
-    the batch of all processes: the same per-step losses and weights as one process. (Their eval metrics are means
-    of per-step means, and the steps group the eval set differently, so they are not compared.)"""
+    the batch of all processes: the same per-step losses and weights as one process, each under the sharding it
+    shares least with DPO's cases above. (Their eval metrics are means of per-step means, and the steps group the
+    eval set differently, so they are not compared.)"""
     sets = (*SAME_BATCHES, "data.max_eval_samples=16", "eval.max_predictions=0", f"preference.method={method}")
     train_recipe(PREFERENCE, tmp_path / "one", *sets)
     rc, output, _ = run_bounded([sys.executable, "-m", "hftoolkit", "train", PREFERENCE, "--output",
@@ -143,17 +153,8 @@ def test_orpo_and_kto_on_two_processes_train_as_on_one(tmp_path, method, spread)
     assert_same_training(tmp_path / "one", tmp_path / "two")
 
 
-@pytest.mark.slow
-@pytest.mark.xdist_group("processes")  # several processes each: one such test at a time on a 2-core machine
-def test_a_process_that_fails_ends_the_run_instead_of_hanging(tmp_path):
-    """Bad input found on the main process (inside main_process_first, where the other process waits)."""
-    missing = tmp_path / "missing.csv"
-    rc, output, seconds = run_bounded([sys.executable, "-m", "hftoolkit", "train", ENCODER, "--output",
-                                       tmp_path / "run", "--num-processes", "2", "--set", f"data.train={missing}"])
-    assert rc != 0
-    assert f"data file {missing} not found" in output
-    assert not (tmp_path / "run").exists(), "bad input found before training leaves no run directory"
-    print(f"failing 2-process run ended in {seconds:.0f} s")
+# A process that fails (bad input on the main process, inside main_process_first, where the other one waits) ends
+# the run instead of hanging: tests/e2e/test_kills.py, with the one-error check of what the processes find.
 
 
 # ---------------------------------------------------------------- refused before anything starts

@@ -1,11 +1,14 @@
 """FSDP2 executed on CPU processes (gloo), through the path a GPU run takes: Trainer -> accelerate -> fully_shard.
 
 For LoRA and for full fine-tuning, one session-scoped set of runs serves every assertion:
-- `one`: the recipe on 1 process (in-process), the reference;
+- `one`: the recipe on 1 process (in-process), the reference (the same runs tests/e2e/test_zero.py holds its runs to:
+  tests/helpers/launches.py's sharded_sets and encoder_on_one_process);
 - `fsdp`: `train --accelerate-config recipes/accelerate/fsdp.yaml` on 2 processes, a checkpoint every 2 of 4 steps;
-- `killed`: the same through the kill chain (tests/helpers/kills.py): SIGKILL of the launcher's group, of the top
-  process and of one training process, after checkpoints 1, 2 and 3, each followed by `train --resume` on 2 processes.
-The killed run starts first and waits at its first pause (asleep) while `fsdp` runs, so the two launches overlap.
+- `killed` (full fine-tuning only: every weight and both of Adam's moments for it sharded, the most a sharded
+  checkpoint holds; a LoRA run's checkpoint is written and read by the same accelerate calls): the same through the
+  kill chain (tests/helpers/kills.py), one training process SIGKILLed after checkpoint 1, then `train --resume` on
+  2 processes (every other interruption: tests/e2e/test_kills.py, under DDP). It starts first and waits at its first
+  pause (asleep) while `fsdp` runs.
 
 Tolerances: 1 vs 2 processes sum float32 in another order, so per-step losses and final weights are held to
 tests/helpers/launches.py's derived bounds (LOSS_RTOL, Adam's 2 x lr x steps, NOISY_SHARE); a resumed run
@@ -21,13 +24,15 @@ import sys
 import pytest
 
 from tests.helpers import RECIPES, run_cli, train_recipe
-from tests.helpers.kills import KILLS, assert_same_run, kill_chain
+from tests.helpers.kills import assert_same_run, kill_chain
 from tests.helpers.launches import (
     LOSS_RTOL,
     NOISY_SHARE,
     SAME_BATCHES,
     STEPS,
+    encoder_on_one_process,
     run_bounded,
+    sharded_sets,
     step_losses,
 )
 
@@ -35,7 +40,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 FSDP = RECIPES / "accelerate" / "fsdp.yaml"
-MODES = {"lora": (), "full": ("lora.enabled=false",)}
+MODES = {"lora": True, "full": False}  # mode -> lora.enabled
 
 
 def _weights(run):
@@ -49,24 +54,42 @@ def _argv(sets) -> list[str]:
     return [a for s in sets for a in ("--set", s)]
 
 
-@pytest.fixture(scope="session", params=list(MODES))
-def runs(request, tmp_path_factory, no_dropout):
-    """mode -> {"one", "fsdp", "killed"} run directories, as the module docstring describes."""
-    root = tmp_path_factory.mktemp(f"fsdp-{request.param}")
-    sets = (f"model.checkpoint={no_dropout['bert']}", *SAME_BATCHES, *MODES[request.param],
-            "data.max_eval_samples=16", "eval.max_predictions=4", "training.save_steps=2")
+def _train(mode: str, tmp_path_factory, checkpoint) -> dict:
+    """{"mode", "one", "fsdp", and for full fine-tuning "killed"} run directories, as the module docstring says."""
+    root = tmp_path_factory.mktemp(f"fsdp-{mode}")
+    sets = sharded_sets(checkpoint, MODES[mode])
     launch = [sys.executable, "-m", "hftoolkit", "train", ENCODER, "--accelerate-config", FSDP, *_argv(sets)]
+    trained = {"mode": mode, "fsdp": root / "fsdp"}
 
     def uninterrupted():
         rc, output, _ = run_bounded([*launch, "--output", root / "fsdp"])
         assert rc == 0, output[-4000:]
         assert output.count("run directory:") == 1, "the results are printed by the main process only"
-        train_recipe(ENCODER, root / "one", *sets)
+        trained["one"] = encoder_on_one_process(tmp_path_factory, sets)  # (tests/e2e/test_zero.py's reference too)
 
-    killed = root / "killed"  # a checkpoint at every step, for one interruption after each
+    if mode != "full":
+        uninterrupted()
+        return trained
+    killed = root / "killed"  # a checkpoint at every step
     chain_args = [str(ENCODER), *_argv((*sets, "training.save_steps=1"))]
-    kill_chain(root, chain_args, killed, list(KILLS), ("--accelerate-config", str(FSDP)), reference=uninterrupted)
-    return {"mode": request.param, "one": root / "one", "fsdp": root / "fsdp", "killed": killed}
+    kill_chain(root, chain_args, killed, ["one-worker"], ("--accelerate-config", str(FSDP)), reference=uninterrupted)
+    return {**trained, "killed": killed}
+
+
+@pytest.fixture(scope="session")
+def lora_runs(tmp_path_factory, no_dropout):
+    return _train("lora", tmp_path_factory, no_dropout["bert"])
+
+
+@pytest.fixture(scope="session")
+def full_runs(tmp_path_factory, no_dropout):
+    return _train("full", tmp_path_factory, no_dropout["bert"])
+
+
+@pytest.fixture(scope="session", params=list(MODES))
+def runs(request):
+    """mode -> its runs (lora_runs or full_runs)."""
+    return request.getfixturevalue(f"{request.param}_runs")
 
 
 def test_fsdp_shards_every_parameter_over_both_processes(runs):
@@ -124,10 +147,10 @@ def test_saved_weights_are_the_gathered_state(runs):
         assert tensor.shape == gathered[name].shape and torch.equal(tensor, gathered[name]), name
 
 
-def test_killed_every_way_and_resumed_fsdp_run_ends_as_the_uninterrupted_one(runs):
-    """tests/e2e/test_kills.py's chain: the launcher's group, the top process and one training process SIGKILLed
-    after checkpoints 1, 2 and 3 in turn, each followed by --resume."""
-    assert_same_run(runs["killed"], runs["fsdp"])
+def test_killed_and_resumed_fsdp_run_ends_as_the_uninterrupted_one(full_runs):
+    """One training process SIGKILLed after checkpoint 1, then --resume from the sharded checkpoint: the run ends as
+    the uninterrupted one, to the bit."""
+    assert_same_run(full_runs["killed"], full_runs["fsdp"])
 
 
 def test_merge_folds_the_fsdp_adapter(runs, tmp_path):

@@ -4,6 +4,15 @@ Each "machine" runs one process of two (--num-processes counts all machines' pro
 one --output for both; machines without a shared file system are one --output each with
 training.save_on_each_node. Killing a machine kills its whole process tree (launcher, torchrun's agent, the
 training process), as losing the machine would.
+
+One full fine-tuning recipe serves every launched run (a checkpoint each step; only the --output layout differs):
+- `uninterrupted`: two machines sharing the run directory, compared with `one`, the same recipe on one process;
+- `killed`: the same, through tests/helpers/kills.py's chain: machine 0's training process SIGKILLed after checkpoint
+  1, so that machine 1 must notice and end too, then --resume on both (every other interruption: tests/e2e/
+  test_kills.py, under DDP); `uninterrupted` trains while the chain's first run sleeps at its pause, and `killed`
+  ends as it did, to the bit;
+- machines with a folder each: machine 1 lost after checkpoint 2, machine 0 stopping in one line, then --resume on
+  both; the runs end as `uninterrupted` did, to the bit (where each machine keeps its copy changes no step).
 """
 
 from __future__ import annotations
@@ -17,15 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import RECIPES, run_cli, train_recipe
-from tests.helpers.launches import (
-    SAME_BATCHES,
-    STEPS,
-    assert_complete_run,
-    assert_same_training,
-    free_port,
-    step_losses,
-)
+from tests.helpers import RECIPES, kills, run_cli, train_recipe
+from tests.helpers.launches import SAME_BATCHES, STEPS, free_port, step_losses
 from tests.helpers.processes import kill_tree, start_in_group
 
 ENCODER = RECIPES / "encoder-classification.yaml"
@@ -35,25 +37,34 @@ BOUND_S = 240  # per pair of launched machines; a loaded 2-core machine takes ~3
 # exit, torchrun's teardown included. The bound leaves room for a loaded machine, and none for a hang.
 STOP_BOUND_S = 30
 LOST_PEER = "another process of the run ended, so this one cannot go on"
-SETS = (*SAME_BATCHES, "training.save_steps=2", "data.max_eval_samples=16", "eval.batch_size=8")
+# Full fine-tuning: each machine writing its own copy of the weights is patches/transformers_5.py's.
+SETS = (*SAME_BATCHES, "lora.enabled=false", "training.learning_rate=1e-3", "training.save_steps=1",
+        "data.max_eval_samples=16", "eval.batch_size=8")
 
 pytestmark = pytest.mark.xdist_group("processes")  # several processes each: one worker runs them all
 
 
-@pytest.fixture(scope="session")
-def bert_no_dropout(tiny_cache, tmp_path_factory):
-    """The tiny BERT with every dropout at 0: each process draws its own masks, so with dropout on, one and two
-    processes would differ by design (as conftest.py's no_dropout says)."""
-    import shutil
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, no_dropout):
+    """The runs of the recipe on two machines sharing the run directory, and on one process, as the module
+    docstring says: {"sets", "one", "uninterrupted", "killed", "logs" (each machine's log of `uninterrupted`),
+    "seconds" (from the kill until no process of either machine was left)}."""
+    root = tmp_path_factory.mktemp("two-machines")
+    sets = (f"model.checkpoint={no_dropout['bert']}", *SETS)
+    args = [str(ENCODER), *kills.sets_args(*sets)]
+    started = {}
 
-    from hftoolkit.sources.tiny import ensure_tiny
+    def uninterrupted():
+        started["at"] = time.perf_counter()
+        codes = kills.finish(kills.launch(root, "uninterrupted", [*args, "--output", str(root / "uninterrupted")], 2))
+        assert codes == [0, 0], (root / "uninterrupted-machine0.log").read_text()[-3000:]
+        started["seconds"] = time.perf_counter() - started["at"]
+        train_recipe(ENCODER, root / "one", *sets)
 
-    target = tmp_path_factory.mktemp("no-dropout") / "bert"
-    shutil.copytree(ensure_tiny("bert"), target)
-    config = json.loads((target / "config.json").read_text())
-    config.update({k: 0.0 for k, v in config.items() if "dropout" in k and isinstance(v, float)})
-    (target / "config.json").write_text(json.dumps(config))
-    return target
+    seconds = kills.kill_chain(root, args, root / "killed", ["one-worker"], machines=2, reference=uninterrupted)
+    print(f"two machines, one shared folder: {started['seconds']:.0f} s uninterrupted")
+    return {"sets": sets, "one": root / "one", "uninterrupted": root / "uninterrupted", "killed": root / "killed",
+            "logs": [root / f"uninterrupted-machine{rank}.log" for rank in (0, 1)], "seconds": seconds}
 
 
 def start_machines(outputs: tuple[Path, Path], sets: tuple[str, ...], *extra: str,
@@ -119,56 +130,90 @@ def machines_record(run: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_two_machines_sharing_the_run_directory_train_as_one_process(tmp_path, bert_no_dropout):
-    sets = (f"model.checkpoint={bert_no_dropout}", *SETS)
-    train_recipe(ENCODER, tmp_path / "one", *sets)
-    started = time.perf_counter()
-    outputs = train_two_machines((tmp_path / "two", tmp_path / "two"), sets)
-    two_s = time.perf_counter() - started
+def test_two_machines_sharing_the_run_directory_train_as_one_process(shared):
+    run = shared["uninterrupted"]
+    outputs = [log.read_text(errors="replace") for log in shared["logs"]]
     assert "run directory:" in outputs[0] and "run directory:" not in outputs[1]  # machine 0 reports the run
-    assert_complete_run(tmp_path / "two", "--machine-rank")
-    no_staging_left(tmp_path / "two")
-    committed = sorted(p.name for p in (tmp_path / "two" / "checkpoints").iterdir())
-    assert committed == ["checkpoint-2", "checkpoint-4"]
+    assert_complete_copy(run)
+    assert "--machine-rank" in json.loads((run / "manifest.json").read_text())["command"]  # the command typed
+    no_staging_left(run)
+    committed = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert committed == [f"checkpoint-{STEPS - 1}", f"checkpoint-{STEPS}"]  # (training.keep_last: 2)
     for checkpoint in committed:  # machine 1's RNG state is committed with machine 0's files
-        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (tmp_path / "two" / "checkpoints" /
+        assert {"rng_state_0.pth", "rng_state_1.pth"} <= {p.name for p in (run / "checkpoints" /
                                                                           checkpoint).iterdir()}
-    ran = machines_record(tmp_path / "two")
+    ran = machines_record(run)
     assert (ran["type"], ran["processes"], ran["machines"]) == ("MULTI_CPU", 2, 2)
-    figures = assert_same_training(tmp_path / "one", tmp_path / "two")
-    print(f"two machines, one shared folder: {two_s:.0f} s, {figures}")
+    same_as_one_process(shared["one"], run)
+
+
+@pytest.mark.slow
+def test_two_machines_a_killed_training_process_stops_both_and_resumes_to_the_uninterrupted_run(shared):
+    """Machine 0's training process (the writer's) SIGKILLed after checkpoint 1: machine 1, waiting on it, ended
+    too, within kills.GONE_WITHIN_S, every checkpoint left complete, `runs` never saying "running" (checked in the
+    chain); --resume on both machines then ends as the uninterrupted run, to the bit."""
+    kills.assert_same_run(shared["killed"], shared["uninterrupted"])
+    print(f"two machines: seconds until no process was left: {shared['seconds']}")
 
 
 @pytest.mark.slow
 def test_a_run_directory_that_a_machine_cannot_see_is_refused(tmp_path):
-    """One --output per machine without training.save_on_each_node: machine 1 would never commit a checkpoint."""
-    sets = ("training.max_steps=1",)
-    results = finish(start_machines((tmp_path / "zero", tmp_path / "one"), sets))
+    """One --output per machine without training.save_on_each_node: machine 1 would never commit a checkpoint. The
+    check is a collective call that both machines make: both end, with the refusal, and leave no run directory.
+    (Which layouts it refuses: the test after this one, in one process.)"""
+    results = finish(start_machines((tmp_path / "zero", tmp_path / "one"), ("training.max_steps=1",)))
     for code, output in results:
         assert code != 0
         assert "machine 1 cannot see the run directory" in output and "training.save_on_each_node: true" in output
     assert not (tmp_path / "zero").exists() and not (tmp_path / "one").exists()
-    # With one copy per machine, one folder for both is refused instead: each would write the same files.
-    results = finish(start_machines((tmp_path / "both", tmp_path / "both"), (*sets, "training.save_on_each_node=true")))
-    for code, output in results:
-        assert code != 0 and "machine 1 shares the run directory" in output, output[-3000:]
+
+
+@pytest.mark.parametrize("layout, each_node, refused", [
+    ("a folder each", False, "--output: machine 1 cannot see the run directory"),
+    ("a folder each", True, None),
+    ("one shared folder", True, "training.save_on_each_node: machine 1 shares the run directory"),
+    ("one shared folder", False, None)])
+def test_the_run_directory_check_refuses_the_layouts_the_machines_would_write_wrongly(tmp_path, monkeypatch, layout,
+                                                                                     each_node, refused):
+    """multi_machine.check_run_directory as machine 0 runs it, machine 1's part of the collective played: machine 0
+    makes a file of a random name in its --output (broadcast), machine 1 says whether its own --output shows it
+    (gathered). One folder each needs training.save_on_each_node; one shared folder refuses it."""
+    from types import SimpleNamespace
+
+    import accelerate
+    import accelerate.utils
+
+    from hftoolkit.base.errors import UserError
+    from hftoolkit.training.multi_machine import check_run_directory
+    from hftoolkit.training.strategies import LaunchPlan
+
+    mine = tmp_path / "zero"
+    theirs = mine if layout == "one shared folder" else tmp_path / "one"
+    mine.mkdir()
+    theirs.mkdir(exist_ok=True)
+    probe = []
+    for variable in ("RANK", "GROUP_RANK"):  # (this process: machine 0's)
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(accelerate, "PartialState",
+                        lambda: SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None))
+    monkeypatch.setattr(accelerate.utils, "broadcast_object_list", lambda names: probe.extend(names) or names)
+    monkeypatch.setattr(accelerate.utils, "gather_object", lambda seen: [*seen, (1, (theirs / probe[0]).exists())])
+    plan = LaunchPlan(num_processes=2, num_machines=2)
+    if refused:
+        with pytest.raises(UserError, match=refused):
+            check_run_directory(mine, each_node, plan)
+    else:
+        check_run_directory(mine, each_node, plan)
+    assert probe and not list(mine.iterdir()), "the probe file is gone"
 
 
 @pytest.mark.slow
 def test_full_fine_tuning_on_machines_with_a_folder_each_survives_a_killed_machine_and_resumes_exactly(
-        tmp_path, bert_no_dropout):
-    sets = (f"model.checkpoint={bert_no_dropout}", *SETS, "lora.enabled=false", "training.learning_rate=1e-3",
-            "training.save_on_each_node=true")
-    train_recipe(ENCODER, tmp_path / "one", *sets)
-    whole = (tmp_path / "whole-0", tmp_path / "whole-1")
-    train_two_machines(whole, sets)
-    for run in whole:  # each machine's own complete copy
-        assert_complete_copy(run)
-    no_staging_left(*whole)
-    assert step_losses(whole[0]) == step_losses(whole[1])
-    same_as_one_process(tmp_path / "one", whole[0])
-
-    # Machine 1 stops (a test hook) once its checkpoint 2 is committed, and is killed there.
+        tmp_path, shared):
+    """Machine 1 stops (a test hook) once its checkpoint 2 is committed, and is killed there with its whole tree:
+    machine 0 ends in one line that says to resume on every machine; --resume on both then completes each
+    machine's own copy, equal to the bit to the uninterrupted run of a shared folder."""
+    sets = (*shared["sets"], "training.save_on_each_node=true")
     runs = (tmp_path / "run-0", tmp_path / "run-1")
     machines = start_machines(runs, sets, env=({}, {"HFTOOLKIT_TEST_PAUSE_AFTER_SAVE": "2"}))
     deadline = time.monotonic() + BOUND_S
@@ -183,16 +228,16 @@ def test_full_fine_tuning_on_machines_with_a_folder_each_survives_a_killed_machi
     assert code != 0 and LOST_PEER in output and "--resume on every machine" in output, output[-3000:]
     assert json.loads((runs[0] / "manifest.json").read_text())["status"] == "failed"
     for run in runs:
-        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-2"]
+        assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["checkpoint-1", "checkpoint-2"]
 
     train_two_machines(runs, sets, "--resume")
     no_staging_left(*runs)
-    for run in runs:
+    for run in runs:  # each machine's own complete copy
         assert_complete_copy(run)
-    reference = model_weights(whole[0])
+    reference = model_weights(shared["uninterrupted"])
     for run in runs:  # the same steps as the uninterrupted run, to the bit
         assert json.loads((run / "manifest.json").read_text())["resumed_from"].endswith("checkpoint-2")
-        assert step_losses(run) == step_losses(whole[0])
+        assert step_losses(run) == step_losses(shared["uninterrupted"])
         weights = model_weights(run)
         assert weights.keys() == reference.keys() and all((weights[k] == reference[k]).all() for k in reference)
     print(f"a killed machine stopped the other in {stop_s:.1f} s")

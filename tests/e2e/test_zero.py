@@ -1,8 +1,10 @@
 """DeepSpeed ZeRO-2 and ZeRO-3 executed on two CPU processes (DeepSpeed's CPU accelerator, gloo), through the CLI and
 the shipped accelerate configs, equal training on one process.
 
-Each (stage, LoRA or full fine-tuning) pair trains once on 2 processes, shared by the tests below. The runs use a
-copy of the tiny BERT with every dropout at 0 and the same global batches as the 1-process run (see
+The pairs of stage and LoRA or full fine-tuning whose partitions differ train once each on 2 processes, shared by the
+tests below: ZeRO-2 full fine-tuning (gradients partitioned), ZeRO-3 with LoRA and ZeRO-3 full fine-tuning (the
+weights partitioned and gathered to be saved); ZeRO-2 with LoRA partitions what ZeRO-2 full does, fewer of them.
+The runs use a copy of the tiny BERT with every dropout at 0 and the same global batches as the 1-process run (see
 tests/helpers/launches.py, whose tolerance derivation applies unchanged: ZeRO sums the same float32 gradients,
 partitioned, as DDP does). What each process holds is asserted from inside the run, from manifest.json's
 "distributed" record, which a user reads too.
@@ -11,32 +13,30 @@ partitioned, as DDP does). What each process holds is asserted from inside the r
 from __future__ import annotations
 
 import json
-import os
-import subprocess
+import shutil
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import RECIPES, run_cli, train_recipe
-from tests.helpers.kills import KILLS, assert_same_run, kill_chain
-from tests.helpers.launches import BOUND_S, LOSS_RTOL, SAME_BATCHES, STEPS, run_bounded, step_losses
-from tests.helpers.processes import kill_tree, start_in_group
+from tests.helpers import RECIPES, run_cli
+from tests.helpers.kills import assert_same_run, kill_chain
+from tests.helpers.launches import LOSS_RTOL, STEPS, encoder_on_one_process, run_bounded, sharded_sets, step_losses
 
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install -e '.[test]'")
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 CONFIGS = {2: RECIPES / "accelerate" / "deepspeed-zero2.yaml", 3: RECIPES / "accelerate" / "deepspeed-zero3.yaml"}
-CASES = [(stage, lora) for stage in (2, 3) for lora in (True, False)]
+CASES = [(2, False), (3, True), (3, False)]
 IDS = [f"zero{stage}-{'lora' if lora else 'full'}" for stage, lora in CASES]
-SAVE_EVERY = 2  # checkpoints at steps 2 and 4: the kill lands after the first
+SAVE_EVERY = 2  # sharded_sets' training.save_steps: checkpoints at steps 2 and 4; ZeRO-2's resume starts from 2
+AUTO_PRECISION = (3, False)  # the run that leaves training.precision at auto (DeepSpeed's CPU processes: fp32)
 
 
 def sets_for(checkpoint: Path, lora: bool) -> list[str]:
-    return [f"model.checkpoint={checkpoint}", *SAME_BATCHES, f"lora.enabled={str(lora).lower()}",
-            "data.max_eval_samples=16", f"training.save_steps={SAVE_EVERY}"]
+    """What tests/e2e/test_fsdp.py trains too: a checkpoint every SAVE_EVERY steps."""
+    return list(sharded_sets(checkpoint, lora))
 
 
 def cli(*args) -> list[str]:
@@ -45,38 +45,39 @@ def cli(*args) -> list[str]:
 
 @pytest.fixture(scope="session")
 def one_process(no_dropout, tmp_path_factory):
-    """lora -> the 1-process run of the same recipe."""
-    root = tmp_path_factory.mktemp("one")
-    for lora in (True, False):
-        train_recipe(ENCODER, root / str(lora), *sets_for(no_dropout["bert"], lora))
-    return {lora: root / str(lora) for lora in (True, False)}
+    """lora -> the 1-process run of the same recipe (the one tests/e2e/test_fsdp.py holds its runs to)."""
+    return {lora: encoder_on_one_process(tmp_path_factory, tuple(sets_for(no_dropout["bert"], lora)))
+            for lora in (True, False)}
 
 
 @pytest.fixture(scope="session")
 def zero_runs(no_dropout, tmp_path_factory):
-    """(stage, lora) -> the 2-process DeepSpeed run, and its wall seconds."""
+    """(stage, lora) -> the 2-process DeepSpeed run. AUTO_PRECISION's leaves training.precision at auto, which
+    must resolve to the fp32 the others name (and the 1-process runs train in)."""
     root, runs = tmp_path_factory.mktemp("zero"), {}
     for (stage, lora), name in zip(CASES, IDS):
-        overrides = [a for s in sets_for(no_dropout["bert"], lora) for a in ("--set", s)]
+        sets = [s for s in sets_for(no_dropout["bert"], lora)
+                if (stage, lora) != AUTO_PRECISION or not s.startswith("training.precision=")]
+        overrides = [a for s in sets for a in ("--set", s)]
         rc, output, seconds = run_bounded(cli("train", ENCODER, "--output", root / name,
                                               "--accelerate-config", CONFIGS[stage], *overrides))
         assert rc == 0, output[-4000:]
         print(f"{name}: {seconds:.0f} s")
+        (root / f"{name}.log").write_text(output)  # (what the command said, for the tests that read it)
         runs[stage, lora] = root / name
     return runs
 
 
-def test_the_zero3_command_trains_with_auto_precision(tmp_path):
-    """`hftoolkit train recipes/encoder-classification.yaml --accelerate-config recipes/accelerate/deepspeed-zero3.yaml
-    --num-processes 2`, precision left at auto: it trains, in fp32 (what DeepSpeed's CPU processes run), and where
-    the CPU has bf16 matrix units (where auto alone would pick bf16) it says why it picked fp32."""
+def test_the_zero3_command_trains_with_auto_precision(zero_runs):
+    """`hftoolkit train recipes/encoder-classification.yaml --accelerate-config recipes/accelerate/deepspeed-zero3.yaml`
+    (2 processes, as the config says), precision left at auto: it trains, in fp32 (what DeepSpeed's CPU processes
+    run), and where the CPU has bf16 matrix units (where auto alone would pick bf16) it says why it picked fp32."""
     from hftoolkit.job.hardware import cpu_bf16_features
 
-    rc, output, _ = run_bounded(cli("train", ENCODER, "--accelerate-config", CONFIGS[3], "--num-processes", "2",
-                                    "--output", tmp_path / "run", "--set", "training.max_steps=2",
-                                    "--set", "data.max_eval_samples=16"))
-    assert rc == 0, output[-4000:]
-    manifest = json.loads((tmp_path / "run" / "manifest.json").read_text())
+    run = zero_runs[AUTO_PRECISION]
+    output = (run.parent / f"{run.name}.log").read_text()
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert "training.precision=" not in manifest["command"], "precision left at auto"
     assert manifest["resolved"]["precision"] == manifest["distributed"]["precision"] == "fp32"
     said = "auto picks fp32, not bf16: bf16 under DeepSpeed" in output
     assert said == bool(cpu_bf16_features()), output[-2000:]
@@ -157,43 +158,33 @@ def test_saved_weights_are_whole_and_score_as_the_run_did(zero_runs, one_process
 
 
 @pytest.mark.parametrize("stage, lora", [(2, False)], ids=["zero2-full"])
-def test_killed_and_resumed_continues_exactly(zero_runs, no_dropout, tmp_path, stage, lora):
-    """SIGKILL of the whole process tree once checkpoint 2 is written, then `train --resume`: the steps after
-    it and the saved weights are those of the uninterrupted run (DeepSpeed reloads each process's partition).
-    ZeRO-3 takes every kind of kill: the next test."""
-    from hftoolkit.training.checkpoints import PAUSED
-
-    killed, log = tmp_path / "killed", tmp_path / "killed.log"
-    overrides = [a for s in sets_for(no_dropout["bert"], lora) for a in ("--set", s)]
-    with log.open("wb") as out:
-        process = start_in_group(cli("train", ENCODER, "--output", killed, "--accelerate-config", CONFIGS[stage],
-                                     *overrides), stdout=out, stderr=subprocess.STDOUT,
-                                 env={**os.environ, "OMP_NUM_THREADS": "1",
-                                      "HFTOOLKIT_TEST_PAUSE_AFTER_SAVE": str(SAVE_EVERY)})
-    deadline = time.monotonic() + BOUND_S
-    try:
-        while PAUSED not in log.read_text(errors="replace"):
-            assert process.poll() is None and time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
-            time.sleep(0.2)
-    finally:
-        kill_tree(process)  # `hftoolkit train`, the launcher (torchrun's agent), both training processes
-    assert [r["status"] for r in json.loads(run_cli("runs", tmp_path, "--json").stdout)] == ["interrupted"]
-    assert sorted(p.name for p in (killed / "checkpoints").iterdir()) == [f"checkpoint-{SAVE_EVERY}"]
+def test_killed_and_resumed_continues_exactly(zero_runs, tmp_path, stage, lora):
+    """A copy of the run as a kill after checkpoint 2 leaves it (its later checkpoint and results gone, the manifest
+    still "running"), then `train --resume`: the steps after it and the saved weights are those of the uninterrupted
+    run (DeepSpeed reloads each process's partition of ZeRO-2's optimizer state). How a killed DeepSpeed run ends
+    (every process gone, its checkpoints whole) is the ZeRO-3 chain's, the next test."""
+    uninterrupted = zero_runs[stage, lora]
+    killed = tmp_path / "killed"
+    shutil.copytree(uninterrupted, killed)
+    for later in (killed / "checkpoints").iterdir():
+        if later.name != f"checkpoint-{SAVE_EVERY}":
+            shutil.rmtree(later)
+    manifest = json.loads((killed / "manifest.json").read_text())
+    (killed / "manifest.json").write_text(json.dumps({**manifest, "status": "running", "finished": None}))
 
     rc, output, seconds = run_bounded(cli("train", "--resume", killed, "--accelerate-config", CONFIGS[stage]))
     assert rc == 0, output[-4000:]
     assert json.loads((killed / "manifest.json").read_text())["resumed_from"].endswith(f"checkpoint-{SAVE_EVERY}")
-    uninterrupted = zero_runs[stage, lora]
     assert step_losses(killed) == step_losses(uninterrupted)
     resumed, reference = saved_weights(killed, lora), saved_weights(uninterrupted, lora)
     assert max(float((resumed[k] - reference[k]).abs().max()) for k in reference) <= 1e-6
     print(f"ZeRO-{stage} {'LoRA' if lora else 'full'}: resumed in {seconds:.0f} s")
 
 
-def test_zero3_killed_every_way_and_resumed_ends_as_the_uninterrupted_run(zero_runs, no_dropout, tmp_path):
-    """tests/e2e/test_kills.py's chain under ZeRO-3 (LoRA): the launcher's group, the top process and one training
-    process SIGKILLed after checkpoints 1, 2 and 3 in turn, each followed by --resume."""
+def test_zero3_killed_and_resumed_ends_as_the_uninterrupted_run(zero_runs, no_dropout, tmp_path):
+    """tests/e2e/test_kills.py's chain under ZeRO-3 (LoRA): one training process SIGKILLed after checkpoint 1, then
+    --resume from the partitioned checkpoint (every other interruption: test_kills.py, under DDP)."""
     overrides = [a for s in (*sets_for(no_dropout["bert"], True), "training.save_steps=1") for a in ("--set", s)]
-    kill_chain(tmp_path, [str(ENCODER), *overrides], tmp_path / "killed", list(KILLS),
+    kill_chain(tmp_path, [str(ENCODER), *overrides], tmp_path / "killed", ["one-worker"],
                ("--accelerate-config", str(CONFIGS[3])))
     assert_same_run(tmp_path / "killed", zero_runs[3, True])

@@ -1,8 +1,9 @@
 """The kill chain: one run trained through a chain of interruptions, one at each checkpoint (a test hook pauses the
 writing process once checkpoint k is committed, HFTOOLKIT_TEST_PAUSE_AFTER_SAVE=k), each followed by `train --resume`,
-and what it needs: launching `hftoolkit train` on one or two machines, dealing each interruption, and the checks
-after it (no process left, complete checkpoints, one line for a stop signal). tests/e2e/test_kills.py describes the
-matrix; tests/e2e/test_fsdp.py and tests/e2e/test_zero.py run the same chain.
+and what it needs: launching `hftoolkit train` on one or two machines (or `accelerate launch -m hftoolkit train`
+started by hand), dealing each interruption, and the checks after it (no process left, complete checkpoints, one
+line for a stop signal). tests/e2e/test_kills.py describes the matrix; tests/e2e/test_fsdp.py, tests/e2e/test_zero.py
+and tests/e2e/test_multinode.py run the same chain.
 """
 
 from __future__ import annotations
@@ -20,14 +21,23 @@ import psutil
 import pytest
 
 from hftoolkit.training.checkpoints import PAUSED, complete_checkpoints
-from tests.helpers import run_cli
+from tests.helpers import RECIPES, run_cli
 from tests.helpers.launches import BOUND_S, free_port, step_losses
 from tests.helpers.processes import kill_tree, start_in_group
 
 GONE_WITHIN_S = 10  # after an interruption, no process of the run may be alive this long after
 # How each interruption is dealt, and to which process of machine 0 (the writer's machine).
 SIGNALS = {"SIGTERM": (signal.SIGTERM, 143), "SIGINT": (signal.SIGINT, 130)}
-KILLS = ("launcher-group", "top-process", "one-worker")
+# SIGKILL of: the launcher of a run started by hand (`accelerate launch -m hftoolkit train`), whose training processes
+# torchrun put in sessions of their own, so only their parent's death can reach them; `hftoolkit train` alone, whose
+# launcher must notice; one training process, whose peers and launcher must notice; `hftoolkit train`'s process group,
+# which kills its launcher too (no chain takes it: its training processes meet their parent's death as by hand, and
+# the group's top process has no one left to tell). tests/e2e/test_kills.py says which strategy takes which.
+KILLS = ("by-hand", "top-process", "one-worker", "launcher-group")
+# `accelerate launch` as docs/distributed.md tells a CPU-only machine to start it by hand: the shipped config, the
+# variable that puts its processes on the CPU.
+BY_HAND = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(RECIPES / "accelerate" / "cpu-2proc.yaml"), "-m", "hftoolkit", "train"]
 
 
 @dataclass
@@ -64,11 +74,20 @@ class Launch:
         return found
 
 
-def launch(root: Path, name: str, args: list[str], machines: int = 1, pause: int | None = None) -> Launch:
-    """`hftoolkit train ARGS` (on `machines` machines of one process each, meeting on loopback)."""
+def launch(root: Path, name: str, args: list[str], machines: int = 1, pause: int | None = None,
+           by_hand: bool = False) -> Launch:
+    """`hftoolkit train ARGS` (on `machines` machines of one process each, meeting on loopback), or with `by_hand`
+    `accelerate launch -m hftoolkit train ARGS` on 2 CPU processes (BY_HAND)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     if pause is not None:
         env["HFTOOLKIT_TEST_PAUSE_AFTER_SAVE"] = str(pause)
+    if by_hand:
+        assert machines == 1, "by hand: one machine"
+        log = root / f"{name}-machine0.log"
+        with log.open("wb") as out:
+            launcher = start_in_group([*BY_HAND, *args], stdout=out, stderr=subprocess.STDOUT,
+                                      env={**env, "ACCELERATE_USE_CPU": "true"})
+        return Launch([launcher], [log])
     port = str(free_port())
     started, logs = [], []
     for rank in range(machines):
@@ -107,7 +126,9 @@ def finish(run: Launch) -> list[int]:
 
 def interrupt(run: Launch, how: str) -> None:
     """Deal interruption `how` to machine 0: a stop signal, or a SIGKILL of its launcher's group, of its top
-    process alone, or of one training process (rank 1 on one machine; machine 0's own on two)."""
+    process alone (`accelerate launch` for a run started by hand), or of one training process (rank 1 on one
+    machine; machine 0's own on two)."""
+    assert how in (*SIGNALS, *KILLS), how
     top = run.machines[0]
     if how == "SIGTERM":
         top.send_signal(signal.SIGTERM)
@@ -115,7 +136,7 @@ def interrupt(run: Launch, how: str) -> None:
         os.killpg(top.pid, signal.SIGINT)  # as Ctrl-C reaches the terminal's foreground group
     elif how == "launcher-group":
         os.killpg(top.pid, signal.SIGKILL)
-    elif how == "top-process":
+    elif how in ("top-process", "by-hand"):
         top.send_signal(signal.SIGKILL)
     else:
         workers = run.workers()
@@ -167,23 +188,29 @@ def assert_stopped_in_one_line(run: Launch, how: str) -> None:
 def kill_chain(root: Path, args: list[str], run_dir: Path, events: list[str], spread: tuple[str, ...] = (),
                machines: int = 1, reference=None) -> dict[str, float]:
     """Train `args` into run_dir through `events` (one at each checkpoint, the k-th after checkpoint k), each
-    followed by --resume, to the end, every launch with the launch options `spread` (an accelerate config);
-    `reference()` trains the uninterrupted run meanwhile. Returns seconds from each interruption until no process
-    of the run was left."""
+    followed by --resume, to the end, every launch with the launch options `spread` (an accelerate config), but for
+    the "by-hand" event's, started as BY_HAND is; `reference()` trains the uninterrupted run meanwhile. Returns
+    seconds from each interruption until no process of the run was left."""
     seconds = {}
     for k, how in enumerate(events, start=1):
-        launch_args = [*args, "--output", str(run_dir), *spread] if k == 1 else ["--resume", str(run_dir), *spread]
-        run = launch(root, f"{k}-{how}", launch_args, machines, pause=k)
+        by_hand = how == "by-hand"
+        assert not (by_hand and spread), "by hand: DDP, the launch options BY_HAND gives"
+        launch_args = [*args, "--output", str(run_dir)] if k == 1 else ["--resume", str(run_dir)]
+        run = launch(root, f"{k}-{how}", [*launch_args, *spread], machines, pause=k, by_hand=by_hand)
         wait_until_paused(run)
         if k == 1 and reference is not None:
             reference()  # (while this one sleeps at its pause)
         tree = run.tree()
+        if by_hand:
+            assert len(run.workers()) == 2, [p.cmdline() for p in tree]
         interrupt(run, how)
         if how in SIGNALS:
             assert_stopped_in_one_line(run, how)
             manifest = json.loads((run_dir / "manifest.json").read_text())
             assert (manifest["status"], manifest["stopped_at_step"]) == ("stopped", k), manifest
         seconds[how] = assert_all_gone(tree, how)
+        if by_hand:  # (the training processes met their launcher's death as a stop: SIGTERM, from the kernel)
+            assert json.loads((run_dir / "manifest.json").read_text())["status"] == "stopped"
         for machine in run.machines:
             machine.wait(timeout=BOUND_S)
         assert_checkpoints_complete(run_dir, newest=k)
