@@ -53,19 +53,15 @@ def train(
 ):
     """Fine-tune a model as the recipe says and write a run directory."""
     from hftoolkit.base import console
-    from hftoolkit.config.recipe import load_recipe
-    from hftoolkit.config.shipped import find_recipe, origin
+    from hftoolkit.config.recipe import RecipeError, load_recipe
+    from hftoolkit.config.shipped import origin
+    from hftoolkit.job.hardware import library_problems
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     recipe, output = _recipe_and_output(recipe, output, resume, overwrite)
     parsed = load_recipe(recipe, set_ or [])
-    recipe = find_recipe(recipe)
     run_dir = output or parsed.run_dir
-    from hftoolkit.config.recipe import RecipeError
-    from hftoolkit.job.hardware import library_problems
-
-    lacking = library_problems(parsed)  # (an optional library: refused before the launch, any load or any write)
-    if lacking:
+    if lacking := library_problems(parsed):  # (an optional library: refused before the launch, any load or write)
         raise RecipeError(lacking)
     from hftoolkit.training import relaunch
     from hftoolkit.training.strategies import Machines, launch_strategy
@@ -77,9 +73,8 @@ def train(
     from hftoolkit.workflows.train import train as run_training
 
     if plan.relaunch:  # N processes, each running this command without the launch options
-        if plan.machine_rank == 0 or parsed.training.save_on_each_node:  # (a machine that writes the run folder)
-            # refused in one line, before any launch
-            check_run_folder(run_dir, overwrite, resume, strategy.sharding)
+        if plan.machine_rank == 0 or parsed.training.save_on_each_node:  # (a machine that writes the run folder:
+            check_run_folder(run_dir, overwrite, resume, strategy.sharding)  # refused in one line, before any launch)
         raise typer.Exit(relaunch.relaunch(plan, sys.argv[1:], run_dir))
     from hftoolkit.base.ranks import is_main_process
 
@@ -92,7 +87,10 @@ def train(
 
 
 def _recipe_and_output(recipe: Path, output: Path | None, resume: bool, overwrite: bool) -> tuple[Path, Path | None]:
-    """The recipe file and --output of `train`: with `--resume RUN_DIR`, the run's own resolved recipe."""
+    """The recipe file and --output of `train`: with `--resume RUN_DIR`, the run's own resolved recipe; a shipped
+    recipe's name, its file in the package (config/shipped.py)."""
+    from hftoolkit.config.shipped import find_recipe
+
     if resume and overwrite:
         raise UserError("--resume and --overwrite contradict each other: pass one of them")
     if resume and recipe.is_dir():
@@ -100,7 +98,7 @@ def _recipe_and_output(recipe: Path, output: Path | None, resume: bool, overwrit
             raise UserError(f"--resume: {recipe} has no recipe.yaml, so it is not a run directory: "
                             "pass a folder written by hftoolkit train, or the recipe file with --output")
         return recipe / RECIPE, output or recipe
-    return recipe, output
+    return find_recipe(recipe), output
 
 
 def sweep(
