@@ -25,7 +25,8 @@ import pytest
 from tests.helpers import ROOT
 from tests.helpers.docker import docker_section
 
-pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("docker")]
+# (the first build makes the stand-in base and installs every extra: minutes beyond the suite's per-test limit)
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("docker"), pytest.mark.timeout(1800)]
 
 STANDIN = ROOT / "tests" / "docker" / "standin-base.sh"
 IMAGE = "hftoolkit:ci-test"
