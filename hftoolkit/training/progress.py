@@ -28,7 +28,8 @@ def progress_callback():
 
         def on_train_begin(self, args, state, control, **kwargs):
             if state.is_world_process_zero and console.get_verbosity() > Verbosity.QUIET:
-                self.bar = StepProgress(console.stderr_console(), state.max_steps, state.global_step)
+                self.bar = StepProgress(console.stderr_console(), state.max_steps, state.global_step,
+                                        args.logging_steps)
                 console.on_capture_end(self.bar.close)
 
         def on_step_end(self, args, state, control, **kwargs):
@@ -65,17 +66,20 @@ def use_progress(trainer) -> None:
 
 
 class StepProgress:
-    """Optimizer steps done, the last logged loss (with the step it was logged at, when older than the current
-    step) and the current learning rate, elapsed time and ETA: on a terminal a rich bar, redrawn in place;
-    elsewhere (CI, a pipe, a notebook) a plain line per tenth of the steps.
+    """Optimizer steps done, the loss and the current learning rate, elapsed time and ETA: on a terminal a rich bar,
+    redrawn in place, with the last logged loss; elsewhere (CI, a pipe, a notebook) a plain line per tenth of the
+    steps, with the mean loss of the steps logged since the previous line, or `-` and the logging interval when
+    none was (a figure repeated under a new step count reads as a stalled run).
 
     The ETA is timed from the end of the first step on: the first step carries the run's start-up (data loader
     workers, lazy kernels), which would otherwise count as the pace of every remaining step.
     """
 
-    def __init__(self, screen, total: int, done: int = 0):
+    def __init__(self, screen, total: int, done: int = 0, logging_steps: int | None = None):
         self.screen, self.total, self.first, self.done = screen, max(total, 1), done, done
-        self.loss = self.lr = self.live = self.loss_step = self.paced = None
+        self.logging_steps, self.logged_at = logging_steps, done
+        self.lr = self.live = self.paced = None
+        self.losses: list[tuple[float, int]] = []  # (logged loss, steps it averages) since the last line
         self.due, self.started, self.next_line = False, time.monotonic(), self._mark_after(done)
         self.at = self.started
         if screen.is_terminal and not screen.is_dumb_terminal:
@@ -103,17 +107,21 @@ class StepProgress:
             self.next_line, self.due = self._mark_after(step), True
 
     def show(self, loss: float, lr: float | None, step: int | None = None) -> None:
-        """The loss and learning rate the Trainer logged (after the step's on_step_end)."""
-        self.loss, self.loss_step = loss, step if step is not None else self.done
+        """The loss and learning rate the Trainer logged (after the step's on_step_end): the mean loss of the steps
+        since its previous log."""
+        step = step if step is not None else self.done
         self.lr = lr if lr is not None else self.lr
         if self.live:
             self.live.update(self.task, loss=_number(loss, ".4f"), lr=_number(self.lr, ".2e"))
-        self._print_due()
+        else:
+            self.losses.append((loss, max(step - self.logged_at, 1)))
+            self._print_due()
+        self.logged_at = step
 
     def _print_due(self) -> None:
         if self.due:
             self.screen.print(self.line(), soft_wrap=True, highlight=False, markup=False)
-            self.due = False
+            self.due, self.losses = False, []
 
     def line(self) -> str:
         now = self.at  # when the step the line is about ended
@@ -121,9 +129,10 @@ class StepProgress:
         paced_steps = self.done - self.paced[0] if self.paced else 0
         rate = paced_steps / (now - self.paced[1]) if paced_steps and now > self.paced[1] else 0
         eta = _clock((self.total - self.done) / rate) if rate else "-"
-        loss = _number(self.loss, ".4f")
-        if self.loss is not None and self.loss_step is not None and self.loss_step != self.done:
-            loss += f" (step {self.loss_step})"  # logged every logging_steps: say how old it is
+        if self.losses:
+            loss = format(sum(value * steps for value, steps in self.losses) / sum(s for _, s in self.losses), ".4f")
+        else:
+            loss = "-" + (f" (logged every {self.logging_steps} steps)" if self.logging_steps else "")
         return (f"train {self.done}/{self.total} ({100 * self.done // self.total}%) loss {loss} "
                 f"lr {_number(self.lr, '.2e')} elapsed {_clock(elapsed)} eta {eta}")
 

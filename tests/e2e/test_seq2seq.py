@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 
@@ -11,7 +10,7 @@ import pytest
 
 from hftoolkit.models.families import noising
 from hftoolkit.sources.builtin import LEXICON
-from tests.helpers import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, needs, plain, run_cli, train_recipe
 
 FEW_STEPS = ("training.max_steps=6", "data.max_train_samples=96", "data.max_eval_samples=12",
              "training.logging_steps=2")
@@ -184,18 +183,8 @@ def test_label_smoothing_collator_shifts_labels_as_the_model_would(arch):
 # ---------------------------------------------------------------- quantized LoRA on CPU
 
 
-def _bitsandbytes_problem() -> str | None:
-    if importlib.util.find_spec("bitsandbytes") is None:
-        return "bitsandbytes is not installed"
-    try:
-        import bitsandbytes  # noqa: F401
-    except Exception as err:  # a broken native library raises anything
-        return f"bitsandbytes does not import here: {type(err).__name__}: {err}"
-    return None
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(_bitsandbytes_problem() is not None, reason=str(_bitsandbytes_problem()))
+@needs("bitsandbytes")
 @pytest.mark.parametrize("arch", ["t5", "bart"])
 @pytest.mark.parametrize("bits", ["8bit", "4bit"])
 def test_quantized_lora_trains_a_few_steps(arch, bits, tmp_path):

@@ -19,12 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import RECIPES, run_cli
+from tests.helpers import RECIPES, needs, run_cli
 from tests.helpers.kills import assert_same_run, kill_chain
 from tests.helpers.launches import LOSS_RTOL, STEPS, encoder_on_one_process, run_bounded, sharded_sets, step_losses
 
-pytest.importorskip("deepspeed", reason="DeepSpeed is not installed: pip install -e '.[test]'")
-pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes")]
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("processes"), needs("deepspeed")]
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 CONFIGS = {2: RECIPES / "accelerate" / "deepspeed-zero2.yaml", 3: RECIPES / "accelerate" / "deepspeed-zero3.yaml"}

@@ -4,12 +4,23 @@ browser). Test modules import from here, never from one another; pytest's fixtur
 
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 RECIPES = ROOT / "recipes"
 SHARED_DATA = ROOT.parent / "shared" / "data"
+
+
+def needs(*modules: str) -> pytest.MarkDecorator:
+    """Skip where one of `modules` is not installed, found without importing it: `pytest.importorskip` at a module's
+    top imports at collection, in every worker, even when its tests are deselected (bitsandbytes compiles kernels for
+    seconds, openai and onnxscript take seconds too)."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    return pytest.mark.skipif(bool(missing), reason=f"{', '.join(missing)} not installed: pip install -e '.[test]'")
 
 
 def run_cli(*args: str, expect: int | None = 0, input: str | None = None):
@@ -24,6 +35,17 @@ def run_cli(*args: str, expect: int | None = 0, input: str | None = None):
         raise AssertionError(f"exit {result.exit_code} (expected {expect}) for {args}:\n{result.output}"
                              + (f"\n{result.exception!r}" if result.exception else ""))
     return result
+
+
+def no_model_loads(monkeypatch) -> None:
+    """Make any model load fail the test (every transformers model, peft's adapters on it included, loads through
+    PreTrainedModel.from_pretrained): a command that loads weights before refusing its input is caught."""
+    from transformers import PreTrainedModel
+
+    def loaded(cls, *args, **kwargs):
+        raise AssertionError(f"a model was loaded ({cls.__name__} from {args[:1]}) before the input was refused")
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(loaded))
 
 
 def plain(text: str) -> str:

@@ -217,13 +217,13 @@ def test_flags_and_phase_lines():
     assert console.model_line("gpt2", 10, 10).endswith("10 trainable (100%), not quantized")
 
 
-def test_progress_lines_time_the_eta_after_start_up_and_say_how_old_the_loss_is(monkeypatch):
+def test_progress_lines_time_the_eta_after_start_up_and_never_repeat_a_loss(monkeypatch):
     from rich.console import Console
 
     clock = [0.0]
     monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
     screen = io.StringIO()
-    bar = progress.StepProgress(Console(file=screen, width=200), total=10)
+    bar = progress.StepProgress(Console(file=screen, width=200), total=10, logging_steps=5)
     for step in range(1, 11):
         clock[0] = 20.0 + (step - 1)  # a 20 s first step (start-up), then 1 s a step
         bar.advance_to(step, lr=1e-3 * step / 10)  # warmup: the rate the scheduler has now
@@ -233,5 +233,19 @@ def test_progress_lines_time_the_eta_after_start_up_and_say_how_old_the_loss_is(
     lines = screen.getvalue().splitlines()
     assert lines[0].startswith("train 1/10") and "lr 1.00e-04" in lines[0] and lines[0].endswith("eta -")
     assert lines[1].startswith("train 2/10") and lines[1].endswith("eta 0:00:08")  # 8 steps at 1 s, not 84 s
-    assert "loss 0.6000 lr 5.00e-04" in lines[4]  # logged at this step: no age
-    assert "loss 0.6000 (step 5) lr 6.00e-04" in lines[5]  # the next line says the loss is older
+    assert "loss 0.6000 lr 5.00e-04" in lines[4]  # logged at this step
+    # the next line has no loss of its own: it says so, and when one comes, instead of repeating step 5's
+    assert "loss - (logged every 5 steps) lr 6.00e-04" in lines[5]
+    assert [line.split(" lr ")[0].split(" loss ")[1] for line in lines].count("0.6000") == 1
+
+
+def test_a_line_after_several_logs_shows_the_mean_loss_of_their_steps():
+    from rich.console import Console
+
+    screen = io.StringIO()
+    bar = progress.StepProgress(Console(file=screen, width=200), total=20, logging_steps=1)
+    for step in range(1, 5):  # (a line every second step)
+        bar.advance_to(step)
+        bar.show(float(step), 1e-3, step)
+    bar.close()
+    assert [line.split(" loss ")[1].split()[0] for line in screen.getvalue().splitlines()] == ["1.5000", "3.5000"]

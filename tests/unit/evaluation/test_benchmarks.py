@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from hftoolkit.runs.summary import BEST, format_value
-from tests.helpers import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, needs, plain, run_cli, train_recipe
 
-pytest.importorskip("lm_eval")
+pytestmark = needs("lm_eval")
 
 MC, GEN = "hftoolkit_everyday_mc", "hftoolkit_sums_gen"
 DECODER, SEQ2SEQ = RECIPES / "decoder-clm.yaml", RECIPES / "seq2seq-translation-t5.yaml"

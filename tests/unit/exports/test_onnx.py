@@ -15,10 +15,9 @@ import pytest
 from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.exports.onnx import TASKS, OnnxPredictor, refusal, write_onnx
-from tests.helpers import ROOT
+from tests.helpers import ROOT, needs
 
-pytest.importorskip("onnxruntime")
-pytest.importorskip("onnxscript")
+pytestmark = needs("onnxruntime", "onnxscript")
 
 MAX_LENGTH = 24
 # Inputs of several lengths: one word, some, and more than MAX_LENGTH tokens (truncated), accents and symbols.

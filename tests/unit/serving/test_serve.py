@@ -17,12 +17,11 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.helpers import RECIPES, run_cli, train_recipe
+from tests.helpers import RECIPES, needs, run_cli, train_recipe
 from tests.helpers.processes import kill_tree, start_in_group
 from tests.helpers.serving import QUICK, gathered, predicted, serving
 
-pytest.importorskip("fastapi")
-pytest.importorskip("openai")
+pytestmark = needs("fastapi", "openai")
 
 ENCODER, PREFERENCE = RECIPES / "encoder-classification.yaml", RECIPES / "decoder-preference.yaml"
 

@@ -17,11 +17,16 @@ from unittest import mock
 
 import pytest
 
-from tests.helpers import RECIPES, run_cli, train_recipe
+from tests.helpers import RECIPES, needs, run_cli, train_recipe
 from tests.helpers.serving import QUICK, gathered, predicted, serving
 
-pytest.importorskip("fastapi")
-httpx = pytest.importorskip("httpx")
+pytestmark = needs("fastapi", "httpx")
+
+
+def _post(*args, **kwargs):
+    import httpx
+
+    return httpx.post(*args, **kwargs)
 
 QUESTIONS = ["What is 2 plus 3?", "Name a colour.", "Reverse the words: a b c", "hello there",
              "Translate cat to French", "Is the film good?", "Count to three", "Say hi"]
@@ -47,14 +52,14 @@ def static_path_only():
 
 def chat(url: str, model: str, question: str, **settings) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": question}], "temperature": 0, **settings}
-    answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=120)
+    answer = _post(f"{url}/v1/chat/completions", json=body, timeout=120)
     assert answer.status_code == 200, answer.text
     return answer.json()
 
 
 def complete(url: str, model: str, prompt: str, **settings) -> dict:
     body = {"model": model, "prompt": prompt, "temperature": 0, **settings}
-    answer = httpx.post(f"{url}/v1/completions", json=body, timeout=120)
+    answer = _post(f"{url}/v1/completions", json=body, timeout=120)
     assert answer.status_code == 200, answer.text
     return answer.json()
 
@@ -151,7 +156,7 @@ def test_streaming_stop_strings_and_max_tokens_through_continuous_batching(decod
         cut = chat(url, "chat", question, max_tokens=24, stop=stop)["choices"][0]
         body = {"model": "chat", "messages": [{"role": "user", "content": question}], "temperature": 0,
                 "max_tokens": 24, "stream": True}
-        events = [(settings, httpx.post(f"{url}/v1/chat/completions", json={**body, **settings}, timeout=120).text)
+        events = [(settings, _post(f"{url}/v1/chat/completions", json={**body, **settings}, timeout=120).text)
                   for settings in ({}, {"stop": stop})]
         assert batcher.answered_continuously == 4
     assert whole["choices"][0]["finish_reason"] == "length"  # (a random model: it writes no eos in 24 tokens)

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from tests.helpers import RECIPES, train_recipe
+from tests.helpers import RECIPES, needs, train_recipe
 from tests.helpers.serving import QUICK, predicted, serving
 
-pytest.importorskip("fastapi")
+pytestmark = needs("fastapi")
 
 
 @pytest.mark.slow

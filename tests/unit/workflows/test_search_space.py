@@ -10,9 +10,9 @@ import os
 import pytest
 
 from hftoolkit.workflows.search_space import parse_param, parse_space, yaml_float
-from tests.helpers import RECIPES, plain, run_cli
+from tests.helpers import RECIPES, needs, plain, run_cli
 
-pytest.importorskip("optuna")
+pytestmark = needs("optuna")
 
 ENCODER = RECIPES / "encoder-classification.yaml"
 
