@@ -258,7 +258,7 @@ QUICK = ("enc-lora-b32", "enc-full-b64", "dec-full-b32", "enc-full-ddp", "enc-fu
 # recorded as hftoolkit.training.throughput is imported), each probe's seconds left out of the step it follows.
 STEP_HOOK = """
 import importlib.abc, importlib.util, inspect, json, os, sys, time
-_times, _probes, _sizes, _rates, _pace = [], [], [], [], []
+_times, _probes, _sizes, _rates, _pace, _begin = [], [], [], [], [], []
 def _probe(throughput):
     import torch
     start = time.perf_counter()
@@ -272,7 +272,7 @@ def _probe(throughput):
     return time.perf_counter() - start
 def _patch_callbacks(module):
     handler = module.CallbackHandler
-    step_end, train_end = handler.on_step_end, handler.on_train_end
+    step_end, train_end, train_begin = handler.on_step_end, handler.on_train_end, handler.on_train_begin
     every = int(os.environ.get("HFTOOLKIT_PROBE_EVERY") or 0)
     def on_step_end(self, *args, **kwargs):
         _times.append(time.perf_counter())
@@ -280,11 +280,15 @@ def _patch_callbacks(module):
         probed = every and len(_times) > 1 and len(_times) % every == 0 and throughput is not None
         _probes.append(_probe(throughput) if probed else 0.0)
         return step_end(self, *args, **kwargs)
+    def on_train_begin(self, *args, **kwargs):
+        _begin.append(time.perf_counter())
+        return train_begin(self, *args, **kwargs)
     def on_train_end(self, *args, **kwargs):
         with open(os.path.join(os.environ["HFTOOLKIT_STEP_TIMES"], f"{os.getpid()}.json"), "w") as f:
-            json.dump({"ends": _times, "probes": _probes, "rates": _rates, "pace": _pace}, f)
+            json.dump({"ends": _times, "probes": _probes, "rates": _rates, "pace": _pace, "begin": _begin,
+                       "end": time.perf_counter()}, f)
         return train_end(self, *args, **kwargs)
-    handler.on_step_end, handler.on_train_end = on_step_end, on_train_end
+    handler.on_step_end, handler.on_train_end, handler.on_train_begin = on_step_end, on_train_end, on_train_begin
 def _patch_throughput(module):
     original = module.matmul_flops_per_second
     signature = inspect.signature(original)
@@ -731,8 +735,9 @@ def gloo_calibration() -> dict:
 
 
 def overhead_calibration(out: Path) -> dict:
-    """plan.py's CPU_STEP_SECONDS: the steady step of the tiny init:bert model (a fraction of a MiB of weights) one
-    row a step, LoRA, fp32, one thread, less what the plan counts besides (its products, its optimizer)."""
+    """plan.py's CPU_STEP_SECONDS at init:bert's depth (2 layers): the steady step of the tiny init:bert model (a
+    fraction of a MiB of weights) one row a step, LoRA, fp32, one thread, less what the plan counts besides (its
+    products, its optimizer); `layer_overhead_calibration` splits it into the step's and each layer's."""
     from hftoolkit.planning import timing
 
     sets = ["training.batch_size=1", "data.max_length=16"]
@@ -740,10 +745,72 @@ def overhead_calibration(out: Path) -> dict:
     if "step_median" not in measured:
         return measured
     pace = timing.cpu_pace()
-    planned_step = planned(ENC, sets, "single")["time"]["step_seconds"]
-    overhead = measured["step_median"] - (planned_step - timing.CPU_STEP_SECONDS * pace)
+    items = planned(ENC, sets, "single")["time"]["items"]
+    overhead = measured["step_median"] - (sum(items.values()) - items["overhead"])
     return {"measured_step": measured["step_median"], "spread": [measured["step_min"], measured["step_max"]],
             "pace": round(pace, 3), "overhead": round(overhead / pace, 5)}
+
+
+def layer_overhead_calibration(out: Path, ck_folder: Path, depths: tuple[int, int] = (2, 8), rounds: int = 3) -> dict:
+    """plan.py's CPU_STEP_SECONDS as (a step's fixed work, its work per layer): the steady step of init:bert's width
+    (64) at two depths, one row a step, LoRA, fp32, one thread, the fastest of `rounds`, less what the plan counts
+    besides its fixed work, over the pace; the slope over the layers and the intercept. A layer's modules are called,
+    wrapped and differentiated every step whatever its batch: a tiny model's step is mostly that."""
+    from hftoolkit.planning import timing
+
+    sets = ["training.batch_size=1", "data.max_length=16"]
+    fixed = {}
+    for depth in depths:
+        ck = scaled_checkpoint("bert", 64, depth, 4, 128, ck_folder)
+        row = sets + [f"model.checkpoint={ck}"]
+        runs = [train(ENC, row, "single", out / "runs" / f"calibration-layers-{depth}", steps=40)
+                for _ in range(rounds)]
+        steps = [run["step_median"] for run in runs if "step_median" in run]
+        if not steps:
+            return runs[0]
+        pace = timing.cpu_pace()
+        items = planned(ENC, row, "single")["time"]["items"]
+        fixed[depth] = (min(steps) - (sum(items.values()) - items["overhead"])) / pace
+    (low, high) = depths
+    per_layer = (fixed[high] - fixed[low]) / (high - low)
+    return {"fixed_by_depth": {d: round(v, 5) for d, v in fixed.items()}, "per_layer": round(per_layer, 5),
+            "fixed": round(fixed[low] - low * per_layer, 5)}
+
+
+def row_calibration(names: tuple[str, ...] = ("encoder-classification", "encoder-tagging", "decoder-clm",
+                                               "seq2seq-denoise", "seq2seq-translation-bart"), rows: int = 512) -> dict:
+    """timing.py's CPU_ROW_SECONDS: each shipped recipe's rows read from its tokenized set and collated at its own
+    batch size (as the training process draws them), the median seconds a row of each, and their median over the
+    pace."""
+    import torch
+
+    from hftoolkit.config.recipe import load_recipe
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.models.families import formulation
+    from hftoolkit.planning import timing
+    from hftoolkit.training.throughput import TokenCounter
+
+    per_row = {}
+    own = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for name in names:
+            job = resolve_job(load_recipe(RECIPES / f"{name}.yaml", []))
+            form = formulation(job)
+            train = job.data["train"]
+            encoded = form.preprocess(job, job.model.processor, train.select(range(min(rows, len(train)))))
+            collate, batch = TokenCounter(form.collator(job, job.model.processor)), job.recipe.training.batch_size
+            times = []
+            for start in range(0, len(encoded) - batch, batch):
+                began = time.perf_counter()
+                collate([encoded[i] for i in range(start, start + batch)])
+                times.append((time.perf_counter() - began) / batch)
+            per_row[name] = statistics.median(times)
+    finally:
+        torch.set_num_threads(own)
+    pace = timing.cpu_pace()
+    return {"seconds_a_row": {k: round(v, 7) for k, v in per_row.items()}, "pace": round(pace, 3),
+            "row_seconds": round(statistics.median(per_row.values()) / pace, 7)}
 
 
 def activation_calibration(grid_rows: list[dict]) -> dict:
@@ -1009,8 +1076,8 @@ def main() -> None:
     elif before:
         report = {k: before[k] for k in ("runtime_imports_mib", "runtime_in_a_run_mib", "heap_retained",
                                            "zero3_kept", "optimizer_seconds_per_parameter", "gloo", "step_overhead",
-                                           "trl_bf16", "onednn", "copy_bytes_per_second", "decode", "rl_step",
-                                           "sharded", "images")
+                                           "layer_overhead", "rows", "trl_bf16", "onednn", "copy_bytes_per_second",
+                                           "decode", "rl_step", "sharded", "images")
                   if k in before}
     else:
         report = {"runtime_imports_mib": {r: round(measure_runtime(r) / MiB, 1) for r in IMPORTS}}
@@ -1020,14 +1087,16 @@ def main() -> None:
         report["gloo"] = gloo_calibration()
         report["copy_bytes_per_second"] = copy_calibration()
         report["step_overhead"] = overhead_calibration(args.work)
+        report["layer_overhead"] = layer_overhead_calibration(args.work, args.work / "checkpoints")
+        report["rows"] = row_calibration()
         report["decode"] = decode_calibration()
         report["images"] = image_calibration()
         report["rl_step"] = rl_step_calibration(args.work)
         report["trl_bf16"] = trl_calibration(args.work)
         report["onednn"] = onednn_calibration(args.work)
     print("runtime in a run, tiny model (MiB):", report.get("runtime_in_a_run_mib"), flush=True)
-    for key in ("optimizer_seconds_per_parameter", "gloo", "copy_bytes_per_second", "step_overhead", "decode",
-                "images", "rl_step", "trl_bf16", "onednn"):
+    for key in ("optimizer_seconds_per_parameter", "gloo", "copy_bytes_per_second", "step_overhead", "layer_overhead",
+                "rows", "decode", "images", "rl_step", "trl_bf16", "onednn"):
         print(f"{key}:", report.get(key), flush=True)
     ck_folder = args.work / "checkpoints"
     ck = {arch: scaled_checkpoint(arch, 512, 8, 8, 2048, ck_folder) for arch in ("bert", "gpt2", "t5")}

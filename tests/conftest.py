@@ -3,6 +3,7 @@ helpers (paths, the CLI runner, ...) live in tests/helpers/."""
 
 from __future__ import annotations
 
+import compileall
 import json
 import os
 import shutil
@@ -23,6 +24,10 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # Tiny models gain nothing from intra-op threads, and on 2 cores shared with the subprocess tests
 # OpenMP's spin-waiting threads made runs up to 10x slower. Set before torch is imported.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+if sys.dont_write_bytecode:
+    # Where PYTHONDONTWRITEBYTECODE is set (as on CI's machines), every process the tests start (launches, kills,
+    # servers: hundreds) would compile the package from source again, a second each: compiled once here, they read it.
+    compileall.compile_dir(Path(_REPOSITORY) / "hftoolkit", quiet=1)
 
 
 @pytest.fixture(scope="session", autouse=True)

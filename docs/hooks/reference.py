@@ -5,6 +5,11 @@
 - reference/commands.md: every command and its options, from the Typer app (cli/app.py), through click;
 - index.md and contributing.md: README.md and CONTRIBUTING.md, their links rewritten for the site.
 
+The three reference pages are also committed in docs/reference/, so that the pages linking them read the same in
+the repository as on the site; the build makes them afresh all the same, and tests/e2e/test_doc_links.py fails when
+the committed copy differs from what the code makes now, naming the command that writes it again:
+`python docs/hooks/reference.py`.
+
 Each page is a function returning Markdown, so tests/e2e/test_docs_reference.py calls them directly. Light: the schema
 and the Typer app import no torch.
 """
@@ -23,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # (page path in the site, function that writes it)
 PAGES = {}
+# The generated pages kept in the repository too, under docs/ (README.md and CONTRIBUTING.md are their own sources).
+COMMITTED = ("reference/recipe.md", "reference/tasks.md", "reference/commands.md")
+REFRESH = "python docs/hooks/reference.py"
 
 
 def page(path: str):
@@ -283,8 +291,24 @@ def on_page_markdown(markdown, page, config, files):
     return unescaped_table_code(markdown)
 
 
+def stale_pages(docs: Path = ROOT / "docs") -> list[str]:
+    """The committed pages (COMMITTED, under `docs`) that differ from what the code makes now, or are missing."""
+    return [path for path in COMMITTED
+            if not (docs / path).is_file() or (docs / path).read_text(encoding="utf-8") != PAGES[path]()]
+
+
+def write_pages(docs: Path = ROOT / "docs") -> list[str]:
+    """Write the committed pages (COMMITTED) afresh under `docs`; returns those that changed."""
+    changed = stale_pages(docs)
+    for path in changed:
+        (docs / path).parent.mkdir(parents=True, exist_ok=True)
+        (docs / path).write_text(PAGES[path](), encoding="utf-8")
+    return changed
+
+
 def on_files(files, config):
-    """mkdocs: add the generated pages to the site (in memory: nothing is written into docs/)."""
+    """mkdocs: add the generated pages to the site, made afresh in memory (a committed copy is replaced, and nothing
+    is written into docs/)."""
     from mkdocs.structure.files import File
 
     for path, make in PAGES.items():
@@ -293,3 +317,8 @@ def on_files(files, config):
             files.remove(existing)
         files.append(File.generated(config, path, content=make()))
     return files
+
+
+if __name__ == "__main__":
+    written = write_pages()
+    print("\n".join(f"wrote docs/{path}" for path in written) or "docs/reference/ is up to date")

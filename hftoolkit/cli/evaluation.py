@@ -3,7 +3,6 @@ and `predict` (a trained run on new inputs)."""
 
 from __future__ import annotations
 
-import contextlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -44,20 +43,24 @@ def eval_(
     adapter; --split scores another split (a run directory keeps it under metrics.json's "splits");
     --benchmark runs lm-evaluation-harness tasks (metrics.json's "benchmarks")."""
     from hftoolkit.base import console
-    from hftoolkit.workflows import evaluate as evaluation
+    from hftoolkit.runs.rundir import meant_run_folder, run_folder_problem
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     options = _benchmark_options(benchmark, num_fewshot, limit, batch_size, benchmark_path, split)
+    problem = run_folder_problem(target) if target.is_dir() else meant_run_folder(target)
+    if problem:  # (a run folder misspelt gets the run folder's refusal, a recipe misspelt the recipe's)
+        raise UserError(problem)
     if target.is_dir():
         if set_ or output:
             raise UserError(f"{'--set' if set_ else '--output'}: applies to a recipe, and {target} is a run "
                             "directory: its recipe is the one it trained with")
         metrics, shown = _eval_run(target, split, options, verbosity)
-        stdout.show_result(metrics, target, as_json, verbosity, shown)
+        stdout.show_result(metrics, target, as_json, verbosity, shown, from_training=True)
         return
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.models.load_report import explain_in_captures
     from hftoolkit.training.relaunch import command_line
+    from hftoolkit.workflows import evaluate as evaluation
 
     parsed = load_recipe(target, set_ or [])
     explain_in_captures()
@@ -80,14 +83,13 @@ def _eval_run(target: Path, split: str | None, options, verbosity) -> tuple[dict
     from hftoolkit.runs.rundir import RunDirectory
     from hftoolkit.workflows import evaluate as evaluation
 
-    is_run = (target / RECIPE).is_file()
-    if is_run and options is None:  # (an optional library the eval pass needs: refused before the run's log goes on)
+    if options is None:  # (an optional library the eval pass needs: refused before the run's log goes on)
         from hftoolkit.config.recipe import load_recipe
 
         evaluation.refuse_missing_libraries(load_recipe(target / RECIPE))
-    log = target / LOG if is_run else None  # (a run's log goes on)
-    with RunDirectory(target).held("eval", f"hftoolkit eval {target}") if is_run else contextlib.nullcontext(), \
-            console.capture(log, verbosity, explain_loading=False):  # the run's head comes with its weights
+    # (the run's log goes on; the run's head comes with its weights)
+    with RunDirectory(target).held("eval", f"hftoolkit eval {target}"), \
+            console.capture(target / LOG, verbosity, explain_loading=False):
         if options is not None:
             from hftoolkit.workflows.benchmark import benchmark_run
 
@@ -96,8 +98,10 @@ def _eval_run(target: Path, split: str | None, options, verbosity) -> tuple[dict
         if split is None:
             metrics = evaluation.reevaluate(target)
             return metrics, metrics
-        metrics = evaluation.reevaluate_split(target, split)
-    return metrics, {**metrics, "name": f"{metrics['name']} on {split}", "eval": metrics["splits"][split]}
+        metrics, seconds = evaluation.reevaluate_split(target, split)
+    # (metrics.json's eval_seconds is the eval split's; the table shows this split's)
+    return metrics, {**metrics, "name": f"{metrics['name']} on {split}", "eval": metrics["splits"][split],
+                     "eval_seconds": round(seconds, 3)}
 
 
 def _benchmark_options(benchmark: str | None, num_fewshot, limit, batch_size: int, path: Path | None, split):

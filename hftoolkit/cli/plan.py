@@ -42,6 +42,7 @@ def plan(
     device = device_named(gpu) if gpu is not None else device_with_memory(gpu_memory) if gpu_memory is not None \
         else this_machine()
     parsed = load_recipe(recipe, set_ or [])
+    _check_precision(parsed, device)
     config = accelerate_config or (Path(parsed.training.accelerate_config)
                                    if parsed.training.accelerate_config else None)
     launch = plan_from_config(config, num_processes, "--accelerate-config" if config else "--num-processes",
@@ -57,6 +58,21 @@ def plan(
         typer.echo(json.dumps(planned.as_dict(), indent=2))
     else:
         show(planned)
+
+
+def _check_precision(recipe, device) -> None:
+    """training.precision against the device planned on, as `train` checks it on this machine (job/hardware.py):
+    refused in the same line, or the same warning (on standard error) where it trains slowly."""
+    from hftoolkit.base import console
+    from hftoolkit.config.recipe import RecipeError
+    from hftoolkit.job.hardware import precision_problems, precision_warning
+
+    cuda = device.kind == "cuda"
+    refused = precision_problems(recipe.training.precision, cuda)
+    if refused:
+        raise RecipeError(refused)
+    if slow := precision_warning(recipe.training.precision, cuda):
+        console.warn(slow)
 
 
 def plan_search(recipe: Path, sets: list[str], params: list[str], launch, device, as_json: bool) -> None:
@@ -91,13 +107,17 @@ def plan_search(recipe: Path, sets: list[str], params: list[str], launch, device
 
 
 def show(planned) -> None:
-    """The launch's strategy itemized, then every strategy in one table, then the cheapest that fits."""
+    """The launch's strategy itemized, then every strategy in one table, what its time covers, then the strategy
+    that fits at the lowest cost per run."""
     from rich.console import Console
     from rich.table import Table
 
+    from hftoolkit.runs.summary import format_count
+
     console, chosen, shape = Console(), planned.chosen, planned.shape
-    console.print(f"{planned.recipe}: {planned.checkpoint}, {shape.get('parameters', 0) / 1e6:,.1f}M parameters "
-                  f"({shape.get('trainable', 0) / 1e6:,.2f}M trained), {planned.precision}, on {planned.device.name}")
+    console.print(f"{planned.recipe}: {planned.checkpoint}, {format_count(shape.get('parameters', 0))} parameters "
+                  f"({format_count(shape.get('trainable', 0))} trained), {planned.precision}, on "
+                  f"{planned.device.name}")
     if chosen.memory is not None:
         items = Table(title=f"{_on(chosen)}: memory per process")
         items.add_column("item")
@@ -109,13 +129,13 @@ def show(planned) -> None:
     if chosen.time is not None and chosen.time.items:
         step = Table(title=f"{_on(chosen)}: a step's time")
         step.add_column("item")
-        step.add_column("ms", justify="right")
+        step.add_column("time", justify="right")
         for item, seconds in chosen.time.items.items():
-            step.add_row(item, f"{seconds * 1000:,.1f}")
-        step.add_row("step", f"{chosen.time.step_seconds * 1000:,.1f}")
+            step.add_row(item, duration(seconds))
+        step.add_row("step", duration(chosen.time.step_seconds))
         console.print(step)
     table = Table(title="every strategy")
-    for column in ("strategy", "processes", "peak GiB / process", "fits", "step", "run"):
+    for column in ("strategy", "processes", "peak GiB / process", "fits", "step", "training"):
         table.add_column(column, justify="left" if column in ("strategy", "fits") else "right")
     for row in planned.strategies:
         if row.not_possible:
@@ -125,16 +145,45 @@ def show(planned) -> None:
         fits = {True: "yes", False: "no", None: "?"}[row.memory.fits]
         # (auto steps down where a strategy can't run the device's pick: DeepSpeed's CPU processes train in fp32)
         label = row.label if row.precision == planned.precision else f"{row.label} ({row.precision})"
-        table.add_row(label, str(row.processes), _gib(row.memory.peak), fits, _seconds(row.time.step_seconds),
-                      _seconds(row.time.train_seconds))
+        table.add_row(label, str(row.processes), _gib(row.memory.peak), fits, duration(row.time.step_seconds),
+                      duration(row.time.train_seconds))
     console.print(table)
+    console.print(covers(planned), soft_wrap=True)
     for row in planned.strategies:
         for problem in row.not_possible:
             console.print(f"{row.label} is not possible: {problem}", soft_wrap=True)
-    best = planned.cheapest_fit
-    console.print(f"cheapest that fits: {_on(best)}" if best else "no strategy fits this device: set "
-                  "training.gradient_checkpointing, 4-bit weights with LoRA, or a smaller training.batch_size, and "
-                  "plan again")
+    console.print(pick_line(planned), soft_wrap=True)
+
+
+# What the pick minimises, as the text and the JSON ("lowest_cost_fit") name it.
+PICK = "lowest cost per run"
+
+
+def pick_line(planned) -> str:
+    """The strategy that fits at the lowest cost per run, and the cost it was picked by."""
+    best = planned.lowest_cost_fit
+    if best is None:
+        return ("no strategy fits this device: set training.gradient_checkpointing, 4-bit weights with LoRA, or a "
+                "smaller training.batch_size, and plan again")
+    gpu = planned.device.kind == "cuda"
+    held = f"{best.devices} GPU{'s' * (best.devices != 1)}" if gpu else \
+        f"{best.devices} machine{'s' * (best.devices != 1)}"
+    if best.device_seconds is None:
+        return f"{PICK} that fits: {_on(best)} (the fewest GPUs: this GPU's speed is unknown, so no time is planned)"
+    per = "of training" if best.time.train_seconds is not None else "a step"
+    return f"{PICK} that fits: {_on(best)} ({held} for {duration(best.device_seconds / best.devices)} {per})"
+
+
+def covers(planned) -> str:
+    """What the times count, in one line."""
+    at = {"data": "the padded length of the data's batches", "images": "its images' size"}.get(
+        planned.lengths_from, "the recipe's data.max_length (its data or tokenizer is not at hand here)")
+    said = (f"time: a step at {at}; training: the Trainer's start and its steps, as metrics.json's train_seconds "
+            "counts them (not the loading and tokenizing before, nor the evaluation after)")
+    if planned.device.kind == "cuda":
+        said += (f"; on a GPU each step's products at its peak x {planned.device.utilisation:.0%} utilisation, a "
+                 "floor for a small model, whose steps wait on the host and on kernel launches")
+    return said
 
 
 def _on(row) -> str:
@@ -145,9 +194,20 @@ def _gib(count: float | None) -> str:
     return "-" if count is None else f"{count / 2**30:,.2f}"
 
 
-def _seconds(value: float | None) -> str:
+def duration(seconds: float | None) -> str:
+    """A planned duration with two digits at least, however short: 0.42 ms, 37 µs, 12 ms, 5.1 s, 2m 03s; 0 for none."""
     from hftoolkit.runs.summary import format_seconds
 
-    if value is None:
+    if seconds is None:
         return "-"
-    return f"{value * 1000:.0f} ms" if value < 1 else format_seconds(value)
+    if seconds == 0:  # (an item the step does not have: no collectives on one process)
+        return "0"
+    if seconds >= 1:
+        return format_seconds(seconds)
+    if seconds >= 1e-4:
+        value, unit = seconds * 1e3, "ms"
+    elif seconds >= 1e-6:
+        value, unit = seconds * 1e6, "µs"
+    else:
+        return "<1 µs"
+    return f"{value:.0f} {unit}" if value >= 10 else f"{value:.2g} {unit}"

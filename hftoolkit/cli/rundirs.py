@@ -16,6 +16,9 @@ from hftoolkit.cli.options import QuietOption, VerboseOption
 def list_run_dirs(
     root: Annotated[Path, typer.Argument(metavar="DIR", help="Folder to search, sweeps included.")] = Path("runs"),
     as_json: Annotated[bool, typer.Option("--json", help="Print the list as one JSON array.")] = False,
+    wide: Annotated[bool, typer.Option("--wide", help=(
+        "Show every column, one line a run however wide that makes it (a pager such as less -S shows it whole); "
+        "by default the columns that don't fit the terminal are left out and named under the table."))] = False,
 ):
     """List run directories newest first: status, task, checkpoint, main metric, train time, date."""
     from hftoolkit.runs.listing import list_runs, print_runs
@@ -26,7 +29,7 @@ def list_run_dirs(
 
         typer.echo(json.dumps(found, indent=2, ensure_ascii=False))
     else:
-        print_runs(found, root)
+        print_runs(found, root, wide=wide)
 
 
 def compare(
@@ -62,7 +65,10 @@ def merge(
     verbosity = console.verbosity_from_flags(verbose, quiet)
     with console.capture(verbosity=verbosity, explain_loading=False):  # the run's head comes with its adapter
         merged = merge_run(run_dir, output, dtype)
-    typer.echo(str(merged) if verbosity == console.Verbosity.QUIET else f"merged checkpoint: {merged}")
+    if verbosity == console.Verbosity.QUIET:
+        typer.echo(str(merged))
+    else:
+        typer.echo(f"merged checkpoint written to {merged}: {stdout.files_in(merged)}")
 
 
 def export(
@@ -93,7 +99,7 @@ def export(
         typer.echo(str(done.folder))
         return
     typer.echo(f"exported {done.record['format']}{f' ({q})' if (q := done.record['quantization']) else ''} to "
-               f"{done.folder}: {', '.join(done.files)}")
+               f"{done.folder}: {stdout.files_in(done.folder)}")
     typer.echo(done.line)
 
 

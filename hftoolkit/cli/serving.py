@@ -47,15 +47,21 @@ def serve(
         raise UserError(f"--host {host}: a server reachable from other machines needs an API key: set "
                         f"{API_KEY_VARIABLE}, or listen on 127.0.0.1")
     extras.requires("serve", "serve")
+    from hftoolkit.runs.rundir import run_folder_problem
+    from hftoolkit.serving.registry import load_runs, run_names
+
+    pairs = run_names(runs)
+    for _, path in pairs:  # (every folder checked before the first model loads)
+        if problem := run_folder_problem(path, merged=True):
+            raise UserError(problem)
     import uvicorn
 
     sock = listening(host, port)  # (before the models load: a port in use is said at once)
     from hftoolkit.serving.api import Limits, build_app
     from hftoolkit.serving.batcher import Batcher
-    from hftoolkit.serving.registry import load_runs, run_names
 
     with console.capture(verbosity=console.verbosity_from_flags(verbose, quiet), explain_loading=False):
-        served = load_runs(run_names(runs), max_batch, progress=console.phase)
+        served = load_runs(pairs, max_batch, progress=console.phase)
     batcher = Batcher(max_batch, max_wait_ms / 1000, max_tokens)
     app = build_app(served, batcher, Limits(max_body_bytes, max_input_tokens, max_tokens), api_key)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=300))

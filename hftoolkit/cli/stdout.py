@@ -44,6 +44,12 @@ def predict_text(records: list[dict], format_: str, submission: bool = False) ->
     return header + "".join(tsv_row(r) + "\n" for r in records)
 
 
+def files_in(folder: Path) -> str:
+    """Every file under `folder`, as paths relative to it, sorted and comma-separated: what a command's summary says
+    it wrote, read from the disk once it is written, so that the summary can't drift from the writers."""
+    return ", ".join(sorted(p.relative_to(folder).as_posix() for p in Path(folder).rglob("*") if p.is_file()))
+
+
 # The report's columns that fit a terminal; report.md and report.html have them all.
 TERMINAL_COLUMNS = ("run", "family", "task", "quant", "LoRA r", "main metric", "trainable / total", "train time")
 # Left out first where the terminal is narrow (run and main metric stay).
@@ -66,9 +72,11 @@ def print_rows(rows: list[dict]) -> None:
     console.print(table)
 
 
-def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, shown: dict | None = None) -> None:
+def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, shown: dict | None = None,
+                from_training: bool = False) -> None:
     """What train and eval end with on standard output: metrics.json's content as one JSON object (--json), the
-    path written alone (--quiet), or the results table and the path."""
+    path written alone (--quiet), or the results table and the path. `from_training`: the figures only training
+    measures are the training run's, kept in metrics.json (`eval RUN_DIR`), and the table says so."""
     from hftoolkit.base.console import Verbosity
 
     if as_json:
@@ -78,7 +86,7 @@ def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, show
             typer.echo(str(path))
     else:
         if (shown or metrics).get("eval") is not None:
-            print_metrics(shown or metrics)
+            print_metrics(shown or metrics, from_training)
         if metrics.get("benchmarks"):
             print_benchmarks(metrics)
         typer.echo(f"run directory: {path}" if path is not None else
@@ -88,9 +96,16 @@ def show_result(metrics: dict, path: Path | None, as_json: bool, verbosity, show
 # The run's cost, shown under its scores.
 RESULT_FIGURES = ("setup_seconds", "train_seconds", "eval_seconds", "samples_per_second", "tokens_per_second",
                   "padding_fraction", "matmul_fraction", "peak_memory_mb", "trainable_params", "total_params")
+# Those only training measures (its throughput, and its peak memory, read as training ends): an eval pass measures
+# its scores and eval_seconds, and shows these labelled as the training run's.
+TRAINING_FIGURES = ("setup_seconds", "train_seconds", "samples_per_second", "tokens_per_second", "padding_fraction",
+                    "matmul_fraction", "peak_memory_mb")
+FROM_TRAINING = "(from training)"
 
 
-def print_metrics(metrics: dict) -> None:
+def print_metrics(metrics: dict, from_training: bool = False) -> None:
+    """The scores, then the run's figures; with `from_training`, TRAINING_FIGURES are labelled as the training
+    run's (an eval pass shows what it measured, beside what it kept)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -105,9 +120,15 @@ def print_metrics(metrics: dict) -> None:
     for key, value in metrics["eval"].items():
         shown = f"{value:.4f}" if isinstance(value, float) else str(value)
         table.add_row(key + (" *" if key == metrics["main_metric"] else ""), shown)
-    for key in RESULT_FIGURES:
+    measured = [key for key in RESULT_FIGURES if not (from_training and key in TRAINING_FIGURES)]
+    for key in measured:
         if metrics.get(key) is not None:
-            table.add_row(key, f"{metrics[key]:,}" if isinstance(metrics[key], int) else str(metrics[key]))
+            table.add_row(key, _cell(metrics[key]))
+    carried = [key for key in TRAINING_FIGURES if from_training and metrics.get(key) is not None]
+    if carried:  # (below a rule: what the training run measured, kept in metrics.json)
+        table.add_section()
+    for key in carried:
+        table.add_row(f"{key} {FROM_TRAINING}", _cell(metrics[key]))
     console.print(table)
 
 
@@ -126,6 +147,10 @@ def print_benchmarks(metrics: dict) -> None:
                       _figure(stderr) if isinstance(stderr, (int, float)) else "-",
                       str(record.get("num_fewshot")), str(record.get("rows")))
     Console().print(table)
+
+
+def _cell(value) -> str:
+    return f"{value:,}" if isinstance(value, int) else str(value)
 
 
 def _figure(value) -> str:

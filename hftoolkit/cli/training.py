@@ -90,13 +90,15 @@ def _recipe_and_output(recipe: Path, output: Path | None, resume: bool, overwrit
     """The recipe file and --output of `train`: with `--resume RUN_DIR`, the run's own resolved recipe; a shipped
     recipe's name, its file in the package (config/shipped.py)."""
     from hftoolkit.config.shipped import find_recipe
+    from hftoolkit.runs.rundir import meant_run_folder, run_folder_problem
 
     if resume and overwrite:
         raise UserError("--resume and --overwrite contradict each other: pass one of them")
+    if resume:  # RECIPE is a run folder, or a recipe file with --output
+        problem = run_folder_problem(recipe) if recipe.is_dir() else meant_run_folder(recipe)
+        if problem:
+            raise UserError(problem)
     if resume and recipe.is_dir():
-        if not (recipe / RECIPE).is_file():
-            raise UserError(f"--resume: {recipe} has no recipe.yaml, so it is not a run directory: "
-                            "pass a folder written by hftoolkit train, or the recipe file with --output")
         return recipe / RECIPE, output or recipe
     return find_recipe(recipe), output
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -240,7 +240,9 @@ def read_yaml_mapping(path: Path, where: str, missing: str, kind: str, shape: st
 
 
 def apply_overrides(raw: dict, overrides: list[str], source: Path | str = "--set") -> dict[tuple, str]:
-    """Apply `a.b.c=value` overrides in place (values parsed as YAML); returns {path: original text}."""
+    """Apply `a.b.c=value` overrides in place (values parsed as YAML); returns {path: the override's text} for
+    every key an override set and every section it created (a key the file lacks), so that a problem there is
+    blamed on the override, not on the file."""
     applied: dict[tuple, str] = {}
     problems = []
     for item in overrides:
@@ -255,8 +257,10 @@ def apply_overrides(raw: dict, overrides: list[str], source: Path | str = "--set
             value = text
         if isinstance(value, dict) and not text.lstrip().startswith("{"):
             value = text  # "translate English to German: " is a string, not a one-key mapping
-        node = raw
-        for part in dotted[:-1]:
+        node, created = raw, []
+        for depth, part in enumerate(dotted[:-1], 1):
+            if part not in node:
+                created.append(dotted[:depth])
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
                 problems.append(f"--set {key}: {'.'.join(dotted[:-1])} is not a section, "
@@ -265,6 +269,7 @@ def apply_overrides(raw: dict, overrides: list[str], source: Path | str = "--set
             node = child
         else:
             node[dotted[-1]] = value
+            applied.update({path: item for path in created if path not in applied})
             applied[dotted] = item
     if problems:
         raise RecipeError(problems)
@@ -306,13 +311,23 @@ def _describe(error: dict, loc: tuple[str, ...]) -> str:
 
 
 def _fields_at(loc: tuple[str, ...]) -> list[str]:
+    """The keys of the section at `loc`, however deep (an optional section, an item of a list of them)."""
     model: Any = Recipe
     for part in loc:
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
+        if part.isdigit():  # (an item of a list of sections: rl.rewards.0)
+            continue
+        field = model.model_fields.get(part)
+        model = _section(field.annotation) if field is not None else None
+        if model is None:
             return []
-        model = field.annotation
-    return list(getattr(model, "model_fields", {}))
+    return list(model.model_fields)
+
+
+def _section(annotation) -> type[Section] | None:
+    """The section class an annotation holds: itself, or inside `X | None` or `list[X]`; None for a plain value."""
+    if isinstance(annotation, type) and not get_args(annotation) and issubclass(annotation, Section):
+        return annotation
+    return next((found for arg in get_args(annotation) if (found := _section(arg)) is not None), None)
 
 
 def recipe_to_yaml(recipe: Recipe) -> str:

@@ -1,7 +1,8 @@
 """What this machine can do for a recipe: its CPU's bf16 matrix features (which `auto` precision reads:
 job/precision.py), and the keys that ask it for what it lacks (an optional library: TRL, bitsandbytes,
-TensorBoard; flash attention, TF32), refused when training starts (`validate` stays machine-independent: a recipe
-for a GPU server validates anywhere). Imports torch only inside functions."""
+TensorBoard; flash attention, TF32, fp16 on a CPU), refused when training starts and by `plan` for the device it
+plans on (`validate` stays machine-independent: a recipe for a GPU server validates anywhere).
+Imports torch only inside functions."""
 
 from __future__ import annotations
 
@@ -80,15 +81,37 @@ def library_problems(recipe: Recipe, training: bool = True) -> list[str]:
     return [line for extra, feature in needs if (line := extras.missing(extra, feature))]
 
 
+def precision_problems(precision: str, cuda: bool) -> list[str]:
+    """training.precision against the device that trains (`cuda`: a GPU; else a CPU), one line where it can't:
+    fp16 mixed precision is a GPU's. CPUs multiply fp16 in hardware rarely (AVX-512 FP16, AMX-FP16) and bf16 more
+    often (BF16_MATRIX_FEATURES), and bf16 keeps fp32's range, so it needs no loss scaling: on a CPU the choice is
+    bf16 or fp32, and `auto` never picks fp16 there."""
+    if precision == "fp16" and not cuda:
+        return ["training.precision: fp16 mixed precision is for GPUs, and this machine has none (a CPU's half "
+                "precision is bf16: fp32's range, no loss scaling): set training.precision to fp32, or bf16 on a CPU "
+                "with bf16 matrix units (auto picks for this machine)"]
+    return []
+
+
+def precision_warning(precision: str, cuda: bool) -> str | None:
+    """One line where `precision` trains on this device, but slower than fp32 would: bf16 on a CPU without bf16
+    matrix units (BF16_MATRIX_FEATURES), where torch emulates each bf16 product through fp32. None elsewhere."""
+    if precision != "bf16" or cuda or cpu_bf16_features():
+        return None
+    return ("training.precision: bf16 on this CPU trains slower than fp32: it has no bf16 matrix units "
+            f"({' or '.join(BF16_MATRIX_FEATURES)}), so torch emulates every bf16 product through fp32; set "
+            "training.precision to fp32, or auto (which picks fp32 here)")
+
+
 def hardware_problems(recipe: Recipe) -> list[str]:
     """What this recipe asks of the machine that the machine lacks, one `key: what: what to do` line each: its
-    optional libraries (`library_problems`), then a GPU's features. Imports torch only when the recipe asks for
-    something that needs a GPU."""
+    optional libraries (`library_problems`), then a GPU's features (`precision_problems` among them). Imports torch
+    only when the recipe asks for something that needs a GPU."""
     import importlib.util
 
     t, m = recipe.training, recipe.model
     problems = library_problems(recipe)
-    if not (m.attention == "flash_attention_2" or t.tf32):
+    if not (m.attention == "flash_attention_2" or t.tf32 or t.precision == "fp16"):
         return problems
     import torch
 
@@ -103,4 +126,4 @@ def hardware_problems(recipe: Recipe) -> list[str]:
     if t.tf32 and not (cuda and torch.cuda.get_device_capability()[0] >= 8):
         problems.append("training.tf32: TF32 matmuls need an NVIDIA Ampere or newer GPU, which this machine lacks: "
                         "set training.tf32 to false")
-    return problems
+    return problems + precision_problems(t.precision, cuda)

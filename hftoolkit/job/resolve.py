@@ -14,7 +14,7 @@ from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.families import model_rules, reads_text
 from hftoolkit.config.recipe import Recipe, RecipeError
-from hftoolkit.job.hardware import hardware_problems
+from hftoolkit.job.hardware import hardware_problems, precision_warning
 from hftoolkit.job.precision import precision_and_reason
 from hftoolkit.job.spec import Job, ResolvedModel
 
@@ -53,6 +53,8 @@ def resolve_job(recipe: Recipe, *, data: bool = True, weights: Path | None = Non
     precision, stepped_down = precision_and_reason(recipe.training.precision, model.model_type, strategy)
     if stepped_down:
         found.notes.append(f"training.precision: {stepped_down}")
+    if strategy is not None and (slow := precision_warning(precision, _has_cuda())):  # (trains, but slowly here)
+        found.warnings.append(slow)
     return Job(recipe=recipe, model=model, precision=precision,
                data=rows, label_names=tuple(names) if names is not None else None, findings=found, data_seconds=read,
                strategy=strategy)
@@ -201,6 +203,12 @@ def _check_tokenizer_files(ckpt: str, folder: Path, tokenizer) -> None:
     raise UserError(f"model.checkpoint: {ckpt} has config.json but no tokenizer files "
                     f"(expected {expected}): save the tokenizer of the model it was trained from into it "
                     "(tokenizer.save_pretrained)")
+
+
+def _has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _lines(err: UserError) -> list[str]:

@@ -39,6 +39,7 @@ class Findings:
 
     problems: list[str] = field(default_factory=list)  # `where: what: what to do`, all raised together
     notes: list[str] = field(default_factory=list)  # what preflight changed, one printed line each
+    warnings: list[str] = field(default_factory=list)  # what trains, but not as well as it could here (a warning each)
     record: dict = field(default_factory=dict)  # the same, for manifest.json's "preflight"
     lengths: dict[str, int] = field(default_factory=dict)  # data.max_length & co. as clamped
     # The data's longest prompt and answer in tokens (max_length, max_target_length), where preflight or the plan

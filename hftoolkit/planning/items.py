@@ -144,21 +144,23 @@ def layer_bytes(shape: dict, batch: int, tokens: int, e: int, keys: int = 0, mat
     projection, the norms' inputs and the feed-forward's input (about ten; a python RMSNorm also keeps its
     normalized input). Of the feed-forward's width: what the activation keeps (a fused GELU its input, whose output
     the next product keeps; GPT-2's tanh GELU, written in python, five; a gated SiLU four). A 1-byte mask per
-    dropout. `matrix`: the attention probabilities are kept (eager attention, or dropout on a CPU, where torch's
-    attention falls back to the plain products), and their dropped-out copy. `keys`: a seq2seq decoder layer's
+    dropout. `matrix`: the attention probabilities are kept (eager attention, or attention dropout on a CPU, where
+    torch's attention falls back to the plain products), and their dropped-out copy where attention drops
+    out. `keys`: a seq2seq decoder layer's
     cross-attention over that many encoder tokens. `frozen`: bytes per token that frozen products and LoRA's
     adapters change (see plan_memory.lora_saved)."""
     h, i, a = shape["hidden"], shape["intermediate"], shape["heads"]
     rows, rms, dropout = batch * tokens, shape["norm"] == "rms", shape["dropout"]
+    dropped = shape.get("attention_dropout", dropout)  # (the probabilities' own dropout: a copy and a mask)
     kv = 2 * h * shape["kv_heads"] / max(1, a)  # k and v: narrower under grouped-query attention
     total = e * rows * ((8 + 2 * rms) * h + kv + shape["wide_tensors"] * i) + (rows * (3 * h + i * shape["ffn_dropout"])
                                                                             if dropout else 0) + rows * frozen
     if matrix:
-        total += batch * a * tokens * tokens * (2 * e + 1 if dropout else e)
+        total += batch * a * tokens * tokens * (2 * e + 1 if dropped else e)
     if keys:
         total += e * (rows * (4 + rms) * h + 2 * batch * keys * h) + (rows * h if dropout else 0)
         if matrix:
-            total += batch * a * tokens * keys * (2 * e + 1 if dropout else e)
+            total += batch * a * tokens * keys * (2 * e + 1 if dropped else e)
     return total
 
 

@@ -83,6 +83,17 @@ def step_lengths(job: Job, bound: dict, sample) -> dict:
     return {**bound, "max_length": max(1, total - answer), "max_target_length": answer}
 
 
+def trained_rows(job: Job, sample) -> int:
+    """The rows training draws its batches from: the train split's, as its formulation makes them from the sample
+    (`tokenized_sample`), scaled to the whole split; a causal LM's text packed into blocks of data.max_length is as
+    many rows as its blocks, not its documents. The split's rows where there is no sample."""
+    count = len(job.data["train"])
+    if sample is None:
+        return count
+    drawn = count if count <= WHOLE_SPLIT_ROWS else SAMPLE_ROWS  # (as tokenized_sample draws them)
+    return max(1, round(count * len(sample) / drawn))
+
+
 def padded(lengths: list[int], rows: int, order: str) -> float:
     """The mean padded length of a batch of `rows` rows of these lengths: under random order the expected longest
     of `rows` drawn at random; length-sorted batches' mean longest (group_by_length); a packed batch's mean

@@ -89,6 +89,10 @@ def _dims(config) -> dict:
     image, patch = _config_value(config, "image_size"), _config_value(config, "patch_size")
     dropout = _config_value(config, "attention_probs_dropout_prob", "attn_pdrop", "attention_dropout",
                             "dropout_rate", "dropout", default=0.0)
+    # The attention probabilities' own dropout, where the config names one (BART's attention_dropout is 0 while its
+    # hidden dropout is not); T5 drops its attention weights at its dropout_rate.
+    attention = next((getattr(config, n) for n in ("attention_probs_dropout_prob", "attn_pdrop", "attention_dropout",
+                                                   "dropout_rate") if getattr(config, n, None) is not None), dropout)
     kind = getattr(config, "model_type", "")
     act = str(_config_value(config, "dense_act_fn", "hidden_act", "activation_function", default="gelu"))
     gated = bool(getattr(config, "is_gated_act", False)) or kind in GATED_MLP
@@ -102,7 +106,8 @@ def _dims(config) -> dict:
         "vocab": _config_value(config, "vocab_size"), "seq2seq": seq2seq,
         "image_tokens": (image // patch) ** 2 + 1 if image and patch else 0,
         "image_values": _config_value(config, "num_channels", default=3) * image * image if image else 0,
-        "dropout": float(dropout) > 0, "norm": "rms" if kind in RMS_NORM else "layer",
+        "dropout": float(dropout) > 0, "attention_dropout": float(attention) > 0,
+        "norm": "rms" if kind in RMS_NORM else "layer",
         "wide_tensors": ACTIVATION_KEEPS.get(act, 2) + 2 * gated + (kind in T5_TYPES and float(dropout) > 0),
         "ffn_dropout": kind in T5_TYPES and float(dropout) > 0,
         "eager_attention": getattr(config, "_attn_implementation", "eager") in (None, "eager"),
@@ -197,7 +202,8 @@ def activation_bytes(shape: dict, recipe, batch: int, precision: str, lengths: d
     recipe's gradient checkpointing unless `checkpointing` says otherwise."""
     e = PRECISION_BYTES[precision]
     checkpointing = recipe.training.gradient_checkpointing if checkpointing is None else checkpointing
-    matrix = shape["eager_attention"] or (shape["dropout"] and not cuda)
+    # (kept where attention is eager, or where its dropout makes a CPU's attention fall back to the plain products)
+    matrix = shape["eager_attention"] or (shape.get("attention_dropout", shape["dropout"]) and not cuda)
     source = shape["image_tokens"] or lengths["max_length"]
     # (frozen products' effect per stack, per token: elements at e bytes, dropout masks at 1 byte on a GPU, where
     # dropout keeps a boolean mask, and at e on a CPU, where it multiplies by a mask of the input's dtype)

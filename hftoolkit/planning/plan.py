@@ -15,13 +15,22 @@ from hftoolkit.config.recipe import Recipe
 from hftoolkit.job.devices import Device
 from hftoolkit.job.precision import resolve_precision
 from hftoolkit.job.spec import Job, ResolvedModel
-from hftoolkit.planning.lengths import memory_lengths, step_lengths, tokenized_sample, with_data_longest
+from hftoolkit.planning.lengths import (
+    memory_lengths,
+    step_lengths,
+    tokenized_sample,
+    trained_rows,
+    with_data_longest,
+)
 from hftoolkit.planning.model import MemoryPlan, plan_memory
 from hftoolkit.planning.timing import TimePlan, plan_time
 from hftoolkit.training.strategies import STRATEGIES, LaunchPlan, Strategy, strategy_for
 
 # What the override of the memory check is called, wherever a refusal names it.
 OVERRIDE = "--skip-memory-check"
+# Costs within this share of the lowest are one cost to the pick: the plan is not closer than that to a run (a batch
+# split over two processes pads a little less, and plans a few percent cheaper, on no evidence a run would show).
+COST_TIE = 0.1
 
 
 @dataclass(frozen=True)
@@ -36,15 +45,25 @@ class StrategyPlan:
     time: TimePlan | None = None
     not_possible: tuple[str, ...] = ()
     lengths: dict | None = None  # the lengths planned at: {"memory": a batch's longest, "step": a batch's mean}
+    devices: int = 1  # what a run holds, and is billed for: a GPU per process, or a CPU run's whole machines
 
     @property
     def fits(self) -> bool:
         return not self.not_possible and self.memory is not None and self.memory.fits is not False
 
+    @property
+    def device_seconds(self) -> float | None:
+        """What a run costs: the devices it holds times its planned time (the training, else a step where the number
+        of steps is unknown: every strategy takes the same steps); None where the device's speed is unknown."""
+        time = self.time
+        seconds = time and (time.train_seconds if time.train_seconds is not None else time.step_seconds)
+        return None if seconds is None else self.devices * seconds
+
     def as_dict(self) -> dict:
         return {"strategy": self.name, "label": self.label, "processes": self.processes,
                 "precision": self.precision, "fits": self.fits,
                 "not_possible": list(self.not_possible), "lengths": self.lengths,
+                "devices": self.devices, "device_seconds": self.device_seconds,
                 "memory": self.memory.as_dict() if self.memory else None,
                 "time": self.time.as_dict() if self.time else None}
 
@@ -92,29 +111,43 @@ class Plan:
     shape: dict
     launched: str  # the strategy the launch engages
     strategies: tuple[StrategyPlan, ...] = field(default_factory=tuple)
+    lengths_from: str = "recipe"  # a step's lengths: "data" (its batches' padded length), "recipe", or "images"
 
     @property
     def chosen(self) -> StrategyPlan:
         return next(s for s in self.strategies if s.name == self.launched)
 
     @property
-    def cheapest_fit(self) -> StrategyPlan | None:
-        """The first strategy that fits, in the table's order (the cheapest to run first)."""
-        return next((s for s in self.strategies if s.fits), None)
+    def lowest_cost_fit(self) -> StrategyPlan | None:
+        """The strategy that fits at the lowest cost per run: the fewest device-seconds (`device_seconds`), those
+        within COST_TIE of the fewest counting as a tie; where the device's speed is unknown, the fewest devices;
+        ties to the table's order (the least machinery first)."""
+        fitting = [s for s in self.strategies if s.fits]
+        if not fitting:
+            return None
+        if any(s.device_seconds is None for s in fitting):
+            return min(fitting, key=lambda s: s.devices)
+        lowest = min(s.device_seconds for s in fitting)
+        return next(s for s in fitting if s.device_seconds <= lowest * (1 + COST_TIE))
 
     def as_dict(self) -> dict:
+        pick = self.lowest_cost_fit
         return {"recipe": self.recipe, "checkpoint": self.checkpoint, "device": vars(self.device),
                 "precision": self.precision, "model": self.shape, "launched": self.launched,
-                "cheapest_fit": self.cheapest_fit.name if self.cheapest_fit else None,
+                "lowest_cost_fit": pick.name if pick else None, "lengths_from": self.lengths_from,
                 "strategies": [s.as_dict() for s in self.strategies]}
 
 
 def plan_recipe(recipe: Recipe, launch: LaunchPlan, device: Device) -> Plan:
     """The plan of `recipe` under `launch` on `device`, with every other strategy beside it (at the launch's process
-    count, two at least); reads the model's config, and the data's row counts where they can be read (the run's
-    time needs them unless training.max_steps is set)."""
+    count, two at least); reads the model's config, and where the data and the tokenizer are at hand, the data as
+    `train` reads it: its row counts (the run's time needs them unless training.max_steps is set) and what its
+    batches hold (a step is planned at their padded length, as `train` plans it; memory at the recipe's lengths)."""
     job = _config_job(recipe, device)
-    train_rows, eval_rows = _row_counts(recipe)
+    resolved = _resolved_with_data(recipe)
+    sample = tokenized_sample(resolved) if resolved is not None else None
+    train_rows, eval_rows = (trained_rows(resolved, sample), len(resolved.data["eval"])) if resolved is not None \
+        else _row_counts(recipe)
     shape = model_shape_of(job)
     launched = strategy_for(launch)
     several = max(2, launch.num_processes)
@@ -125,10 +158,13 @@ def plan_recipe(recipe: Recipe, launch: LaunchPlan, device: Device) -> Plan:
         else:
             count = 1 if name == "single" else several
             strategy = cls(replace(launch, num_processes=count, source=f"{count} processes"))
-        rows.append(strategy_plan(strategy, job, shape, device, train_rows, eval_rows))
+        step_at = None if sample is None else step_lengths(replace(resolved, strategy=strategy), memory_lengths(job),
+                                                              sample)
+        rows.append(strategy_plan(strategy, job, shape, device, train_rows, eval_rows, step_at))
     precision = next(row.precision for row in rows if row.name == launched.name) or job.precision
     return Plan(recipe=recipe.name, checkpoint=recipe.model.checkpoint, device=device, precision=precision,
-                shape=shape, launched=launched.name, strategies=tuple(rows))
+                shape=shape, launched=launched.name, strategies=tuple(rows),
+                lengths_from="images" if shape["image_tokens"] else "recipe" if sample is None else "data")
 
 
 def strategy_plan(strategy: Strategy, job: Job, shape: dict, device: Device | None, train_rows: int | None = None,
@@ -136,8 +172,10 @@ def strategy_plan(strategy: Strategy, job: Job, shape: dict, device: Device | No
     """One strategy's memory and time for `job`, or the reasons it can't run the recipe; its time at
     `step_at` where given (planning/lengths.py: what the data's batches hold), else at the lengths memory is
     planned at."""
-    head = dict(name=strategy.name, label=strategy.label, processes=strategy.processes)
     cuda = device.kind == "cuda" if device is not None else None
+    # (a GPU per process; CPU processes share their machines, which a run holds whole)
+    devices = strategy.processes if cuda else max(1, strategy.processes // strategy.launch.processes_per_machine)
+    head = dict(name=strategy.name, label=strategy.label, processes=strategy.processes, devices=devices)
     refused = tuple(strategy.problems(job.recipe, cuda=cuda))
     if refused:
         return StrategyPlan(**head, not_possible=refused)
@@ -147,6 +185,20 @@ def strategy_plan(strategy: Strategy, job: Job, shape: dict, device: Device | No
     return StrategyPlan(**head, precision=precision, lengths={"memory": lengths, "step": step},
                         memory=plan_memory(shape, job.recipe, spread, device, precision, lengths),
                         time=plan_time(shape, job.recipe, spread, device, precision, step, train_rows, eval_rows))
+
+
+def _resolved_with_data(recipe: Recipe) -> Job | None:
+    """The recipe resolved as `train` resolves it (its tokenizer, its data read, preflight), where that can be done
+    here; None for a stream (read only by training), or a checkpoint or data set not at hand (a hub id whose config
+    alone is cached): then a step is planned at the recipe's lengths."""
+    from hftoolkit.job.resolve import resolve_job
+
+    if recipe.data.streaming:
+        return None
+    try:
+        return resolve_job(recipe)
+    except UserError:
+        return None
 
 
 def _row_counts(recipe: Recipe) -> tuple[int | None, int | None]:
@@ -253,6 +305,8 @@ def planned_job(job: Job, check: bool = True) -> Job:
     data = job.data or {}
     rows = {split: len(ds) if hasattr(ds, "__len__") else None for split, ds in data.items()}
     sample = tokenized_sample(job)
+    if rows.get("train") is not None:
+        rows["train"] = trained_rows(job, sample)
     job = with_data_longest(job, sample)
     step = step_lengths(job, memory_lengths(job), sample)
     planned = strategy_plan(job.strategy, job, model_shape_of(job), this_machine(), rows.get("train"),

@@ -32,9 +32,15 @@ from hftoolkit.training.strategies.base import Spread
 # (`optimizer_calibration`); gloo's (latency s, bytes of the full tensor per s) per collective between two processes
 # (`gloo_calibration`). (The constants were measured on an Intel Xeon without bf16 units, and held unscaled on an AMD
 # EPYC with AVX2 only (docs/plan.md): this is that EPYC's pace, as the pace is read now, the median after a warm-up:
-# docs/plan.md, "The pace".)
+# docs/plan.md, "The pace".) The fixed work is (seconds a step, seconds a step per layer): each layer's modules are
+# called, wrapped and differentiated every step, whatever its batch (`layer_overhead_calibration`: init:bert's width
+# at two depths, one row a step).
 CPU_REFERENCE_PACE = 7.1e-10
-CPU_STEP_SECONDS = 0.0107
+CPU_STEP_SECONDS = (0.0055, 0.00245)
+# What `trainer.train()` takes once a run besides its steps, on a CPU: the optimizer and scheduler made and prepared,
+# the data loader started, the first step's allocations. Measured by benchmarks/plan_runs.py (`start_calibration`:
+# a recipe's train_seconds at two step counts, the intercept).
+CPU_START_SECONDS = 0.031
 CPU_OPTIMIZER_SECONDS = {"adamw": 9.9e-9, "adamw_fused": 2.6e-9, "sgd": 2.1e-9}
 GLOO = {"all_reduce": (1.6e-4, 1.8e9), "all_gather": (1.4e-4, 1.4e9), "reduce_scatter": (2.5e-4, 0.85e9)}
 DDP_BUCKET_BYTES = 25 * 2**20  # torch DDP's default bucket_cap_mb
@@ -58,6 +64,10 @@ CPU_RL_STEP_SECONDS = 0.0085
 # parameters). Measured by benchmarks/plan.py (`sharded_calibration`: on a model of another size than the grid's,
 # the strategy's step less DDP's, less their planned difference).
 CPU_SHARDED_SECONDS_PER_BYTE = {"fsdp": 1.21e-9, "zero2": 1.28e-9, "zero3": 2.67e-9}
+# A text row read from the tokenized set and collated into its batch (padded, its labels made, its tokens counted),
+# in the training process: measured by benchmarks/plan.py (`row_calibration`: the shipped recipes' collators over
+# their own rows, the median per row).
+CPU_ROW_SECONDS = 8.4e-5
 # An image row is decoded and transformed by the model's processor as its batch is drawn (models/families/vision.py):
 # (seconds a row, seconds per value of its pixel_values), measured by benchmarks/plan.py (`image_calibration`: the
 # builtin digits stored as PNG, through ViT's processor at two sizes, on one thread).
@@ -66,13 +76,15 @@ CPU_IMAGE_SECONDS = (2.1e-4, 7.38e-9)
 
 @dataclass(frozen=True)
 class TimePlan:
-    """Seconds a step, the training and the evaluation take; None where no rate is known."""
+    """Seconds a step, the training (the Trainer's start, then its steps: what metrics.json's train_seconds counts)
+    and the evaluation take; None where no rate is known."""
     step_seconds: float | None
     train_seconds: float | None
     eval_seconds: float | None
     flops_per_step: float
     rate: float | None
     items: dict = field(default_factory=dict)
+    start_seconds: float = 0.0  # the training's once-a-run work before its steady steps (CPU_START_SECONDS)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -134,8 +146,14 @@ def _rate(shape: dict, device: Device | None, precision: str, tokens: int, proce
 
     # (measured at a batch's tokens up to a few thousand: the rate levels off there, and a huge planned batch must
     # not be allocated to find out)
-    return matmul_flops_per_second(precision, min(tokens, 4096), shape["hidden"], shape["intermediate"],
-                                   threads=1 if processes_per_machine > 1 else None)
+    sizes = (precision, min(tokens, 4096), shape["hidden"], shape["intermediate"])
+    one_thread = matmul_flops_per_second(*sizes, threads=1)
+    if processes_per_machine > 1:
+        return one_thread
+    # A process's threads are never planned slower than one of them: where another process holds a core, each
+    # product waits for the thread it preempted, and a small product's reading can fall a hundredfold; that is the
+    # machine's load at the moment of the reading, which the cache would keep for the boot, not its speed.
+    return max(matmul_flops_per_second(*sizes), one_thread)
 
 
 def _steps(recipe, train_rows: int | None) -> int | None:
@@ -180,9 +198,10 @@ def plan_time(shape: dict, recipe, spread: Spread, device: Device | None, precis
         items.update(_cpu_items(shape, recipe, spread, precision, lengths, scored / trained))
     step = sum(items.values())
     steps = _steps(recipe, train_rows)
-    return TimePlan(step, None if steps is None else steps * step,
+    start = CPU_START_SECONDS * cpu_pace() if device.kind == "cpu" else 0.0
+    return TimePlan(step, None if steps is None else start + steps * step,
                     _eval_seconds(shape, recipe, spread, lengths, eval_rows, rate), flops + vocabulary, rate,
-                    items)
+                    items, start)
 
 
 def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dict, scored_share: float) -> dict:
@@ -190,10 +209,10 @@ def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dic
     dtype casts and their gradients: memory-bound, so in proportion to the activations they write, whose forward
     share checkpointing's second forward pass and the sequences only scored, as a reference model's, do again), the
     optimizer over the trainable parameters a process updates, the collectives of the strategy over gloo and what a
-    sharded strategy costs beyond them (`CPU_SHARDED_SECONDS_PER_BYTE`), the decoding of image rows, the fixed
-    work of sampling an RL step's answers token by token, and the step's fixed work (the data loader, the Trainer's
-    callbacks and logging, autograd's bookkeeping; TRL's scoring of sampled answers). `scored_share`: the sequences
-    only scored, per sequence trained."""
+    sharded strategy costs beyond them (`CPU_SHARDED_SECONDS_PER_BYTE`), the reading and collating of text rows or
+    the decoding of image rows, the fixed work of sampling an RL step's answers token by token, and the step's fixed
+    work, its own and each layer's (the Trainer's callbacks and logging, the modules called, autograd's bookkeeping;
+    TRL's scoring of sampled answers). `scored_share`: the sequences only scored, per sequence trained."""
     batch = max(1, math.ceil(recipe.training.batch_size / spread.processes))
     written = sum(activation_bytes(shape, recipe, batch, precision, lengths, False, False))
     passes = 1 + FORWARD_WORK * (scored_share + recipe.training.gradient_checkpointing)
@@ -203,17 +222,26 @@ def _cpu_items(shape: dict, recipe, spread: Spread, precision: str, lengths: dic
     pace = cpu_pace()
     optimizer = CPU_OPTIMIZER_SECONDS.get(recipe.training.optimizer, CPU_OPTIMIZER_SECONDS["adamw"])
     items = {"element-wise": written * CPU_ACTIVATION_SECONDS * pace, "optimizer": updated * optimizer * pace,
-             "communication": _communication_seconds(shape, recipe, spread), "overhead": CPU_STEP_SECONDS * pace}
+             "communication": _communication_seconds(shape, recipe, spread), "overhead": cpu_step_seconds(shape) * pace}
     if spread.name in CPU_SHARDED_SECONDS_PER_BYTE and spread.processes > 1:
         items["sharding"] = sharded_bytes(shape, recipe, spread) * CPU_SHARDED_SECONDS_PER_BYTE[spread.name] * pace
+    rows = batch * recipe.training.gradient_accumulation
     if shape.get("image_values"):  # (drawn in the training process, or in data.num_workers that share its cores)
         per_row = CPU_IMAGE_SECONDS[0] + CPU_IMAGE_SECONDS[1] * shape["image_values"]
-        items["images"] = batch * recipe.training.gradient_accumulation * per_row * pace
+        items["images"] = rows * per_row * pace
+    else:
+        items["rows"] = rows * CPU_ROW_SECONDS * pace
     if recipe.rl is not None:  # (answers are sampled once per rl.num_iterations steps)
         per_token = CPU_DECODE_SECONDS[0] + CPU_DECODE_SECONDS[1] * shape["layers"]
         items["sampling"] = recipe.rl.max_completion_length / recipe.rl.num_iterations * per_token * pace
         items["overhead"] += CPU_RL_STEP_SECONDS * pace
     return items
+
+
+def cpu_step_seconds(shape: dict) -> float:
+    """A CPU step's fixed work at the reference pace: the step's own, and each layer's."""
+    fixed, per_layer = CPU_STEP_SECONDS
+    return fixed + per_layer * shape["layers"]
 
 
 def cpu_pace() -> float:

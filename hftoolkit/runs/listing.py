@@ -98,12 +98,15 @@ def table_rows(runs: list[dict], root: Path) -> list[dict[str, str]]:
     return rows
 
 
-# The columns a narrow terminal leaves out first (run and main metric stay); --json has them all.
+# The columns a narrow terminal leaves out first (run and main metric stay), named under the table; --wide shows
+# them all, and --json has every field.
 FIT_DROP = ("exports", "date", "checkpoint", "train time", "task", "status")
 
 
-def print_runs(runs: list[dict], root: Path) -> None:
-    """The runs as a rich table and the first line of each failed run's error, or one line saying there are none."""
+def print_runs(runs: list[dict], root: Path, wide: bool = False) -> None:
+    """The runs as a rich table of one line a run, the columns left out to fit the terminal named below it; with
+    `wide`, every column however wide the lines get (as `ps -ww` does: a pager such as `less -S` shows them
+    whole); then the first line of each failed run's error; or one line saying there are none."""
     from rich.console import Console
     from rich.table import Table
     from rich.text import Text  # cells as plain text: a "[...]" in a name or an error is not rich markup
@@ -114,14 +117,22 @@ def print_runs(runs: list[dict], root: Path) -> None:
         return
     from hftoolkit.base.text_width import fit_rows
 
-    rows = fit_rows(table_rows(runs, root), console.width, drop=FIT_DROP, shorten=("run", "checkpoint"))
+    every = table_rows(runs, root)
+    rows = every if wide else fit_rows(every, console.width, drop=FIT_DROP, shorten=("run", "checkpoint"))
     table = Table(title=Text(f"{len(rows)} run(s) under {root}, newest first"))
     for column in rows[0]:  # short cells stay on one line; names, paths and errors fold
         short = column in ("train time", "date")
         table.add_column(column, overflow="fold", no_wrap=short, justify="right" if column == "train time" else "left")
     for row in rows:
         table.add_row(*(Text(cell) for cell in row.values()))
+    if wide:  # (at the table's own width, past the terminal's)
+        natural = console.measure(table, options=console.options.update_width(100_000)).maximum
+        console = Console(width=max(console.width, natural))
     console.print(table)
-    for run, row in zip(runs, table_rows(runs, root)):  # below the table: a long message squeezes no column
+    hidden = [column for column in every[0] if column not in rows[0]]
+    if hidden:  # (wrapped at the terminal's width, as the table is)
+        console.print(Text(f"not shown at {console.width} columns: {', '.join(hidden)} (--wide shows every column, "
+                           "--json every field)"))
+    for run, row in zip(runs, every):  # below the table: a long message squeezes no column
         if run["error"]:
             console.print(Text(f"{row['run']} failed: {run['error']}"), soft_wrap=True)

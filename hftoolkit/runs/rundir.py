@@ -7,6 +7,7 @@ half-written and a folder whose lock nobody holds has no live writer. Light: no 
 from __future__ import annotations
 
 import contextlib
+import difflib
 import fcntl
 import json
 import os
@@ -246,12 +247,74 @@ def open_run(path: str | Path, merged: bool = False) -> FinishedRun:
     wrote is accepted too. Refused in one line otherwise."""
     from hftoolkit.config.recipe import load_recipe
 
+    problem = run_folder_problem(path, merged=merged)
+    if problem:
+        raise UserError(problem)
     run = RunDirectory(path)
-    if not (run / RECIPE).is_file():
-        also = " or hftoolkit merge" if merged else ""
-        raise UserError(f"{path}: not a run directory (no {RECIPE}): pass a folder written by hftoolkit train{also}")
     weights = run.path if merged and (run / CONFIG).is_file() else run.weights_dir()
     return FinishedRun(run, load_recipe(run / RECIPE), weights)
+
+
+def run_folder_problem(path: str | Path, needs: tuple[str, ...] = (RECIPE,), merged: bool = False) -> str | None:
+    """The one line every command that takes a run folder says when `path` is not one (it holds none of `needs`),
+    or None: the folder, what is missing, the run beside it with the nearest name (difflib), and `hftoolkit runs`,
+    which lists them. `merged`: a folder `hftoolkit merge` wrote is accepted too."""
+    path = Path(path)
+    if path.is_dir() and any((path / name).is_file() for name in needs):
+        return None
+    if not path.exists():
+        what = "no such run folder"
+    elif not path.is_dir():
+        what = "a file, not a run folder"
+    else:
+        files = f"{', '.join(needs[:-1])} or {needs[-1]}" if len(needs) > 1 else needs[0]
+        what = f"not a run folder (no {files})"
+    inside = runs_in(path) if path.is_dir() else []
+    if inside:  # (the folder of the runs, or a sweep's, given for one of them)
+        return f"{path}: {what}: it holds runs: pass one of them, such as {inside[0]} ({_lister(path)} lists them)"
+    close = close_run(path)
+    advice = f"did you mean {close}?" if close else \
+        f"pass a folder written by hftoolkit train{' or hftoolkit merge' if merged else ''}"
+    return f"{path}: {what}: {advice} ({_lister(path.parent)} lists them)"
+
+
+def meant_run_folder(target: str | Path) -> str | None:
+    """For an argument that names a recipe or a run folder (eval, train --resume): the run-folder refusal where
+    `target` is neither, looks like a folder (no .yaml suffix) and has runs beside it; None where the recipe's own
+    refusal fits better (a recipe file, or a shipped recipe's name, misspelt)."""
+    from hftoolkit.config.shipped import close_match, find_recipe
+
+    target = Path(target)
+    if target.exists() or target.suffix.lower() in (".yaml", ".yml") or find_recipe(target).exists():
+        return None
+    if not runs_in(target.parent) or (close_run(target) is None and close_match(target) is not None):
+        return None
+    return run_folder_problem(target)
+
+
+def runs_in(folder: Path) -> list[Path]:
+    """The run folders directly inside `folder` (those holding manifest.json or recipe.yaml), sorted by name."""
+    try:
+        children = sorted(p for p in Path(folder).iterdir() if p.is_dir())
+    except OSError:  # (no such folder, or one that can't be read)
+        return []
+    return [p for p in children if (p / MANIFEST).is_file() or (p / RECIPE).is_file()]
+
+
+def close_run(path: str | Path) -> Path | None:
+    """The run beside `path` whose name is nearest its name (a typo), or None."""
+    path = Path(path)
+    names = [p.name for p in runs_in(path.parent) if p.name != path.name]
+    found = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return path.parent / found[0] if found else None
+
+
+def _lister(folder: Path) -> str:
+    """The command that lists the runs in `folder`: plain `hftoolkit runs` where its default folder holds them, or
+    where `folder` does not exist either."""
+    default = Path("runs").resolve()
+    plain = not folder.is_dir() or folder.resolve().is_relative_to(default)
+    return "hftoolkit runs" if plain else f"hftoolkit runs {folder}"
 
 
 def _close_held_in_child() -> None:

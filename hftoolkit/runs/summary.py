@@ -16,7 +16,7 @@ from typing import Any
 from hftoolkit.base.run_layout import HISTORY, MANIFEST, METRICS, RECIPE
 from hftoolkit.config import tasks
 from hftoolkit.runs.record import FIELDS as METRICS_FIELDS
-from hftoolkit.runs.rundir import RunDirectory
+from hftoolkit.runs.rundir import RunDirectory, run_folder_problem
 
 RUN_FILES = (MANIFEST, METRICS, HISTORY)
 DASH = "–"
@@ -191,10 +191,9 @@ def load_run(path: Path | str, read_history: bool = True) -> RunSummary:
     eval must come from it: listing many runs needs only their results.
     """
     path = Path(path)
-    if not path.is_dir() or not any((path / name).is_file() for name in RUN_FILES):
-        what = "is not a directory" if not path.is_dir() else f"holds none of {', '.join(RUN_FILES)}"
-        raise ReportError(f"{path} {what}, so it is not a run directory; "
-                          "pass directories written by `hftoolkit train`, such as runs/<name>.")
+    problem = run_folder_problem(path, needs=RUN_FILES)
+    if problem:
+        raise ReportError(problem)
     notes: list[str] = []
     manifest = _read_json(path / MANIFEST, notes)
     metrics = _read_json(path / METRICS, notes)

@@ -18,7 +18,7 @@ records what was exported, from which run, with which settings, and the measured
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from hftoolkit.base import console, extras
@@ -37,10 +37,9 @@ ONNX_TOLERANCE = 1e-4  # probabilities (regression: the value), ONNX Runtime aga
 
 @dataclass
 class Exported:
-    folder: Path
+    folder: Path  # what the folder holds is read from it (the command's summary lists every file)
     record: dict  # export.json's content
     line: str  # the check, in one line
-    files: list[str] = field(default_factory=list)
 
 
 def export_run(run_dir: Path, out: Path, fmt: str, quantization: str | None = None,
@@ -86,7 +85,7 @@ def export_run(run_dir: Path, out: Path, fmt: str, quantization: str | None = No
             kept = [e for e in directory.manifest().get("exports", []) if e.get("path") != path]
             directory.update_manifest(exports=[*kept, {"format": fmt, "quantization": quantization, "path": path,
                                                        "exported": record["exported"], "check": shown}])
-    return Exported(out, record, check["line"], written)
+    return Exported(out, record, check["line"])
 
 
 def _options(fmt: str, quantization: str | None) -> tuple[str, str | None]:

@@ -12,7 +12,8 @@ from pathlib import Path
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.run_layout import EXPORT, RECIPE
 from hftoolkit.config import tasks
-from hftoolkit.runs.rundir import open_run
+from hftoolkit.config.recipe import load_recipe, replaced
+from hftoolkit.runs.rundir import FinishedRun, open_run
 from hftoolkit.workflows.trained import load_trained
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".tif", ".tiff"}
@@ -31,45 +32,41 @@ def predict(run_dir: Path, given: str | None, generation: dict, batch_size: int 
     hidden), each as {index, prediction}: what a GLUE-style submission holds.
 
     generation overrides eval.generation (--strategy and friends), batch_size eval.batch_size: the inputs go
-    through the model in batches of that many.
+    through the model in batches of that many. Everything the inputs can be checked for (the run folder, the
+    options, the input file, its columns, each input) is checked from the run's recipe before the model loads.
     """
-    import dataclasses
+    folder = Path(run_dir)
+    exported = (folder / EXPORT).is_file()  # a folder `export --format onnx` wrote: ONNX Runtime, no torch
+    run = None if exported else open_run(folder, merged=True)
+    recipe = _export_recipe(folder) if exported else run.recipe
+    # --strategy and friends, and --batch-size, validated like the recipe's own eval section
+    values = {f"eval.generation.{k}": v for k, v in generation.items()}
+    if batch_size is not None:
+        values["eval.batch_size"] = batch_size
+    if values and not exported:
+        replaced(recipe, values, "predict options")  # (refused here; applied to the loaded run's recipe below)
+    table = None if split else _table_path(given)
+    if not exported and recipe.task == tasks.REWARD:  # a score per answer (workflows/reward_model.py)
+        if split:
+            raise UserError("--split: a reward run scores answers, and a split's rows hold pairs to train on: "
+                            "pass them with --input FILE (a prompt, chosen and rejected column each)")
+        from hftoolkit.workflows.reward_model import predict_scores, reward_columns
 
-    from hftoolkit.config.recipe import replaced
-
-    table = None if split else _table_path(given)  # a missing file is refused before the model loads
-    if (Path(run_dir) / EXPORT).is_file():  # a folder `export --format onnx` wrote: ONNX Runtime, no torch
-        recipe, answer = _exported(Path(run_dir), batch_size)
-    else:
-        job, form, model, processor = load_trained(open_run(run_dir, merged=True))
-        # --strategy and friends, and --batch-size, validated like the recipe's own eval section
-        values = {f"eval.generation.{k}": v for k, v in generation.items()}
-        if batch_size is not None:
-            values["eval.batch_size"] = batch_size
-        if values:
-            job = dataclasses.replace(job, recipe=replaced(job.recipe, values, "predict options"))
-        recipe = job.recipe
-        if recipe.task == tasks.REWARD:  # a score per answer (workflows/reward_model.py)
-            if split:
-                raise UserError("--split: a reward run scores answers, and a split's rows hold pairs to train on: "
-                                "pass them with --input FILE (a prompt, chosen and rejected column each)")
-            from hftoolkit.workflows.reward_model import predict_scores
-
-            lines, rows = (None, read_table(table)) if table is not None else (input_lines(given, recipe.task), None)
-            return predict_scores(job, form, model, processor, lines, rows, table, column, pair_column)
-
-        def answer(inputs: list) -> list[dict]:
-            return form.generate(job, model, processor, inputs)
+        lines, rows = (None, read_table(table)) if table is not None else (input_lines(given, recipe.task), None)
+        if rows is not None:
+            reward_columns(recipe, rows, table, column, pair_column)
+        return predict_scores(*_loaded(run, values), lines, rows, table, column, pair_column)
     if split:
         from hftoolkit.sources.data import unlabelled_split
 
         inputs, index = unlabelled_split(recipe, split)
-        return [{"index": i, "prediction": o.get("label", o.get("value"))} for i, o in zip(index, answer(inputs))]
+        outputs = _answerer(folder, run, recipe, values, batch_size)(inputs)
+        return [{"index": i, "prediction": o.get("label", o.get("value"))} for i, o in zip(index, outputs)]
     talks = conversation_inputs(given, recipe) if table is not None else None
     if talks is not None:  # the file a conversation run trained on answers its last user turns
         from hftoolkit.sources.conversations import last_user_text, question
 
-        outputs = answer([question(turns) for turns in talks])
+        outputs = _answerer(folder, run, recipe, values, batch_size)([question(turns) for turns in talks])
         return [{"input": last_user_text(turns), **o} for turns, o in zip(talks, outputs)]
     if table is not None:
         ids, given_lines = table_inputs(table, recipe, column, pair_column)
@@ -78,25 +75,42 @@ def predict(run_dir: Path, given: str | None, generation: dict, batch_size: int 
     inputs = parse_inputs(given_lines, recipe.task, pairs=bool(recipe.data.text_pair_column))
     shown = ["\t".join(x) if isinstance(x, tuple) else x if isinstance(x, str) else line
              for line, x in zip(given_lines, inputs)]
-    records = [{"input": x, **o} for x, o in zip(shown, answer(inputs))]
+    outputs = _answerer(folder, run, recipe, values, batch_size)(inputs)
+    records = [{"input": x, **o} for x, o in zip(shown, outputs)]
     return [{**i, **r} for i, r in zip(ids, records)] if ids else records
 
 
-def _exported(folder: Path, batch_size: int | None):
-    """(the run's recipe, inputs -> records) of a folder `export --format onnx` wrote: the same records as the
-    run's, from ONNX Runtime. The folder's recipe.yaml, the run's, says how inputs are read."""
-    from hftoolkit.config.recipe import load_recipe
+def _loaded(run: FinishedRun, values: dict):
+    """(job, formulation, model, processor) of the run, its recipe with the predict options in `values`."""
+    import dataclasses
 
+    job, form, model, processor = load_trained(run)
+    if values:
+        job = dataclasses.replace(job, recipe=replaced(job.recipe, values, "predict options"))
+    return job, form, model, processor
+
+
+def _answerer(folder: Path, run: FinishedRun | None, recipe, values: dict, batch_size: int | None):
+    """inputs -> records, once the model is loaded: the run's (`run`), or the ONNX export's in `folder` (`run` None,
+    `recipe` its recipe)."""
+    if run is None:
+        from hftoolkit.exports.onnx import OnnxPredictor
+
+        runtime = OnnxPredictor(folder, json.loads((folder / EXPORT).read_text())["onnx"])
+        return lambda inputs: runtime.predict(inputs, batch_size or recipe.eval.batch_size)
+    job, form, model, processor = _loaded(run, values)
+    return lambda inputs: form.generate(job, model, processor, inputs)
+
+
+def _export_recipe(folder: Path):
+    """The recipe of a folder `export --format onnx` wrote (the run's, which says how inputs are read); an export
+    predict can't run is refused in one line."""
     record = json.loads((folder / EXPORT).read_text())
     if record.get("format") != "onnx":
         raise UserError(f"{folder}: a {record.get('format')} export runs in llama.cpp or Ollama, not in predict: "
                         f"predict with the run it came from ({record.get('run')}), or name its .gguf file as "
                         "model.checkpoint in a recipe")
-    from hftoolkit.exports.onnx import OnnxPredictor
-
-    recipe = load_recipe(folder / RECIPE)
-    runtime = OnnxPredictor(folder, record["onnx"])
-    return recipe, lambda inputs: runtime.predict(inputs, batch_size or recipe.eval.batch_size)
+    return load_recipe(folder / RECIPE)
 
 
 def looks_like_path(given: str) -> bool:

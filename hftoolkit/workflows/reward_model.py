@@ -61,6 +61,24 @@ def load_reward_scorer(run_dir: Path, batch_size: int | None = None) -> RewardSc
     return RewardScorer(Path(run_dir), job, form, model, processor)
 
 
+def reward_columns(recipe, rows: list[dict], table: Path, column: str | None, pair_column: str | None
+                   ) -> tuple[str, dict[str, str]]:
+    """(the prompt column, {record field: answer column}) of the table `predict_scores` scores; a column it lacks is
+    refused in one line (predict asks before the model loads)."""
+    d = recipe.data
+    found = list(dict.fromkeys(k for row in rows[:100] for k in row))
+    answer = pair_column or d.chosen_column
+    if answer not in found:
+        named = "--pair-column" if pair_column else "the run's data.chosen_column"
+        raise UserError(f"--input: {table} has no answer column {answer!r} ({named}); columns found: "
+                        f"{', '.join(found)}: name it with --pair-column")
+    if column and column not in found:
+        raise UserError(f"--column: {table} has no column {column!r}; columns found: {', '.join(found)}")
+    if not pair_column and d.rejected_column in found:  # a pairs file: both answers, as the eval's records
+        return column or d.text_column, {"chosen": answer, "rejected": d.rejected_column}
+    return column or d.text_column, {"answer": answer}
+
+
 def predict_scores(job, form, model, processor, lines: list[str] | None, rows: list[dict] | None, table: Path | None,
                    column: str | None, pair_column: str | None) -> list[dict]:
     """`hftoolkit predict` on a reward run: a record per input with its score. A text line is an answer, or
@@ -80,19 +98,7 @@ def predict_scores(job, form, model, processor, lines: list[str] | None, rows: l
                  else ("", line) for line in lines]
         scores = form.generate(job, model, processor, pairs)
         return [{"input": p, "answer": a, **s} for (p, a), s in zip(pairs, scores)]
-    d = job.recipe.data
-    found = list(dict.fromkeys(k for row in rows[:100] for k in row))
-    answer = pair_column or d.chosen_column
-    if answer not in found:
-        named = "--pair-column" if pair_column else "the run's data.chosen_column"
-        raise UserError(f"--input: {table} has no answer column {answer!r} ({named}); columns found: "
-                        f"{', '.join(found)}: name it with --pair-column")
-    prompt = column or d.text_column
-    if column and column not in found:
-        raise UserError(f"--column: {table} has no column {column!r}; columns found: {', '.join(found)}")
-    sides = {"answer": answer}
-    if not pair_column and d.rejected_column in found:  # a pairs file: both answers, as the eval's records
-        sides = {"chosen": answer, "rejected": d.rejected_column}
+    prompt, sides = reward_columns(job.recipe, rows, table, column, pair_column)
     records = [{} for _ in rows]
     for name, side in sides.items():
         pairs = [(row[prompt], row[side]) if prompt in row else split_input(row[side]) for row in rows]

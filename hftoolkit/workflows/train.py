@@ -99,6 +99,8 @@ def _train(recipe: Recipe, run_dir: Path, command: list[str], overwrite: bool, r
         existed = bool(run.contents())  # kept by --resume: never removed on error
         for line in job.findings.notes:
             console.note(f"preflight: {line}")
+        for line in job.findings.warnings:
+            console.warn(line)
         _check_benchmarks(job)
         console.phase(console.data_line({split: None if is_stream(ds) else len(ds) for split, ds in job.data.items()}))
         resume_from = _open_run(job, run, writer, command, resume, log, progress, recipe_file)

@@ -332,7 +332,7 @@ CASES: dict[str, Case] = {
     "--resume with --overwrite": Case("cli", lambda t: ["train", ENCODER, "--resume", "--overwrite"],
                                       "contradict each other"),
     "unknown option": Case("cli", lambda t: ["train", ENCODER, "--epochs", "3"], "No such option: --epochs"),
-    "eval of a folder that is not a run": Case("cli", lambda t: ["eval", t], "not a run directory"),
+    "eval of a folder that is not a run": Case("cli", lambda t: ["eval", t], "not a run folder"),
     "predict with a run that never finished": Case(
         "cli", lambda t: ["predict", _killed_run(t, lambda c: None), "--input", "hello"],
         "no adapter/ or model/ folder"),
@@ -458,12 +458,19 @@ def _snapshot(folder: Path) -> dict:
 
 def test_the_catalogue_is_large_and_covers_every_kind_of_input():
     kinds = [c.kind for c in CASES.values()]
-    assert len(CASES) >= 30
+    assert len(CASES) >= 30 and SLOW_CASES <= set(CASES)
     assert {k: kinds.count(k) >= 4 for k in ("recipe", "data", "checkpoint", "cli")} == dict.fromkeys(
         ("recipe", "data", "checkpoint", "cli"), True)
 
 
-@pytest.mark.parametrize("name", list(CASES))
+# The cases that train or load weights before the refusal comes (seconds each): in the slow tier.
+SLOW_CASES = {"one-class data", "label column of mixed types", "truncated safetensors weights",
+              "resume from a truncated adapter", "resume from a damaged trainer state",
+              "resume from a damaged optimizer state", "image processor for another image size"}
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_CASES else name
+                                  for name in CASES])
 def test_bad_input_fails_with_one_sentence_and_leaves_nothing_half_written(name, tmp_path):
     case = CASES[name]
     inputs = tmp_path / "inputs"

@@ -70,6 +70,7 @@ def test_train_log_keeps_everything_the_libraries_said(quickstart):
         assert said in log, said
 
 
+@pytest.mark.slow
 def test_json_prints_metrics_json_alone_and_quiet_prints_the_path(tmp_path):
     run = tmp_path / "run"
     result = run_cli("train", QUICKSTART, "--output", run, "--json", "--set", "training.max_steps=3")
@@ -84,6 +85,7 @@ def test_json_prints_metrics_json_alone_and_quiet_prints_the_path(tmp_path):
     assert (quiet.stdout, quiet.stderr) == (f"{run}\n", "")
 
 
+@pytest.mark.slow
 def test_verbose_shows_the_libraries_too(tmp_path):
     result = run_cli("train", QUICKSTART, "--output", tmp_path / "run", "-v", "--set", "training.max_steps=3")
     assert "LOAD REPORT" in result.stderr and "data loaded:" in result.stderr

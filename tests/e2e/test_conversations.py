@@ -119,6 +119,7 @@ def test_a_malformed_turn_is_one_line_naming_the_row(tmp_path):
         in plain(result.output)
 
 
+@pytest.mark.slow
 def test_the_same_file_trains_evaluates_and_predicts(tmp_path):
     """init:gpt2 has no chat template: the plain format (role: content lines, eos after each answer)."""
     data = _write(tmp_path / "chats.jsonl", _chats(40))

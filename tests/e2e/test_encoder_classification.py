@@ -51,6 +51,7 @@ def test_train_writes_the_run_directory_contract(lora_run):
     assert gc.isenabled() and gc.get_freeze_count() == 0, "a caller (a notebook) gets the garbage collector back"
 
 
+@pytest.mark.slow
 def test_prediction_records_are_their_own_inputs_predictions(lora_run, tmp_path):
     """Eval runs shortest first and takes its records from that pass: each must still be its input's."""
     run, _ = lora_run
@@ -70,6 +71,7 @@ def test_prediction_records_are_their_own_inputs_predictions(lora_run, tmp_path)
         assert float(probability) == pytest.approx(record["probability"], abs=tolerance)
 
 
+@pytest.mark.slow
 def test_lora_trains_query_value_and_head_only(lora_run):
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.workflows.evaluate import load_trained
@@ -86,6 +88,7 @@ def test_lora_trains_query_value_and_head_only(lora_run):
     assert sum(p.numel() for n, p in model.named_parameters() if p.requires_grad) == lora + head
 
 
+@pytest.mark.slow
 def test_eval_reproduces_the_metrics_and_predict_prints_label_and_probability(lora_run, tmp_path):
     run, _ = lora_run
     before = json.loads((run / "metrics.json").read_text())["eval"]
@@ -102,6 +105,7 @@ def test_eval_reproduces_the_metrics_and_predict_prints_label_and_probability(lo
     assert [r.split("\t")[0] for r in rows[-2:]] == ["the plot was dull", "every scene was superb"]
 
 
+@pytest.mark.slow
 def test_adapter_round_trip_gives_identical_logits(lora_run):
     import torch
 
@@ -118,6 +122,7 @@ def test_adapter_round_trip_gives_identical_logits(lora_run):
     assert not torch.equal(untrained_head, trained_head), "the head was trained and saved"
 
 
+@pytest.mark.slow
 def test_learns_the_builtin_sentiment_task(lora_run):
     """The quickstart learns: well above the 0.5 of guessing on balanced classes."""
     run, _ = lora_run
@@ -239,6 +244,7 @@ def test_non_empty_output_directory_is_refused(tmp_path):
     assert (run / "precious.txt").read_text() == "keep me"
 
 
+@pytest.mark.slow
 def test_predict_rejects_a_bad_decoding_option_with_a_clear_error(lora_run):
     run, _ = lora_run
     result = run_cli("predict", run, "--input", "fine", "--strategy", "telepathy", expect=2)

@@ -72,6 +72,7 @@ def test_tagging_run_scores_entities_and_tags_every_word(tagging_run):
         assert set(p["tags"]) <= names | {"I-LOC"}
 
 
+@pytest.mark.slow
 def test_tagging_learns_entities(tagging_run):
     """The all-O tagger finds no entity, so its entity F1 is 0; the trained one must be far above."""
     from hftoolkit.metrics import load_metric
@@ -81,6 +82,7 @@ def test_tagging_learns_entities(tagging_run):
     assert metrics_of(tagging_run)["eval"]["f1"] > all_o["f1"] + 0.5
 
 
+@pytest.mark.slow
 def test_tagging_eval_and_predict_from_the_run_directory(tagging_run, tmp_path):
     trained = metrics_of(tagging_run)["eval"]["f1"]
     run_cli("eval", tagging_run)
@@ -208,11 +210,13 @@ def test_mlm_run_reports_perplexity_without_gathering_logits(mlm_run):
         assert "[MASK]" not in p["text"]
 
 
+@pytest.mark.slow
 def test_mlm_learns(mlm_run):
     run, _ = mlm_run
     assert metrics_of(run)["eval"]["perplexity"] < untrained_perplexity() / 5
 
 
+@pytest.mark.slow
 def test_mlm_eval_loss_is_the_same_on_every_evaluation(mlm_run):
     """Eval masks are fixed, so evaluating the same weights again gives the same perplexity."""
     run, _ = mlm_run
@@ -221,6 +225,7 @@ def test_mlm_eval_loss_is_the_same_on_every_evaluation(mlm_run):
     assert metrics_of(run)["eval"]["perplexity"] == pytest.approx(trained, rel=1e-5)
 
 
+@pytest.mark.slow
 def test_mlm_predict_fills_each_mask(mlm_run):
     run, _ = mlm_run
     [(given, masked, filled, tokens)] = predicted_rows(run, "--input", "the [MASK] sees a [MASK] dog.")
@@ -330,6 +335,7 @@ def test_real_minilm_fine_tunes_through_the_sst2_recipe(tmp_path):
 
 
 @pytest.mark.skipif(not (SST2_DATA / "dev.tsv").is_file(), reason=f"SST-2 data not found at {SST2_DATA}")
+@pytest.mark.slow
 def test_a_wrong_eval_text_column_is_named_in_the_error():
     from hftoolkit.base.errors import UserError
     from hftoolkit.config.recipe import load_recipe

@@ -37,6 +37,15 @@ def left_behind(parent: Path) -> list[str]:
     return sorted(p.name for p in parent.iterdir()) if parent.exists() else []
 
 
+def summary(result) -> str:
+    """export's first line on standard output: what it wrote, where, and the files there."""
+    return next(line for line in result.stdout.splitlines() if line.startswith("exported "))
+
+
+def every_file(folder: Path) -> str:
+    return ", ".join(sorted(p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()))
+
+
 @pytest.mark.slow
 def test_onnx_export_is_checked_recorded_and_predicts_as_the_run(classifier, tmp_path):
     run = copy_of(classifier, tmp_path)
@@ -45,6 +54,7 @@ def test_onnx_export_is_checked_recorded_and_predicts_as_the_run(classifier, tmp
     said = plain(result.output)
     assert "checked model.onnx with ONNX Runtime on 4 eval inputs: labels identical 4/4" in said, said
     assert {"model.onnx", EXPORT, RECIPE, "tokenizer.json"} <= {p.name for p in out.iterdir()}
+    assert summary(result) == f"exported onnx to {out}: {every_file(out)}", "the summary names every file written"
     record = json.loads((out / EXPORT).read_text())
     assert record["format"] == "onnx" and record["run"] == str(run.resolve()) and record["task"] == "classification"
     assert record["check"]["max_difference"] <= 1e-4 and record["onnx"]["labels"] == ["negative", "positive"]
@@ -216,8 +226,11 @@ def decoder(tiny_llama, tmp_path_factory) -> Path:
 def test_gguf_export_reads_back_as_the_run_and_trains_again_from_the_file(decoder, tmp_path):
     run = copy_of(decoder, tmp_path)
     out = tmp_path / "gguf"
-    said = plain(run_cli("export", run, "--format", "gguf", "--quantization", "f32", "--output", out).output)
+    result = run_cli("export", run, "--format", "gguf", "--quantization", "f32", "--output", out)
+    said = plain(result.output)
     assert "checked decoder-clm-f32.gguf on 4 eval inputs" in said and "tokenizer identical" in said, said
+    assert summary(result) == f"exported gguf (f32) to {out}: decoder-clm-f32.gguf, {EXPORT}, {RECIPE}"
+    assert every_file(out) == f"decoder-clm-f32.gguf, {EXPORT}, {RECIPE}"
     assert "greedy answers identical 4/4" in said, "float32 holds the run's weights exactly"
     record = json.loads((out / EXPORT).read_text())
     assert record["files"] == ["decoder-clm-f32.gguf"] and record["quantization"] == "f32"
@@ -231,11 +244,15 @@ def test_gguf_export_reads_back_as_the_run_and_trains_again_from_the_file(decode
     assert theirs == pytest.approx(ours, rel=1e-3)
 
 
+@pytest.mark.slow
 def test_q8_0_states_and_bounds_its_difference_and_ollama_writes_a_modelfile(decoder, tmp_path):
     run = copy_of(decoder, tmp_path)
     out = tmp_path / "ollama"
-    said = plain(run_cli("export", run, "-f", "ollama", "-q", "q8_0", "--output", out).output)
+    result = run_cli("export", run, "-f", "ollama", "-q", "q8_0", "--output", out)
+    said = plain(result.output)
     assert "q8_0 rounding of the weights alone" in said, said
+    assert summary(result) == f"exported ollama (q8_0) to {out}: Modelfile, decoder-clm-q8_0.gguf, {EXPORT}, {RECIPE}"
+    assert every_file(out) == f"Modelfile, decoder-clm-q8_0.gguf, {EXPORT}, {RECIPE}"
     check = json.loads((out / EXPORT).read_text())["check"]
     assert check["difference_beyond_rounding"] <= 1e-3 * max(1.0, check["max_logit_difference"]) + 1e-3
     assert 0 < check["rounding_difference"] and check["max_logit_difference"] < 1.0, check

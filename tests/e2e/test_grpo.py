@@ -39,6 +39,7 @@ def adapter_moved(run) -> float:
     return max(float(w.abs().max()) for name, w in weights.items() if "lora_B" in name)
 
 
+@pytest.mark.slow
 def test_grpo_samples_rewards_and_moves_the_adapter(tmp_path, vowels):
     run = tmp_path / "run"
     trained = train_recipe(GRPO, run, *QUICK, vowels)
@@ -133,6 +134,7 @@ def test_prompts_with_no_text_are_refused_in_one_line(tmp_path):
     assert "every row of" in plain(result.output) and "has an empty text" in plain(result.output)
 
 
+@pytest.mark.slow
 def test_the_data_s_other_columns_reach_the_reward_functions(tmp_path):
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"question": f"Say {w}.", "word": w, "level": i})

@@ -198,4 +198,4 @@ def test_resume_refuses_a_folder_that_is_not_a_run(tmp_path):
     assert "is not a run directory" in plain(result.output)
     assert [p.name for p in folder.iterdir()] == ["notes.txt"]
     result = run_cli("train", "--resume", folder, expect=2)
-    assert "has no recipe.yaml, so it is not a run directory" in plain(result.output)
+    assert f"{folder}: not a run folder (no recipe.yaml)" in plain(result.output)

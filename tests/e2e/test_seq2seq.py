@@ -123,6 +123,7 @@ def test_t5_lora_trains_only_q_and_v_adapters(t5_translation):
     assert sum(trainable.values()) == expected == metrics_of(t5_translation)["trainable_params"]
 
 
+@pytest.mark.slow
 def test_eval_scores_the_saved_adapter_again(t5_translation):
     before = metrics_of(t5_translation)["eval"]
     run_cli("eval", t5_translation)
@@ -134,6 +135,7 @@ def test_eval_scores_the_saved_adapter_again(t5_translation):
 # ---------------------------------------------------------------- BART summarization and denoising, a few steps
 
 
+@pytest.mark.slow
 def test_bart_summarization_scores_rouge(tmp_path):
     run = tmp_path / "summarization"
     train_recipe(RECIPES / "seq2seq-summarization.yaml", run, *FEW_STEPS)

@@ -70,6 +70,7 @@ def test_four_checkpoint_grid_trains_every_variant_and_reports(four_checkpoints)
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the peak resident set is reset through Linux's /proc")
+@pytest.mark.slow
 def test_each_variant_in_one_process_counts_its_own_peak_memory():
     """train reads the process's peak resident set, which only grows; the sweep resets it before each variant."""
     import mmap
@@ -89,6 +90,7 @@ def test_each_variant_in_one_process_counts_its_own_peak_memory():
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's heap and Linux's /proc")
+@pytest.mark.slow
 def test_memory_an_earlier_variant_freed_is_not_counted_in_the_next_peak():
     """Freed heap stays resident under glibc; the reset hands it back, or the next variant's peak would count it."""
     import ctypes

@@ -3,7 +3,9 @@
 Where commands are (the docs writer's convention):
   README.md, CONTRIBUTING.md, docs/**/*.md   a fenced block tagged ```bash (or sh, shell); ```text is output.
                                              `<!-- not run: REASON -->` on the line right before the fence
-                                             marks a block that can't run here.
+                                             marks a block that can't run here. `<!-- output -->` on the line
+                                             right before a ```text fence marks that block as what the last
+                                             command of the ```bash block before it prints (`shown_problem`).
   recipes/*.yaml                             the header comment's `# hftoolkit ...` lines (a trailing backslash,
                                              or a deeper line that starts with `--`, continues one);
                                              a comment line `# (not run: REASON)` right before marks one.
@@ -11,8 +13,10 @@ Where commands are (the docs writer's convention):
 A page's blocks run in order in one scratch folder (`recipes/` linked in, the user files the page names planted);
 a recipe header's commands are alternatives, each run in a folder of its own. The hub ids the docs name are planted
 as tiny random checkpoints and small data sets (`plant_hub`). `hftoolkit` commands run in this process
-(tests.helpers.run_cli) with short-run overrides appended (`CAPS`): the figures the docs quote come from full runs,
-what is tested here is that each command is accepted and does its job. `hftoolkit serve` starts as a process on a
+(tests.helpers.run_cli) with short-run overrides appended (`CAPS`): what is tested is that each command is accepted
+and does its job. Where a page shows a command's output, what the command prints run as documented (where CAPS
+shortened it, once more uncapped in a fresh folder: `uncapped_output`) is compared with the page's
+(`output_difference`: numbers within a tolerance, speed figures any number). `hftoolkit serve` starts as a process on a
 free loopback port, and the page's later commands reach it there; `curl` fails on an HTTP error. Anything else
 (pipes, `jq`, `$VAR`) runs through bash with the venv's `hftoolkit` and `python` first on PATH. A command that
 would install packages, run Docker or the test suite is never run unmarked: it fails, asking for a marker.
@@ -20,22 +24,25 @@ would install packages, run Docker or the test suite is never run unmarked: it f
 
 from __future__ import annotations
 
+import functools
 import importlib
 import importlib.util
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from tests.helpers import ROOT
 
 COMMAND_TAGS = {"bash", "sh", "shell"}
 MARKER = re.compile(r"^<!--\s*not run\b(?P<colon>:?)(?P<reason>.*?)-->$")
+OUTPUT_MARKER = re.compile(r"^<!--\s*output\b(?P<rest>.*?)-->$")
 RECIPE_MARKER = re.compile(r"^\(\s*not run\b(?P<colon>:?)(?P<reason>.*)\)$")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)$")
 
@@ -43,12 +50,15 @@ FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})\s*(?P<info>.*)$")
 @dataclass(frozen=True)
 class Block:
     """One command block: its file (relative to the repository), the line of its first command, its text
-    (continuation lines as written), and why it isn't run (None: it runs)."""
+    (continuation lines as written), why it isn't run (None: it runs), and the output the page shows for its last
+    command (an `<!-- output -->` ```text block after it; None: none) with the line of that output's first line."""
 
     source: str
     line: int
     text: str
     reason: str | None = None
+    shown: str | None = None
+    shown_line: int = 0
 
     @property
     def where(self) -> str:
@@ -68,12 +78,14 @@ class Page:
 
 
 def markdown_page(text: str, source: str) -> Page:
-    """The ```bash blocks of a markdown page, each with the reason of the not-run marker right before it."""
+    """The ```bash blocks of a markdown page, each with the reason of the not-run marker right before it and the
+    output block marked `<!-- output -->` after it."""
     page = Page(source)
     lines = text.splitlines()
     opened: tuple[int, str, str, str] | None = None  # (line index, fence, indent, tag)
     body: list[str] = []
     markers: dict[int, str] = {}  # line index of a marker -> its reason
+    outputs: set[int] = set()  # line indexes of output markers
     for i, line in enumerate(lines):
         if opened is None:
             marker = MARKER.match(line.strip())
@@ -83,6 +95,13 @@ def markdown_page(text: str, source: str) -> Page:
                     page.problems.append(f"{source}:{i + 1}: a not-run marker without a reason "
                                          f"(write <!-- not run: REASON -->): {line.strip()}")
                 markers[i] = reason
+                continue
+            output = OUTPUT_MARKER.match(line.strip())
+            if output:
+                if output["rest"].strip():
+                    page.problems.append(f"{source}:{i + 1}: an output marker takes no words "
+                                         f"(write <!-- output -->): {line.strip()}")
+                outputs.add(i)
                 continue
             fence = FENCE.match(line)
             if fence:
@@ -96,12 +115,24 @@ def markdown_page(text: str, source: str) -> Page:
             if tag in COMMAND_TAGS:
                 reason = markers.pop(start - 1, None)
                 page.blocks.append(Block(source, start + 2, "\n".join(body), reason or None))
+            elif tag == "text" and start - 1 in outputs:
+                outputs.discard(start - 1)
+                if not page.blocks:
+                    page.problems.append(f"{source}:{start}: an output block with no ```bash block before it")
+                elif page.blocks[-1].shown is not None:
+                    page.problems.append(f"{source}:{start}: a second output block for the ```bash block of line "
+                                         f"{page.blocks[-1].line} (one block shows one command's output)")
+                else:
+                    page.blocks[-1] = replace(page.blocks[-1], shown="\n".join(body), shown_line=start + 2)
             opened = None
             continue
         body.append(line[len(indent):] if line.startswith(indent) else line.lstrip())
     for i in markers:
         page.problems.append(f"{source}:{i + 1}: a not-run marker that is not on the line right before a "
                              "```bash fence")
+    for i in sorted(outputs):
+        page.problems.append(f"{source}:{i + 1}: an output marker that is not on the line right before a "
+                             "```text fence")
     if opened is not None:
         page.problems.append(f"{source}:{opened[0] + 1}: a code fence that is never closed")
     return page
@@ -156,6 +187,43 @@ def read_page(path: Path, root: Path = ROOT) -> Page:
     source = path.relative_to(root).as_posix()
     text = path.read_text(encoding="utf-8")
     return recipe_page(text, source) if path.suffix == ".yaml" else markdown_page(text, source)
+
+
+def reference_hook():
+    """docs/hooks/reference.py, the site's page generator, as a module (it is mkdocs' hook, not a package module)."""
+    spec = importlib.util.spec_from_file_location("docs_reference_hook", ROOT / "docs" / "hooks" / "reference.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# ---------------------------------------------------------------- links of a page
+
+LINK = re.compile(r"!?\[(?:[^\[\]]|\[[^\]]*\])*\]\(\s*(?:<([^>]*)>|([^)\s]+))(?:\s+[\"'(][^)]*)?\)")
+LINK_DEFINITION = re.compile(r"^ {0,3}\[[^\]]+\]:\s*(?:<([^>]*)>|(\S+))")
+SKIPPED_LINKS = re.compile(r"(https?|mailto):", re.I)
+
+
+def relative_links(text: str) -> list[tuple[int, str]]:
+    """(line, target) of each Markdown link and image of a page that names a file of the repository: its anchor
+    and query left out; web and mail addresses, anchors within the page, code blocks and code spans skipped."""
+    found, fence = [], None
+    for number, line in enumerate(text.splitlines(), 1):
+        opening = FENCE.match(line)
+        if fence is None and opening:
+            fence = opening["fence"]
+            continue
+        if fence is not None:
+            stripped = line.strip()
+            if stripped.startswith(fence) and not stripped.strip(fence[0]):
+                fence = None
+            continue
+        line = re.sub(r"(`+).*?\1", "", line)
+        for target in ["".join(groups) for groups in LINK.findall(line) + LINK_DEFINITION.findall(line)]:
+            path = re.split(r"[#?]", target, maxsplit=1)[0]
+            if path and not SKIPPED_LINKS.match(target):
+                found.append((number, path))
+    return found
 
 
 # ---------------------------------------------------------------- commands of a block
@@ -343,10 +411,13 @@ def substitutions(text: str) -> list[tuple[int, int]]:
 
 
 class PageRunner:
-    """Runs one page's commands in order in `folder`; servers a page starts are stopped by `close`."""
+    """Runs one page's commands in order in `folder`, with CAPS unless `capped` is False; servers a page starts are
+    stopped by `close`. `printed` is what the last command printed (standard output and error as a terminal shows
+    them; through bash, its standard output then its standard error; a server, its lines until it listened, at the
+    address the page names)."""
 
-    def __init__(self, folder: Path, env: dict[str, str]):
-        self.folder, self.env = folder, dict(env)
+    def __init__(self, folder: Path, env: dict[str, str], capped: bool = True):
+        self.folder, self.env, self.capped, self.printed = folder, dict(env), capped, ""
         path = self.env.get("PATH", os.environ.get("PATH", ""))
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{path}"  # the venv's hftoolkit and python
         self.servers: list[subprocess.Popen] = []
@@ -357,6 +428,7 @@ class PageRunner:
 
     def run(self, command: Command) -> str | None:
         """None when the command succeeded, else what went wrong (its output's end)."""
+        self.printed = ""
         text = self._addressed(command.text)
         if not re.search(r"\s(-f|--fail|--fail-with-body)\b", text):
             # curl's exit status says nothing of the HTTP status: here a 4xx or 5xx answer fails the command
@@ -424,6 +496,7 @@ class PageRunner:
         os.chdir(self.folder)
         try:
             result = run_cli(*args, expect=None)
+            self.printed = result.output
         finally:
             os.chdir(before)
             for name, value in saved.items():
@@ -438,7 +511,7 @@ class PageRunner:
 
     def _capped(self, args: list[str]) -> list[str]:
         """The command with CAPS appended (a later --set wins); `eval` of a run directory takes no --set."""
-        caps = CAPS.get(args[0], ()) if args else ()
+        caps = CAPS.get(args[0], ()) if args and self.capped else ()
         if not caps or "-h" in args or "--help" in args:
             return args
         extra = [word for cap in caps for word in ("--set", cap)]
@@ -491,6 +564,7 @@ class PageRunner:
             said.append(line)
             if line.startswith("serving "):
                 url = line.split(" on ")[1].strip().removeprefix("http://")
+                self.printed = "".join(said).replace(url, f"{host}:{port}")
                 for documented in {host, "127.0.0.1", "localhost", "0.0.0.0"}:
                     self.addresses[f"{documented}:{port}"] = url
                 # (what it says from now on is read and dropped: a full pipe would stall it)
@@ -510,11 +584,13 @@ class PageRunner:
 
     def _bash(self, text: str, assignments: dict[str, str] | None = None):
         try:
-            return subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text], cwd=self.folder,
-                                  env={**os.environ, **self.env, **(assignments or {})}, capture_output=True,
-                                  text=True, timeout=600)
+            result = subprocess.run(["bash", "-e", "-o", "pipefail", "-c", text], cwd=self.folder,
+                                    env={**os.environ, **self.env, **(assignments or {})}, capture_output=True,
+                                    text=True, timeout=600)
         except subprocess.TimeoutExpired as err:
             return f"still running after {err.timeout:.0f} s: {text}"
+        self.printed = result.stdout + result.stderr
+        return result
 
     @staticmethod
     def _said(result) -> str | None:
@@ -523,6 +599,18 @@ class PageRunner:
         if result.returncode == 0:
             return None
         return f"exit {result.returncode}:\n{tail(result.stdout + result.stderr)}"
+
+    def check_shown(self, block: Block, store: Path) -> str | None:
+        """None when the block's last command prints what the page shows after it, else what differs. A command
+        that ran here as documented (no CAPS apply to it) is judged by what it printed in this run; one that CAPS
+        shorten, or a block that isn't run, by a run of it as documented in a fresh folder (`uncapped_output`)."""
+        command = shown_command(block)
+        if block.reason is None and self._capped_in_shell(command.text) == command.text:
+            return shown_problem(block, self.printed, command.text)
+        printed, problem = uncapped_output(command, self.env, store)
+        if problem:
+            return f"{block.source}:{command.line}: {command.text} (run as documented, for its output)\n{problem}"
+        return shown_problem(block, printed, command.text)
 
     def close(self) -> None:
         from tests.helpers.processes import kill_tree
@@ -537,11 +625,172 @@ class PageRunner:
         self.servers.clear()
 
 
+def uncapped_output(command: Command, env: dict[str, str], store: Path) -> tuple[str, str | None]:
+    """What `command` prints run as documented (no CAPS), as a user's first run: in a fresh folder (`recipes/` and
+    the user files planted) on a fresh toolkit cache (the tiny checkpoints kept, no tokenized data). Returns (printed,
+    None), or (printed, what went wrong). Kept in `store` under the command and the page's variables (an assignment
+    the environment already holds left out), so that pages showing the same command share one run, across xdist
+    workers too."""
+    import hashlib
+    import json
+
+    from filelock import FileLock
+
+    from hftoolkit.sources.locations import cache_root
+
+    assignments = re.match(r"(?:[A-Za-z_]\w*=\S*\s+)*", command.text)[0]
+    kept = [word for word in assignments.split() if os.environ.get(word.partition("=")[0]) != word.partition("=")[2]]
+    text = " ".join([*kept, command.text[len(assignments):]])
+    variables = sorted((name, value) for name, value in env.items() if name != "PATH")
+    folder = store / hashlib.sha256(json.dumps([text, variables]).encode()).hexdigest()[:16]
+    with FileLock(str(folder) + ".lock"):
+        if not (folder / "printed.txt").is_file():
+            shutil.rmtree(folder, ignore_errors=True)
+            cache = folder / "hftoolkit-cache"
+            cache.mkdir(parents=True)
+            for entry in cache_root().iterdir() if cache_root().is_dir() else ():
+                if entry.name != "tokenized":
+                    (cache / entry.name).symlink_to(entry)
+            runner = PageRunner(scratch_folder(folder / "work", "\n".join(user_files())),
+                                {**env, "HFTOOLKIT_CACHE": str(cache)}, capped=False)
+            try:
+                problem = runner.run(Command(command.line, text))
+            finally:
+                runner.close()
+            (folder / "problem.txt").write_text(problem or "")
+            (folder / "printed.txt").write_text(runner.printed)
+        return (folder / "printed.txt").read_text(), (folder / "problem.txt").read_text() or None
+
+
 def tail(text: str, lines: int = 20) -> str:
     """The output's last lines, after the lines that say an error (which a traceback's end may hide)."""
     said = text.rstrip().splitlines()
     errors = [line for line in said[:-lines] if re.match(r"\s*(Error|error|\w+Error)\b", line)][-5:]
     return "\n".join("    " + line for line in [*errors, *(["    ..."] if errors else []), *said[-lines:]])
+
+
+# ---------------------------------------------------------------- output a page shows
+
+# A shown number matches the printed one within 2% of it or 0.02, whichever is larger (metrics move in their last
+# digits between machines: summation order, thread counts); a count, written without a decimal point, matches exactly.
+RELATIVE, ABSOLUTE = 0.02, 0.02
+# Figures that depend on the machine's speed match any number: a row or a field of one of these names, a clock
+# (`0:00:06`), and seconds (`in 0.4 s`).
+SPEED_FIGURES = re.compile(r"\w*_seconds|\w*_per_second|elapsed|eta|peak_memory_mb|matmul_fraction")
+NUMBER = re.compile(r"(?<![\w.])(\d+:\d\d:\d\d|\d[\d,]*(?:\.\d+)?(?:e[+-]?\d+)?)(?!\w)")
+SKIP = "..."  # a shown line of its own (or a table row `│ ... │`): any lines, none included
+
+
+def output_line(line: str) -> str:
+    """A line as compared: runs of whitespace and box drawing (rich's tables, drawn to the terminal's width) made
+    one space."""
+    return re.sub(r"[\s\u2500-\u257f]+", " ", line).strip()
+
+
+def _number(token: str) -> float:
+    if ":" in token:
+        hours, minutes, seconds = token.split(":")
+        return int(hours) * 3600 + int(minutes) * 60 + int(seconds)
+    return float(token.replace(",", ""))
+
+
+def line_difference(shown: str, printed: str) -> str | None:
+    """None when the printed line is the shown one (both as `output_line` makes them), else how they differ: the
+    words equal, each number within the tolerance, a speed figure any number."""
+    shown_parts, printed_parts = NUMBER.split(shown), NUMBER.split(printed)
+    words = shown_parts[::2], printed_parts[::2]
+    if len(shown_parts) != len(printed_parts) or words[0] != words[1]:
+        return "other words"
+    label = shown.split(" ", 1)[0]
+    for k in range(1, len(shown_parts), 2):
+        before, after = shown_parts[k - 1].split(), shown_parts[k + 1]
+        if (":" in shown_parts[k] or SPEED_FIGURES.fullmatch(label) or re.match(r" s\b", after)
+                or (before and SPEED_FIGURES.fullmatch(before[-1]))):
+            continue
+        a, b = _number(shown_parts[k]), _number(printed_parts[k])
+        exact = not re.search(r"[.e]", shown_parts[k] + printed_parts[k])
+        if (a != b) if exact else abs(a - b) > max(RELATIVE * abs(b), ABSOLUTE):
+            return (f"{shown_parts[k]} shown, {printed_parts[k]} printed ("
+                    + ("a count: equal" if exact else f"beyond {RELATIVE:.0%} or {ABSOLUTE}") + ")")
+    return None
+
+
+def output_difference(shown: str, printed: str) -> tuple[int, str] | None:
+    """None when `printed` is what `shown` shows: its lines in order, one after the other, where a `...` line stands
+    for any lines; else (the index of the first shown line that differs, len(shown's lines) when the printed output
+    goes on past the last one, and how). Blank lines and lines of box drawing alone are left out of both."""
+    said = [(n, output_line(line)) for n, line in enumerate(shown.splitlines()) if output_line(line)]
+    out = [output_line(line) for line in printed.splitlines() if output_line(line)]
+    worst = [(-1, "")]  # (the furthest shown line that failed, why): what the message names
+
+    def note(i: int, why: str, over_equal: bool = False) -> None:
+        if i > worst[0][0] or (over_equal and i == worst[0][0]):
+            worst[0] = (i, why)
+
+    @functools.cache
+    def matches(i: int, j: int) -> bool:
+        if i == len(said):
+            if j < len(out):
+                note(i, f"the output goes on: `{out[j]}` (end the block with a `...` line to leave the rest out)")
+            return j == len(out)
+        if said[i][1] == SKIP:
+            if any(matches(i + 1, k) for k in range(j, len(out) + 1)):
+                return True
+            note(i + 1, "not printed anywhere after the lines before it", over_equal=True)
+            return False
+        why = "nothing more was printed" if j == len(out) else line_difference(said[i][1], out[j])
+        if why is None:
+            return matches(i + 1, j + 1)
+        note(i, (f"`{out[j]}` printed: " if j < len(out) else "") + why)
+        return False
+
+    if matches(0, 0):
+        return None
+    i, why = worst[0]
+    lines = shown.splitlines()
+    return (said[i][0] if i < len(said) else len(lines)), why
+
+
+def shown_problem(block: Block, printed: str, command: str) -> str | None:
+    """None when `printed` (what `command` printed) is what the block's output shows, else what differs, with the
+    printed output to copy from."""
+    found = output_difference(block.shown, printed)
+    if found is None:
+        return None
+    index, why = found
+    shown = block.shown.splitlines()
+    where = (f"{block.source}:{block.shown_line + index}: shown `{shown[index].strip()}`, " if index < len(shown)
+             else f"{block.source}:{block.shown_line + index - 1}: after the last shown line, ")
+    return (f"{where}{why}\nwhat `{command}` printed (numbers within {RELATIVE:.0%} or {ABSOLUTE}, speed figures any "
+            f"number; `...` leaves lines out):\n" + "\n".join("    " + line for line in printed.rstrip().splitlines()))
+
+
+def and_parts(text: str) -> list[str]:
+    """The parts of a `a && b && c` chain, split outside quotes and `$( ... )`."""
+    parts, start, depth, quote, i = [], 0, 0, None, 0
+    while i < len(text):
+        char = text[i]
+        if quote:
+            quote = None if char == quote else quote
+        elif char in "'\"":
+            quote = char
+        elif char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif text.startswith("&&", i) and depth == 0:
+            parts.append(text[start:i].strip())
+            start, i = i + 2, i + 1
+        i += 1
+    return parts + [text[start:].strip()]
+
+
+def shown_command(block: Block) -> Command:
+    """The command whose output the block's ```text block shows: its last one, and of a `&&` chain the last part
+    (so that a block that can't run, an install and then the quickstart, still has the quickstart's output
+    checked)."""
+    last = commands(block)[-1]
+    return Command(last.line, and_parts(last.text)[-1])
 
 
 # ---------------------------------------------------------------- the hub ids the docs name, planted

@@ -1,6 +1,6 @@
 """Inputs a user gets wrong, built on disk: files of rows, copies of the session's tiny checkpoints with something
-taken away or changed, image folders. tests/e2e/test_bad_inputs.py's catalogue and tests/unit/job/test_preflight.py
-build from these."""
+taken away or changed, image folders, run folders without weights. tests/e2e/test_bad_inputs.py's catalogue and
+tests/unit/job/test_preflight.py build from these."""
 
 from __future__ import annotations
 
@@ -84,3 +84,16 @@ def vit_with(tmp: Path, size: int | None) -> Path:
     else:
         edit_json(ckpt / "preprocessor_config.json", size={"height": size, "width": size})
     return ckpt
+
+
+def weightless_run(folder: Path, recipe: str = "encoder-classification.yaml") -> Path:
+    """A run folder as the commands that open one see it (the shipped recipe's recipe.yaml, an empty adapter/ folder,
+    status complete) with no weights: a command that loads the model before it refuses an input fails on them."""
+    import yaml
+
+    from tests.helpers import RECIPES
+
+    (folder / "adapter").mkdir(parents=True)
+    (folder / "recipe.yaml").write_text(yaml.safe_dump(yaml.safe_load((RECIPES / recipe).read_text())))
+    (folder / "manifest.json").write_text(json.dumps({"status": "complete"}))
+    return folder

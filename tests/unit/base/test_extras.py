@@ -190,7 +190,7 @@ def test_export_to_gguf_without_gguf_is_refused_after_the_run_s_own_checks_and_w
     hidden(monkeypatch, "gguf")
     out = tmp_path / "export"
     result = run_cli("export", tmp_path / "no-run", "--format", "gguf", "--output", out, expect=2)
-    assert "not a run directory" in result.output
+    assert "no such run folder" in result.output
     encoder = _finished_run(tmp_path / "encoder", "encoder-classification.yaml", family="encoder")
     result = run_cli("export", encoder, "--format", "gguf", "--output", out, expect=2)
     assert "GGUF holds a decoder language model" in result.output

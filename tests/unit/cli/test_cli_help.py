@@ -47,9 +47,9 @@ def test_every_output_is_named_output_and_out_still_works_unseen(name):
 
 
 def test_the_old_out_option_still_parses(tmp_path):
-    # --out reaches the command: the error is about the run directory, not an unknown option
+    # --out reaches the command: the error is about the run folder, not an unknown option
     result = run_cli("merge", tmp_path / "missing", "--out", tmp_path / "merged", expect=2)
-    assert "No such option" not in result.output and "not a run directory" in result.output
+    assert "No such option" not in result.output and "no such run folder" in result.output
 
 
 def test_commands_show_help_with_h_too():

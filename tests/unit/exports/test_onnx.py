@@ -115,6 +115,7 @@ def test_classification_gives_the_runs_labels_and_probabilities(classifier, batc
         assert ours.keys() == theirs.keys() and abs(ours["probability"] - theirs["probability"]) <= 1.01e-4
 
 
+@pytest.mark.slow
 def test_logits_match_torch_at_every_batch_size_and_length(classifier):
     import numpy as np
 
@@ -137,6 +138,7 @@ def test_sentence_pair_regression_gives_the_runs_values(pair_regressor):
     assert max(abs(a["value"] - b["value"]) for a, b in zip(found, expected)) <= 1e-5
 
 
+@pytest.mark.slow
 def test_tagging_gives_the_runs_tags_word_for_word(tagger):
     from hftoolkit.models.families.labels import TAGGING
 
@@ -149,6 +151,7 @@ def test_tagging_gives_the_runs_tags_word_for_word(tagger):
     assert expected[2] == {"tags": []}
 
 
+@pytest.mark.slow
 def test_the_predictors_token_ids_are_the_run_tokenizers(classifier, tagger):
     """Texts, sentence pairs (token type ids, longest-first truncation) and word lists."""
     _, tokenizer, folder, facts = classifier
@@ -188,6 +191,7 @@ def test_a_byte_level_tokenizers_words_and_a_decoders_tagging_head_export_too(tm
         assert predictor.predict(inputs, batch_size) == TAGGING.generate(job(batch_size), model, tokenizer, inputs)
 
 
+@pytest.mark.slow
 def test_the_predictor_reads_export_json_and_imports_no_torch_or_transformers(classifier):
     _, _, folder, facts = classifier
     (folder / "export.json").write_text(json.dumps(facts))
@@ -206,6 +210,7 @@ def test_a_folder_that_is_no_export_is_refused_in_one_line(tmp_path):
         OnnxPredictor(tmp_path)
 
 
+@pytest.mark.slow
 def test_missing_onnxruntime_is_said_with_its_extra(classifier, monkeypatch):
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(UserError) as raised:

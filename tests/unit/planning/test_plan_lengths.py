@@ -27,6 +27,22 @@ def test_sorted_batches_pad_to_their_own_longest_and_a_packed_batch_pads_nothing
     assert padded(lengths, 8, "packed") < padded(lengths, 8, "group_by_length") < padded(lengths, 8, "random")
 
 
+def test_training_draws_from_its_formulation_s_rows_a_packed_text_s_blocks_not_its_documents():
+    """A causal LM's documents packed into blocks of data.max_length are as many rows as their blocks: the plan's
+    steps count those, scaled from the sample where the split was too large to tokenize whole."""
+    from types import SimpleNamespace
+
+    from hftoolkit.planning.lengths import SAMPLE_ROWS, trained_rows
+
+    def job(rows: int):
+        return SimpleNamespace(data={"train": range(rows)})
+
+    assert trained_rows(job(1350), range(455)) == 455, "1,350 documents in 455 blocks"
+    assert trained_rows(job(1350), range(1350)) == 1350, "a row per example"
+    assert trained_rows(job(10_000), range(2 * SAMPLE_ROWS)) == 20_000, "two blocks a sampled document"
+    assert trained_rows(job(1350), None) == 1350, "no sample: the split's rows"
+
+
 def _planned(tmp_path, recipe: str, *sets: str) -> dict:
     run = tmp_path / f"run{len(list(tmp_path.iterdir()))}"
     train_recipe(RECIPES / recipe, run, "training.max_steps=1", *sets)
@@ -49,6 +65,7 @@ def test_train_plans_a_step_at_the_data_s_lengths_whatever_the_recipe_allows(tmp
     assert short["planned_peak_mb"] == long["planned_peak_mb"]
 
 
+@pytest.mark.slow
 def test_memory_is_planned_at_the_recipe_s_lengths_where_the_split_is_too_large_to_tokenize_whole(tmp_path,
                                                                                                    monkeypatch):
     monkeypatch.setattr(plan_lengths, "WHOLE_SPLIT_ROWS", 16)
@@ -58,6 +75,7 @@ def test_memory_is_planned_at_the_recipe_s_lengths_where_the_split_is_too_large_
     assert short["planned_peak_mb"] < long["planned_peak_mb"], "memory is planned at what a batch can reach"
 
 
+@pytest.mark.slow
 def test_a_denoising_run_is_planned_at_its_longest_text_and_clean_target(tmp_path):
     """BART's noised input is the text less the masked spans' tokens: neither reaches the recipe's 96 tokens."""
     planned = _planned(tmp_path, "seq2seq-denoise.yaml")

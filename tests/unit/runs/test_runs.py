@@ -11,7 +11,7 @@ import pytest
 
 from hftoolkit.runs.listing import find_runs, list_runs
 from hftoolkit.runs.rundir import RunDirectory
-from tests.helpers import run_cli, terminal_width
+from tests.helpers import plain, run_cli, terminal_width
 
 GARBAGE_MTIME = time.mktime((2024, 6, 1, 12, 0, 0, 0, 0, -1))  # local time, like the fallback
 
@@ -159,6 +159,33 @@ def test_at_80_columns_each_run_is_one_line_with_its_long_path_shortened(tree, m
     assert rows[0][0].startswith("…") and rows[0][0].endswith("l6-v2-model-ec6fa2"), rows[0]
     assert all(len(line) <= 80 for line in result.stdout.splitlines() if line.startswith("│"))
     assert "accuracy=0.9 ↑" in rows[0]  # the main metric stays
+
+
+def header(output: str) -> list[str]:
+    """The column names of a rich table (a name folded over several header lines joined again)."""
+    lines = [[cell.strip() for cell in line.split("┃")[1:-1]] for line in output.splitlines() if line.startswith("┃")]
+    return [" ".join(part for part in parts if part) for parts in zip(*lines)]
+
+
+EVERY_COLUMN = ["run", "status", "task", "checkpoint", "main metric", "train time", "date"]
+
+
+def test_a_table_that_leaves_columns_out_to_fit_says_which_and_how_to_see_them(tree, monkeypatch):
+    result = run_cli("runs", tree)  # 200 columns: every column, nothing to say
+    assert header(result.stdout) == EVERY_COLUMN and "not shown" not in result.stdout
+    terminal_width(monkeypatch, 80)
+    result = run_cli("runs", tree)
+    shown = header(result.stdout)
+    hidden = [column for column in EVERY_COLUMN if column not in shown]
+    assert {"run", "main metric"} <= set(shown) and hidden, result.stdout
+    assert f"not shown at 80 columns: {', '.join(hidden)} (--wide shows every column, --json every field)" in (
+        plain(result.stdout)), result.stdout
+    assert all(len(line) <= 80 for line in result.stdout.splitlines()), result.stdout
+    wide = run_cli("runs", tree, "--wide").stdout
+    assert header(wide) == EVERY_COLUMN and "not shown" not in wide, wide
+    rows = table_rows(wide)  # every column, one line a run, past the terminal's 80 columns
+    assert [row[0] for row in rows] == NEWEST_FIRST and rows[3][3:] == ["init:bert", "accuracy=0.8833 ↑", "1m 15s",
+                                                                        "2025-01-02 10:00"], wide
 
 
 def test_a_label_cut_to_a_width_keeps_its_start_and_the_end_that_tells_it_apart():

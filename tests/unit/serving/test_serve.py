@@ -80,6 +80,7 @@ def test_merged_and_fully_fine_tuned_runs_are_served_as_they_are(tiny_runs, tmp_
                                                                        abs=2e-4)
 
 
+@pytest.mark.slow
 def test_a_tagging_run_tags_the_words_as_predict_does(tmp_path):
     import httpx
 
@@ -153,6 +154,7 @@ def test_bad_requests_get_their_4xx_in_openai_s_shape_and_the_next_request_is_an
         assert httpx.get(f"{url}/health", timeout=10).json()["status"] == "ok"  # (no key needed)
 
 
+@pytest.mark.slow
 def test_a_server_on_another_address_needs_an_api_key_and_a_port_in_use_is_said(monkeypatch, tiny_runs):
     monkeypatch.delenv("HFTOOLKIT_API_KEY", raising=False)
     result = run_cli("serve", tiny_runs / "labels1", "--host", "0.0.0.0", expect=2)

@@ -106,6 +106,7 @@ def test_training_ranks_held_out_pairs_better_than_the_untrained_model(trained):
     assert "classifier" in adapter["modules_to_save"]  # the head trains and is saved beside the adapter
 
 
+@pytest.mark.slow
 def test_the_scorer_gives_the_eval_pass_s_scores_and_prefers_the_chosen_answers(trained):
     from hftoolkit.workflows.reward_model import load_reward_scorer
 
@@ -120,6 +121,7 @@ def test_the_scorer_gives_the_eval_pass_s_scores_and_prefers_the_chosen_answers(
     assert all(isinstance(s, float) for s in good) and scorer.score([], []) == []
 
 
+@pytest.mark.slow
 def test_predict_scores_an_answer_to_a_prompt_and_both_answers_of_a_pairs_file(trained, tmp_path):
     records = [json.loads(line) for line in (trained / "predictions.jsonl").read_text().splitlines()][:3]
     line = f"{records[0]['input']}\\t{records[0]['chosen']}"

@@ -78,15 +78,73 @@ def test_version_and_short_help():
     assert "typer" in imported and not {"torch", "transformers", "peft"} & imported
 
 
+FP16_ON_A_CPU = ("training.precision: fp16 mixed precision is for GPUs, and this machine has none (a CPU's half "
+                 "precision is bf16: fp32's range, no loss scaling): set training.precision to fp32, or bf16 on a CPU "
+                 "with bf16 matrix units (auto picks for this machine)")
+
+
 def test_gpu_only_keys_are_refused_on_this_cpu_before_anything_is_written(tmp_path):
-    gpu_only = ("--set", "model.attention=flash_attention_2", "--set", "training.tf32=true")
+    sets = ("model.attention=flash_attention_2", "training.tf32=true", "training.precision=fp16")
+    gpu_only = [a for s in sets for a in ("--set", s)]
     run_cli("validate", ENCODER, *gpu_only)  # a recipe for a GPU server validates anywhere
     run = tmp_path / "run"
-    result = train_recipe(ENCODER, run, "model.attention=flash_attention_2", "training.tf32=true", expect=2)
+    result = train_recipe(ENCODER, run, *sets, expect=2)
     text = plain(result.output)
     assert "model.attention: flash_attention_2 runs on NVIDIA GPUs only" in text
     assert "training.tf32: TF32 matmuls need an NVIDIA Ampere or newer GPU" in text
+    assert FP16_ON_A_CPU in text, text
     assert not run.exists()
+    planned = plain(run_cli("plan", ENCODER, "--set", "training.precision=fp16", expect=2).output)
+    assert planned == f"Error: {FP16_ON_A_CPU}", "plan refuses it in train's words, and only it"
+
+
+def test_fp16_is_refused_on_a_cpu_only(monkeypatch):
+    import torch
+
+    from hftoolkit.job.hardware import hardware_problems
+
+    for cuda, expected in ((False, [FP16_ON_A_CPU]), (True, [])):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        assert hardware_problems(recipe_with("training.precision=fp16")) == expected
+        assert hardware_problems(recipe_with("training.precision=fp32")) == []
+
+
+BF16_WITHOUT_UNITS = ("training.precision: bf16 on this CPU trains slower than fp32: it has no bf16 matrix units "
+                      "(amx_bf16 or avx512_bf16), so torch emulates every bf16 product through fp32; set "
+                      "training.precision to fp32, or auto (which picks fp32 here)")
+
+
+def test_bf16_is_warned_about_on_a_cpu_without_bf16_matrix_units_only(monkeypatch):
+    from hftoolkit.job import hardware
+
+    for features, expected in ((["avx512_bf16"], None), ([], BF16_WITHOUT_UNITS)):
+        monkeypatch.setattr(hardware, "cpu_bf16_features", lambda features=features: features)
+        assert hardware.precision_warning("bf16", cuda=False) == expected
+        assert hardware.precision_warning("bf16", cuda=True) is None  # a GPU's bf16 is its own
+        assert hardware.precision_warning("fp32", cuda=False) is None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("features", [["amx_bf16"], []], ids=["bf16-units", "no-bf16-units"])
+def test_bf16_on_a_cpu_without_bf16_units_trains_with_a_warning_plan_says_too(monkeypatch, features):
+    """train's warning (the job's, printed as the run starts) and plan's are one line, only where the CPU has no
+    bf16 matrix units."""
+    import torch
+
+    from hftoolkit.job import hardware
+    from hftoolkit.job.resolve import resolve_job
+    from hftoolkit.training.strategies import LaunchPlan, strategy_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(hardware, "cpu_bf16_features", lambda: features)
+    expected = [] if features else [BF16_WITHOUT_UNITS]
+    job = resolve_job(recipe_with("training.precision=bf16", "data.max_train_samples=8", "data.max_eval_samples=4"),
+                      strategy=strategy_for(LaunchPlan()))
+    assert job.precision == "bf16" and job.findings.warnings == expected
+    assert not resolve_job(recipe_with("data.max_train_samples=8", "data.max_eval_samples=4"),
+                           strategy=strategy_for(LaunchPlan())).findings.warnings  # auto: fp32 or the CPU's bf16
+    said = run_cli("plan", ENCODER, "--set", "training.precision=bf16").stderr
+    assert [line for line in said.splitlines() if line.startswith("warning:")] == [f"warning: {w}" for w in expected]
 
 
 def test_flash_attention_without_its_package_is_refused_on_a_gpu(monkeypatch):

@@ -74,8 +74,11 @@ def test_merge_saves_the_dtype_asked_for(runs, tmp_path):
     train_recipe(RECIPES / "encoder-classification.yaml", run, "training.max_steps=2",
                  "data.max_train_samples=32", "data.max_eval_samples=8")
     out = tmp_path / "bf16"
-    run_cli("merge", run, "--out", out, "--dtype", "bfloat16")
+    said = run_cli("merge", run, "--out", out, "--dtype", "bfloat16").stdout.strip()
     assert AutoModelForSequenceClassification.from_pretrained(out, dtype="auto").dtype == torch.bfloat16
+    written = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    assert {"config.json", "model.safetensors", "recipe.yaml", "tokenizer.json"} <= set(written), written
+    assert said == f"merged checkpoint written to {out}: {', '.join(written)}", "the summary names every file"
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"] == {"0": "negative", "1": "positive"}
     result = run_cli("merge", run, "--out", out, expect=2)

@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from tests.helpers import RECIPES, plain, run_cli, train_recipe
+from tests.helpers import RECIPES, no_model_loads, plain, run_cli, train_recipe
+from tests.helpers.inputs import weightless_run
 
 TEXTS = ["the movie was wonderful", "a dull and boring plot", "every scene was superb"]
 
@@ -179,6 +180,32 @@ def test_an_unknown_suffix_is_refused_in_one_line(run, tmp_path):
                                          f"files, and {sheet} has suffix .xlsx: convert it to one of those, or pipe "
                                          "its lines through --input -")
     assert "that was plain" in predict(run, "--input", "that was plain fun. Really").stdout  # a text with a dot
+
+
+# ---------------------------------------------------------------- refused before the model loads
+
+
+@pytest.mark.parametrize("recipe, args, said", [
+    ("encoder-classification.yaml", ["--column", "summary"],
+     "--input: {table} has no column 'summary' (--column); columns found: id, review: name the input column with "
+     "--column"),
+    ("encoder-classification.yaml", ["--column", "review", "--pair-column", "id"],
+     "--pair-column: this run reads one text per example, not sentence pairs: drop --pair-column id"),
+    ("encoder-classification.yaml", ["--column", "review", "--num-beams", "0"],
+     "predict options: eval.generation.num_beams: input should be greater than"),
+    ("encoder-reward.yaml", ["--column", "summary", "--pair-column", "review"],
+     "--column: {table} has no column 'summary'; columns found: id, review"),
+    ("encoder-reward.yaml", [], "--input: {table} has no answer column 'chosen' (the run's data.chosen_column); "
+                                "columns found: id, review: name it with --pair-column"),
+], ids=["column", "pair-column", "generation option", "reward column", "reward answer column"])
+def test_what_the_inputs_can_tell_is_refused_in_one_line_before_the_model_loads(tmp_path, monkeypatch, recipe, args,
+                                                                               said):
+    no_model_loads(monkeypatch)
+    run = weightless_run(tmp_path / "run", recipe)  # (no weights: a load before the refusal fails on them too)
+    table = _write_table(tmp_path / "test.csv")
+    result = predict(run, "--input", table, *args, expect=2)
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"Error: {said.format(table=table)}"), result.output
 
 
 # ---------------------------------------------------------------- a hidden-label test split
