@@ -9,6 +9,9 @@ the run's steady step, its start (`start_seconds`) beside what the run spent out
 steady steps, and its eval beside `eval_seconds`. A recipe's figures are those of its fastest round (a shared
 machine's slow spells only lengthen a run): run a few rounds.
 
+`--launch` measures the plan's LAUNCH_SECONDS first: the whole command's wall time, one process against two
+(`--num-processes 2`), less the difference of their train_seconds, on one step of the quickstart.
+
 `--start` measures the plan's CPU_START_SECONDS first, on a recipe the comparison does not use (encoder-tagging): its
 `train_seconds` at two step counts, the intercept over the machine's pace.
 
@@ -159,6 +162,29 @@ def start_calibration(work: Path, recipe: str = "encoder-tagging", counts: tuple
             "pace": round(pace, 3), "start_at_reference_pace": round(start / pace, 3)}
 
 
+def launch_calibration(work: Path, recipe: str = "encoder-classification", rounds: int = 3) -> dict:
+    """planning/plan.py's LAUNCH_SECONDS: what `--num-processes 2` adds to a command's wall time beyond its training
+    (the launcher, the second import of the libraries, the rendezvous), the fastest of `rounds` at each count."""
+    import time
+
+    walls, trains = {}, {}
+    for processes in (1, 2):
+        best = None
+        for n in range(rounds):
+            out = work / "runs" / f"launch-{processes}-{n}"
+            shutil.rmtree(out, ignore_errors=True)
+            began = time.monotonic()
+            subprocess.run([sys.executable, "-m", "hftoolkit", "train", str(RECIPES / f"{recipe}.yaml"), "--quiet",
+                            "--output", str(out), "--num-processes", str(processes), "--set", "training.max_steps=1"],
+                           env=_env(), check=True, stdout=subprocess.DEVNULL)
+            wall = time.monotonic() - began
+            if best is None or wall < best[0]:
+                best = (wall, json.loads((out / "metrics.json").read_text())["train_seconds"])
+        walls[processes], trains[processes] = best
+    launch = (walls[2] - walls[1]) - (trains[2] - trains[1])
+    return {"recipe": recipe, "wall_seconds": walls, "train_seconds": trains, "launch": round(launch, 2)}
+
+
 def main() -> None:
     import argparse
 
@@ -168,9 +194,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "plan")
     parser.add_argument("--work", type=Path, default=Path(tempfile.gettempdir()) / "hftoolkit-plan-runs")
     parser.add_argument("--start", action="store_true", help="measure CPU_START_SECONDS first")
+    parser.add_argument("--launch", action="store_true", help="measure LAUNCH_SECONDS first")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     report = {}
+    if args.launch:
+        report["launch"] = launch_calibration(args.work)
+        print("launch:", report["launch"], flush=True)
     if args.start:
         report["start"] = start_calibration(args.work)
         print("start:", report["start"], flush=True)

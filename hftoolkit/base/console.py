@@ -24,6 +24,7 @@ from hftoolkit.base.secrets import redact
 
 # Off a terminal, data work says how far it got only once it has lasted this long (short work: its result line).
 PROGRESS_AFTER = 2.0
+GIB = 2**30
 
 
 class Verbosity(enum.IntEnum):
@@ -84,6 +85,12 @@ def data_line(rows: Mapping[str, int | None]) -> str:
     if not streamed:
         return "data loaded: " + counted
     return f"data opened: {' and '.join(streamed)} streamed" + (f", {counted}" if len(streamed) < len(rows) else "")
+
+
+def gib(count: float, places: int = 1, unit: bool = True) -> str:
+    """`count` bytes in GiB, as every line and table shows them: `1.5 GiB`; `unit=False` for a table's column
+    headed GiB, the number alone with its thousands grouped (`1,234.56`)."""
+    return f"{count / GIB:.{places}f} GiB" if unit else f"{count / GIB:,.{places}f}"
 
 
 @contextlib.contextmanager

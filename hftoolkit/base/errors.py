@@ -26,7 +26,7 @@ class UserError(ClickException):
 
     def show(self, file=None) -> None:
         """Said once per run: every process of a launch raises the same error for the same input, so the
-        relaunching process prints the one reason (processes.first_reason); under a launcher started by hand, the
+        relaunching process prints the one reason (lifecycle.first_reason); under a launcher started by hand, the
         main process says it."""
         from hftoolkit.base.lifecycle import record_reason
         from hftoolkit.base.ranks import is_main_process, under_launcher

@@ -9,6 +9,8 @@ import sys
 import threading
 import time
 
+from hftoolkit.base import ranks
+
 # The pid of the process that started this one, set by whoever starts it (the launcher, hftoolkit's own relaunch):
 # if that process is already gone when this one arms its parent-death signal, this one ends at once.
 PARENT_VARIABLE = "HFTOOLKIT_PARENT_PID"
@@ -123,7 +125,7 @@ def record_reason(message: str, consequence: bool = False, rank: int | None = No
     folder = os.environ.get(REASONS_VARIABLE)
     if not folder or not os.path.isdir(folder):
         return False
-    rank = int(os.environ.get("RANK") or 0) if rank is None else rank
+    rank = ranks.rank() if rank is None else rank
     record = {"rank": rank, "time": time.time(), "message": message, "consequence": consequence}
     path = os.path.join(folder, f"rank-{rank}-{os.getpid()}.json")
     with open(path + ".tmp", "w") as out:

@@ -20,29 +20,24 @@ from hftoolkit.cli.rundirs import compare, export, list_run_dirs, merge, push
 from hftoolkit.cli.serving import serve
 from hftoolkit.cli.tools import doctor, init_model, parity
 from hftoolkit.cli.training import bench, sweep, train
+from hftoolkit.runs.rundir import LIBRARIES, installed_version
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False, rich_markup_mode=None,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Fine-tune and evaluate pretrained transformers from one YAML recipe.")
 
-# Printed by --version beside hftoolkit's own (read from the installed metadata: no import of them).
-VERSION_PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes")
+# Printed by --version beside hftoolkit's own (read from the installed metadata: no import of them): the engines
+# among the libraries a run's manifest records, its data libraries left out.
+VERSION_PACKAGES = tuple(name for name in LIBRARIES if name not in ("datasets", "evaluate"))
 
 
 def _print_version(value: bool) -> None:
     if not value:
         return
-    from importlib.metadata import PackageNotFoundError, version
-
     from hftoolkit import __version__
 
-    def installed(name: str) -> str:
-        try:
-            return version(name)
-        except PackageNotFoundError:
-            return "not installed"
-
-    typer.echo(f"hftoolkit {__version__} ({', '.join(f'{p} {installed(p)}' for p in VERSION_PACKAGES)})")
+    shown = ", ".join(f"{p} {installed_version(p) or 'not installed'}" for p in VERSION_PACKAGES)
+    typer.echo(f"hftoolkit {__version__} ({shown})")
     raise typer.Exit()
 
 

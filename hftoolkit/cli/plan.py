@@ -9,6 +9,7 @@ from typing import Annotated
 
 import typer
 
+from hftoolkit.base.console import gib
 from hftoolkit.cli.options import AccelerateConfigOption, NumMachinesOption, NumProcessesOption, SetOption
 
 
@@ -35,7 +36,7 @@ def plan(
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.job.devices import device_named, device_with_memory, this_machine
     from hftoolkit.planning.plan import plan_recipe
-    from hftoolkit.training.strategies.launch import Machines, check_machines, plan_from_config
+    from hftoolkit.training.strategies.launch import Machines, check_machines, plan_from_options
 
     if gpu is not None and gpu_memory is not None:
         raise UserError("--gpu and --gpu-memory both name the device: pass one of them")
@@ -43,10 +44,8 @@ def plan(
         else this_machine()
     parsed = load_recipe(recipe, set_ or [])
     _check_precision(parsed, device)
-    config = accelerate_config or (Path(parsed.training.accelerate_config)
-                                   if parsed.training.accelerate_config else None)
-    launch = plan_from_config(config, num_processes, "--accelerate-config" if config else "--num-processes",
-                              Machines(num_machines=num_machines, main_process_ip="(planned)"))
+    launch = plan_from_options(parsed, accelerate_config, num_processes,
+                               Machines(num_machines=num_machines, main_process_ip="(planned)"))
     problems = check_machines(launch)
     if problems:
         raise UserError(problems[0])
@@ -101,9 +100,9 @@ def plan_search(recipe: Path, sets: list[str], params: list[str], launch, device
                                "plan": planned.as_dict()}, indent=2))
         return
     show(planned)
-    typer.echo(f"a trial at the costliest corner of the space ({', '.join(overrides)}) peaks at {_gib(peak)} GiB "
-               f"per process on {processes} process(es); this machine runs {at_once} such trial(s) at once ({limit}): "
-               f"sweep --search --workers {max(1, at_once)}")
+    typer.echo(f"a trial at the costliest corner of the space ({', '.join(overrides)}) peaks at "
+               f"{gib(peak, 2, unit=False)} GiB per process on {processes} process(es); this machine runs {at_once} "
+               f"such trial(s) at once ({limit}): sweep --search --workers {max(1, at_once)}")
 
 
 def show(planned) -> None:
@@ -123,8 +122,8 @@ def show(planned) -> None:
         items.add_column("item")
         items.add_column("GiB", justify="right")
         for item, count in chosen.memory.items.items():
-            items.add_row(item, _gib(count))
-        items.add_row("peak", _gib(chosen.memory.peak))
+            items.add_row(item, gib(count, 2, unit=False))
+        items.add_row("peak", gib(chosen.memory.peak, 2, unit=False))
         console.print(items)
     if chosen.time is not None and chosen.time.items:
         step = Table(title=f"{_on(chosen)}: a step's time")
@@ -145,8 +144,8 @@ def show(planned) -> None:
         fits = {True: "yes", False: "no", None: "?"}[row.memory.fits]
         # (auto steps down where a strategy can't run the device's pick: DeepSpeed's CPU processes train in fp32)
         label = row.label if row.precision == planned.precision else f"{row.label} ({row.precision})"
-        table.add_row(label, str(row.processes), _gib(row.memory.peak), fits, duration(row.time.step_seconds),
-                      duration(row.time.train_seconds))
+        table.add_row(label, str(row.processes), gib(row.memory.peak, 2, unit=False), fits,
+                      duration(row.time.step_seconds), duration(row.time.train_seconds))
     console.print(table)
     console.print(covers(planned), soft_wrap=True)
     for row in planned.strategies:
@@ -170,8 +169,10 @@ def pick_line(planned) -> str:
         f"{best.devices} machine{'s' * (best.devices != 1)}"
     if best.device_seconds is None:
         return f"{PICK} that fits: {_on(best)} (the fewest GPUs: this GPU's speed is unknown, so no time is planned)"
-    per = "of training" if best.time.train_seconds is not None else "a step"
-    return f"{PICK} that fits: {_on(best)} ({held} for {duration(best.device_seconds / best.devices)} {per})"
+    if best.time.train_seconds is None:
+        return f"{PICK} that fits: {_on(best)} ({held} for {duration(best.device_seconds / best.devices)} a step)"
+    start = f" and {duration(best.launch_seconds)} to start its processes" if best.launch_seconds else ""
+    return f"{PICK} that fits: {_on(best)} ({held} for {duration(best.time.train_seconds)} of training{start})"
 
 
 def covers(planned) -> str:
@@ -188,10 +189,6 @@ def covers(planned) -> str:
 
 def _on(row) -> str:
     return row.label if row.processes == 1 else f"{row.label} on {row.processes} processes"
-
-
-def _gib(count: float | None) -> str:
-    return "-" if count is None else f"{count / 2**30:,.2f}"
 
 
 def duration(seconds: float | None) -> str:

@@ -11,6 +11,7 @@ import typer
 from hftoolkit.base.errors import UserError
 from hftoolkit.cli import stdout
 from hftoolkit.cli.options import QuietOption, VerboseOption
+from hftoolkit.exports import formats_help
 
 
 def list_run_dirs(
@@ -74,10 +75,7 @@ def merge(
 def export(
     run_dir: Annotated[Path, typer.Argument(metavar="RUN_DIR", help="A run directory written by train (or a folder "
                                             "merge wrote).")],
-    format_: Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help=(
-        "gguf: one .gguf file for llama.cpp and LM Studio (decoder runs); ollama: the GGUF file and a Modelfile "
-        "for `ollama create`; onnx: model.onnx and the tokenizer for ONNX Runtime (encoder classification, "
-        "regression and tagging runs)."))],
+    format_: Annotated[str, typer.Option("--format", "-f", metavar="FORMAT", help=formats_help())],
     output: Annotated[Path, typer.Option("--output", "-o", "--out", metavar="DIR", help=(
         "A new (or empty) folder for the export; it appears whole or not at all."))],
     quantization: Annotated[str | None, typer.Option("--quantization", "-q", metavar="TYPE", help=(

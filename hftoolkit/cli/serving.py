@@ -11,6 +11,7 @@ import typer
 from hftoolkit.base import extras
 from hftoolkit.base.errors import UserError
 from hftoolkit.cli.options import QuietOption, VerboseOption, tcp_port
+from hftoolkit.serving.limits import Limits
 
 API_KEY_VARIABLE = "HFTOOLKIT_API_KEY"
 
@@ -30,10 +31,11 @@ def serve(
         "and greedy decoder generation, which is batched continuously, never wait)."))] = 10.0,
     max_tokens: Annotated[int, typer.Option(min=1, metavar="N", help=(
         "The most new tokens a request may ask for (continuous batching keeps room for --max-batch requests of "
-        "that many)."))] = 1024,
+        "that many)."))] = Limits.max_tokens,
     max_input_tokens: Annotated[int, typer.Option(min=1, metavar="N", help=(
-        "The longest input a request may send, in tokens."))] = 4096,
-    max_body_bytes: Annotated[int, typer.Option(min=1, metavar="N", help="The largest request body.")] = 1 << 20,
+        "The longest input a request may send, in tokens."))] = Limits.max_input_tokens,
+    max_body_bytes: Annotated[int, typer.Option(min=1, metavar="N", help="The largest request body.")
+                              ] = Limits.max_body_bytes,
     verbose: VerboseOption = False,
     quiet: QuietOption = False,
 ):
@@ -57,7 +59,7 @@ def serve(
     import uvicorn
 
     sock = listening(host, port)  # (before the models load: a port in use is said at once)
-    from hftoolkit.serving.api import Limits, build_app
+    from hftoolkit.serving.api import build_app
     from hftoolkit.serving.batcher import Batcher
 
     with console.capture(verbosity=console.verbosity_from_flags(verbose, quiet), explain_loading=False):

@@ -16,6 +16,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
+from hftoolkit.exports.format import Exporting, Written
+from hftoolkit.exports.gguf import GgufFormat
+
 MODELFILE = "Modelfile"
 ROLES = ("system", "user", "assistant")
 _MARK = "\u2063{}\u2063"  # stands in for a message while the template is rendered
@@ -151,3 +154,47 @@ def parameters(generation: dict) -> dict[str, object]:
     out["top_k"] = generation.get("top_k") or 0  # (0: off, as the run samples)
     out["top_p"] = generation.get("top_p") or 1.0
     return out
+
+
+def system_prompt(job) -> str | None:
+    """The system turn every training conversation opens with, where they all share one; else None."""
+    from itertools import islice
+
+    rows = job.data.get("train") if hasattr(job.data, "get") else None
+    if rows is None:
+        return None
+    seen = set()
+    for row in islice(iter(rows), 1000):
+        turns = row.get("messages") if isinstance(row, dict) else None
+        if not turns or turns[0].get("role") != "system":
+            return None
+        seen.add(turns[0].get("content"))
+        if len(seen) > 1:
+            return None
+    return next(iter(seen), None)
+
+
+# ---------------------------------------------------------------- --format ollama
+
+
+class OllamaFormat(GgufFormat):
+    """`export --format ollama`: the GGUF file, checked as --format gguf checks it, and the Modelfile beside it."""
+
+    name = "ollama"
+    title = "Ollama"
+    help = "the GGUF file and a Modelfile for `ollama create`"
+
+    def write(self, export: Exporting) -> Written:
+        from hftoolkit.models.families.decoder import CHAT_PROMPT_AND_TARGET
+
+        written = super().write(export)
+        tokenizer, job = export.processor, export.job
+        # Where an answer ends when the model chats (its template's end of turn, and eos), whatever the task was
+        stops = [tokenizer.decode([i]) for i in CHAT_PROMPT_AND_TARGET.stops(tokenizer) if i is not None]
+        text = modelfile(written.files[0], tokenizer, stops, job.recipe.eval.generation.model_dump(),
+                         system_prompt(job))
+        export.write_text(export.folder / MODELFILE, text)  # (secrets masked: a system prompt may hold one)
+        return Written([*written.files, MODELFILE])
+
+
+FORMAT = OllamaFormat()

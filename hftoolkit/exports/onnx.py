@@ -19,12 +19,14 @@ import json
 import warnings
 from pathlib import Path
 
-from hftoolkit.base import extras
+from hftoolkit.base import console, extras
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.run_layout import EXPORT
 from hftoolkit.config import tasks
+from hftoolkit.exports.format import Check, Exporting, Written
 
 TASKS = (tasks.CLASSIFICATION, tasks.REGRESSION, tasks.TAGGING)
+ONNX_TOLERANCE = 1e-4  # probabilities (regression: the value), ONNX Runtime against torch, both float32
 MODEL = "model.onnx"
 TOKENIZER = "tokenizer.json"
 # The ai.onnx opset the graph is written in: ONNX Runtime runs it from 1.14, and onnx>=1.16 (the extra) reads it.
@@ -258,3 +260,62 @@ def _logits_module():
 
     return Logits
 
+
+# ---------------------------------------------------------------- --format onnx
+
+
+class OnnxFormat:
+    """`export --format onnx`: an encoder run's head as model.onnx and its tokenizer, run in ONNX Runtime beside
+    the run's model: labels (tags) identical, and probabilities (values) within ONNX_TOLERANCE."""
+
+    name = "onnx"
+    title = "ONNX"
+    help = ("model.onnx and the tokenizer for ONNX Runtime (encoder classification, regression and tagging "
+            "runs)")
+    runs = "encoder runs"
+    holds = f"exports encoder runs of the tasks {', '.join(TASKS)}"
+    extra = "onnx"
+    quantizations: tuple[str, ...] = ()
+    default_quantization = None
+
+    def takes(self, family: str | None, task: str) -> bool:
+        return family == "encoder" and task in TASKS
+
+    def write(self, export: Exporting) -> Written:
+        job = export.job
+        console.phase(f"writing {MODEL}")
+        facts = write_onnx(export.model, export.processor, export.folder, job.task, job.max_length,
+                           bool(job.recipe.data.text_pair_column))
+        return Written(sorted(p.name for p in export.folder.iterdir()), {"onnx": facts})
+
+    def check(self, export: Exporting, written: Written) -> Check:
+        import numpy as np
+
+        from hftoolkit.models.families.labels import head_logits
+
+        job, model, tokenizer, inputs = export.job, export.model, export.processor, export.inputs
+        console.phase(f"checking {MODEL}: run in ONNX Runtime beside the run's model")
+        runtime = OnnxPredictor(export.folder, written.recorded["onnx"])
+        ours = export.form.generate(job, model, tokenizer, inputs)
+        theirs = runtime.predict(inputs)
+        if job.task == tasks.TAGGING:
+            equal = sum(a == b for a, b in zip(ours, theirs))
+            difference = None
+            passed = equal == len(inputs)
+            what = f"tags identical {equal}/{len(inputs)}"
+        else:
+            torch_logits = np.concatenate([t.numpy() for t in head_logits(job, model, tokenizer, inputs)])
+            onnx_logits = runtime.logits(inputs)
+            if job.task == tasks.REGRESSION:
+                difference = float(np.abs(onnx_logits - torch_logits).max())
+                what, equal = f"largest value difference from the run {difference:.3g}", None
+            else:
+                difference = float(np.abs(_softmax(onnx_logits) - _softmax(torch_logits)).max())
+                equal = sum(a["label"] == b["label"] for a, b in zip(ours, theirs))
+                what = f"labels identical {equal}/{len(inputs)}; largest probability difference {difference:.3g}"
+            passed = difference <= ONNX_TOLERANCE and (equal is None or equal == len(inputs))
+        line = f"checked {MODEL} with ONNX Runtime on {len(inputs)} eval inputs: {what}"
+        return Check(line, passed, {"inputs": len(inputs), "max_difference": difference, "identical": equal})
+
+
+FORMAT = OnnxFormat()

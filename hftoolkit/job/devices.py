@@ -11,7 +11,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-GiB, TFLOPS = 2**30, 1e12
+from hftoolkit.base import console
+
+TFLOPS = 1e12
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Device:
 
 def _gpu(name: str, gib: float, fp32: float, half: float, bf16: bool = True) -> Device:
     peaks = {"fp32": fp32 * TFLOPS, "fp16": half * TFLOPS, **({"bf16": half * TFLOPS} if bf16 else {})}
-    return Device(name, "cuda", int(gib * GiB), peaks)
+    return Device(name, "cuda", int(gib * console.GIB), peaks)
 
 
 # Datasheet dense (not 2:4 sparse) tensor-core peaks for bf16/fp16, and for fp32 the plain (non-tensor-core) FP32
@@ -66,7 +68,7 @@ def device_with_memory(gib: float) -> Device:
 
     if not isinstance(gib, (int, float)) or not math.isfinite(gib) or gib <= 0:
         raise UserError(f"--gpu-memory {gib}: give the GPU's memory in GiB, a positive number such as 24")
-    return Device(f"a GPU with {gib:g} GiB", "cuda", int(gib * GiB), {})
+    return Device(f"a GPU with {gib:g} GiB", "cuda", int(gib * console.GIB), {})
 
 
 def this_machine() -> Device:
@@ -79,7 +81,7 @@ def this_machine() -> Device:
                       or props.name.lower() in d.name.lower()), None)
         return Device(props.name, "cuda", int(props.total_memory), dict(known.peak_flops) if known else {})
     total = _meminfo_total()
-    return Device(f"this machine's CPU ({total / GiB:.1f} GiB RAM)", "cpu", total, {})
+    return Device(f"this machine's CPU ({console.gib(total)} RAM)", "cpu", total, {})
 
 
 def _meminfo_total() -> int:

@@ -62,7 +62,7 @@ class Job:
     # How training spreads the run over its processes (training/strategies), made once from the launch by the train
     # workflow; None for a job that only loads a model in this one process (eval, predict, merge).
     strategy: Any = None
-    plan: Any = None  # its strategy's memory and time plan (workflows/plan.StrategyPlan); None until planned
+    plan: Any = None  # its strategy's memory and time plan (planning/plan.StrategyPlan); None until planned
 
     @property
     def shards_parameters(self) -> bool:

@@ -18,11 +18,11 @@ from dataclasses import replace
 
 from hftoolkit.config import tasks
 from hftoolkit.job.spec import Job
+from hftoolkit.sources.labels import IGNORE_INDEX
 
 # Rows tokenized for the plan: enough for a batch's expected longest to settle, few enough to take a moment. A
 # split of up to WHOLE_SPLIT_ROWS is tokenized whole instead: then its longest row is known, and no batch is longer.
 SAMPLE_ROWS, WHOLE_SPLIT_ROWS = 512, 2048
-IGNORE_INDEX = -100
 
 
 def memory_lengths(job: Job) -> dict:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from hftoolkit.base.console import gib
 from hftoolkit.base.errors import UserError
 from hftoolkit.config.recipe import Recipe
 from hftoolkit.job.devices import Device
@@ -31,6 +32,10 @@ OVERRIDE = "--skip-memory-check"
 # Costs within this share of the lowest are one cost to the pick: the plan is not closer than that to a run (a batch
 # split over two processes pads a little less, and plans a few percent cheaper, on no evidence a run would show).
 COST_TIE = 0.1
+# What a launch of several processes costs before training, which one process does not pay: the launcher's start, each
+# process importing the libraries again, their rendezvous (benchmarks/plan_runs.py, `launch_calibration`). Beside
+# minutes of training it is nothing; beside the seconds of a small job it decides the pick.
+LAUNCH_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class StrategyPlan:
     not_possible: tuple[str, ...] = ()
     lengths: dict | None = None  # the lengths planned at: {"memory": a batch's longest, "step": a batch's mean}
     devices: int = 1  # what a run holds, and is billed for: a GPU per process, or a CPU run's whole machines
+    launch_seconds: float = 0.0  # starting its processes (LAUNCH_SECONDS where there are several)
 
     @property
     def fits(self) -> bool:
@@ -53,17 +59,21 @@ class StrategyPlan:
 
     @property
     def device_seconds(self) -> float | None:
-        """What a run costs: the devices it holds times its planned time (the training, else a step where the number
-        of steps is unknown: every strategy takes the same steps); None where the device's speed is unknown."""
+        """What a run costs: the devices it holds times its planned time (the training and the start of its processes,
+        else a step where the number of steps is unknown: every strategy takes the same steps); None where the
+        device's speed is unknown."""
         time = self.time
-        seconds = time and (time.train_seconds if time.train_seconds is not None else time.step_seconds)
+        if time is None or time.train_seconds is None:
+            seconds = time and time.step_seconds
+        else:
+            seconds = time.train_seconds + self.launch_seconds
         return None if seconds is None else self.devices * seconds
 
     def as_dict(self) -> dict:
         return {"strategy": self.name, "label": self.label, "processes": self.processes,
                 "precision": self.precision, "fits": self.fits,
                 "not_possible": list(self.not_possible), "lengths": self.lengths,
-                "devices": self.devices, "device_seconds": self.device_seconds,
+                "devices": self.devices, "launch_seconds": self.launch_seconds, "device_seconds": self.device_seconds,
                 "memory": self.memory.as_dict() if self.memory else None,
                 "time": self.time.as_dict() if self.time else None}
 
@@ -175,8 +185,9 @@ def strategy_plan(strategy: Strategy, job: Job, shape: dict, device: Device | No
     cuda = device.kind == "cuda" if device is not None else None
     # (a GPU per process; CPU processes share their machines, which a run holds whole)
     devices = strategy.processes if cuda else max(1, strategy.processes // strategy.launch.processes_per_machine)
-    head = dict(name=strategy.name, label=strategy.label, processes=strategy.processes, devices=devices)
-    refused = tuple(strategy.problems(job.recipe, cuda=cuda))
+    head = dict(name=strategy.name, label=strategy.label, processes=strategy.processes, devices=devices,
+                launch_seconds=LAUNCH_SECONDS if strategy.processes > 1 else 0.0)
+    refused = tuple(strategy.problems(job.recipe, cuda=cuda, model_type=job.model.model_type))
     if refused:
         return StrategyPlan(**head, not_possible=refused)
     spread, lengths = strategy.spread(), memory_lengths(job)
@@ -257,8 +268,8 @@ def refusal(job: Job, memory: MemoryPlan) -> str | None:
     None when it fits."""
     if memory.fits is not False:
         return None
-    return (f"training: this run is planned to need {_gib(memory.peak)} per process ({job.strategy.label}), more "
-            f"than the {_gib(memory.available)} each process has on this machine: {cheapest_change(job)} "
+    return (f"training: this run is planned to need {gib(memory.peak)} per process ({job.strategy.label}), more "
+            f"than the {gib(memory.available)} each process has on this machine: {cheapest_change(job)} "
             f"(`hftoolkit plan` itemizes it; {OVERRIDE} trains anyway)")
 
 
@@ -283,8 +294,8 @@ def cheapest_change(job: Job) -> str:
         changes.append((f"training.batch_size={batch}", {"training": {"batch_size": batch}}))
     for said, change in changes:
         changed = replace(job, recipe=_changed(recipe, change))
-        if not strategy.problems(changed.recipe) and strategy_plan(strategy, changed, model_shape_of(changed),
-                                                                   device).fits:
+        if not strategy.problems(changed.recipe, model_type=job.model.model_type) \
+                and strategy_plan(strategy, changed, model_shape_of(changed), device).fits:
             return f"set {said}"
     return "no change of strategy, checkpointing, 4-bit or batch fits it here: use a machine with more memory"
 
@@ -323,7 +334,3 @@ def _mb(count: float | None) -> float | None:
 
 def _round(value: float | None) -> float | None:
     return None if value is None else round(value, 4)
-
-
-def _gib(count: int | None) -> str:
-    return "?" if count is None else f"{count / 2**30:.1f} GiB"

@@ -8,6 +8,8 @@ import itertools
 import os
 from dataclasses import dataclass
 
+from hftoolkit.base.console import gib
+
 # Combinations of choices planned at most: past this, the choices' first values stand for the rest.
 MAX_COMBINATIONS = 16
 
@@ -33,11 +35,11 @@ def trials_at_once(peak: int, processes: int, device, gpus: int, cores: int | No
     """How many trials of `processes` processes, each process peaking at `peak` bytes, fit at once."""
     if device.kind == "cuda":
         if peak > device.memory:
-            return 0, f"a process needs more than one GPU's {device.memory / 2**30:.1f} GiB"
+            return 0, f"a process needs more than one GPU's {gib(device.memory)}"
         return gpus // processes, f"{gpus} GPU(s), {processes} per trial"
     cores = cores or (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
     by_cores = cores // processes
     by_memory = int(device.memory // max(1, peak * processes))
     if by_memory < by_cores:
-        return by_memory, f"{device.memory / 2**30:.1f} GiB of RAM, {peak * processes / 2**30:.2f} GiB per trial"
+        return by_memory, f"{gib(device.memory)} of RAM, {gib(peak * processes, 2)} per trial"
     return by_cores, f"{cores} CPU core(s), at least one per process"

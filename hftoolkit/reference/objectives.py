@@ -28,9 +28,13 @@ import math
 import torch
 import torch.nn.functional as F
 
+# The label a loss skips: PyTorch's cross_entropy default, which transformers' models and collators use. Kept here,
+# not imported from the toolkit's own (hftoolkit/sources/labels.py): this package stands apart from the toolkit.
+IGNORE_INDEX = -100
+
 
 def label_smoothed_cross_entropy(
-    logits: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1, ignore_index: int = -100
+    logits: torch.Tensor, target: torch.Tensor, smoothing: float = 0.1, ignore_index: int = IGNORE_INDEX
 ) -> torch.Tensor:
     """logits: (N, K), target: (N,) -> the mean smoothed loss over targets that are not ignore_index."""
     keep = target != ignore_index
@@ -40,7 +44,7 @@ def label_smoothed_cross_entropy(
     return ((1 - smoothing) * nll + smoothing * uniform).mean()
 
 
-def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
+def causal_lm_loss(logits: torch.Tensor, labels: torch.Tensor, ignore_index: int = IGNORE_INDEX) -> torch.Tensor:
     """logits: (B, T, V), labels: (B, T), unshifted (usually the input ids)."""
     predictions = logits[:, :-1]  # (B, T-1, V): positions 0 .. T-2 predict ...
     targets = labels[:, 1:]  # (B, T-1): ... tokens 1 .. T-1
@@ -59,7 +63,7 @@ def mlm_mask(
     chosen = torch.rand(input_ids.shape, generator=generator) < mlm_probability
     if special_tokens_mask is not None:
         chosen &= ~special_tokens_mask.bool()  # never mask [CLS], [SEP], padding
-    labels = input_ids.masked_fill(~chosen, -100)
+    labels = input_ids.masked_fill(~chosen, IGNORE_INDEX)
     u = torch.rand(input_ids.shape, generator=generator)  # one draw splits the chosen 80 / 10 / 10
     to_mask = chosen & (u < 0.8)
     to_random = chosen & (u >= 0.8) & (u < 0.9)

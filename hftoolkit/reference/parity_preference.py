@@ -23,6 +23,7 @@ import torch
 import transformers
 
 from hftoolkit.reference import preference
+from hftoolkit.reference.objectives import IGNORE_INDEX
 from hftoolkit.reference.parity import Skip, comparison
 from hftoolkit.reference.parity_layers import gpt2_config, randomized
 
@@ -264,7 +265,7 @@ def preference_batch() -> tuple[transformers.GPT2LMHeadModel, dict[str, torch.Te
         attention_mask = (positions < (prompts + completions)[:, None]).long()
         completion_mask = attention_mask * (positions >= prompts[:, None]).long()
     trl().add_fused_lm_head(model, outputs=("log_probs", "entropy", "mean_logits", "is_top1"))
-    labels = input_ids.masked_fill(completion_mask == 0, -100)
+    labels = input_ids.masked_fill(completion_mask == 0, IGNORE_INDEX)
     return model, {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask,
                    "labels": labels}
 

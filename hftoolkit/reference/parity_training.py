@@ -71,7 +71,7 @@ def adamw():
 @comparison("objectives.label_smoothing", "F.cross_entropy(label_smoothing=0.1, ignore_index=-100)", "loss")
 def label_smoothing():
     logits, target = 2.0 * torch.randn(64, 10), torch.randint(10, (64,))
-    target[::7] = -100
+    target[::7] = objectives.IGNORE_INDEX
     ours = objectives.label_smoothed_cross_entropy(logits, target, 0.1)
     return ours, F.cross_entropy(logits, target, label_smoothing=0.1)
 
@@ -81,7 +81,7 @@ def causal_lm_loss():
     _, hf = gpt2_pair()
     ids = torch.randint(100, (3, 10))
     labels = ids.clone()
-    labels[1, 7:] = -100  # padding positions are left out of the loss
+    labels[1, 7:] = objectives.IGNORE_INDEX  # padding positions are left out of the loss
     out = hf(input_ids=ids, labels=labels)
     return objectives.causal_lm_loss(out.logits, labels), out.loss
 
@@ -108,7 +108,7 @@ def word_level_tokenizer() -> transformers.PreTrainedTokenizerFast:
 def mlm_rates(original: torch.Tensor, inputs: torch.Tensor, labels: torch.Tensor, mask_id: int) -> torch.Tensor:
     """[P(chosen), P([MASK] | chosen), P(other token | chosen), P(unchanged | chosen)] among non-special tokens."""
     eligible = original >= 5  # the five special tokens are never chosen
-    chosen = labels != -100
+    chosen = labels != objectives.IGNORE_INDEX
     n = chosen.sum().double()
     masked = (chosen & (inputs == mask_id)).sum()
     unchanged = (chosen & (inputs == original)).sum()

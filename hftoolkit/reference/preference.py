@@ -12,9 +12,11 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from hftoolkit.reference.objectives import IGNORE_INDEX
+
 
 def sequence_logps(
-    logits: torch.Tensor, labels: torch.Tensor, average: bool = False, ignore_index: int = -100
+    logits: torch.Tensor, labels: torch.Tensor, average: bool = False, ignore_index: int = IGNORE_INDEX
 ) -> torch.Tensor:
     """log pi(y|x) = sum_t log p(y_t | x, y_<t) over the labelled tokens; logits (B, T, V), labels (B, T) unshifted.
 

@@ -22,9 +22,10 @@ PIPELINE_NAMES = {"fill-mask": "Fill-Mask"}
 LOCAL_SUFFIXES = (".csv", ".tsv", ".json", ".jsonl", ".parquet", ".txt", ".gz", ".gguf", ".safetensors")
 
 
-def model_card(recipe: Recipe, metrics: dict, license: str | None = None) -> str:
-    """The run's README.md: Hub front matter, then what the run was and how it scored. Deterministic:
-    the same recipe and metrics give the same text."""
+def model_card(recipe: Recipe, metrics: dict, license: str | None = None, model_type: str | None = None) -> str:
+    """The run's README.md: Hub front matter, then what the run was and how it scored; `model_type` is the one the
+    run resolved (job.model.model_type, manifest.json's resolved.model_type), a tag. Deterministic: the same
+    recipe, metrics and model type give the same text."""
     pipeline_tag = tasks.spec(recipe.task).pipeline_tag
     task_name = PIPELINE_NAMES.get(pipeline_tag) or pipeline_tag.replace("-", " ").title()
     scores = {k: v for k, v in metrics.get("eval", {}).items()
@@ -39,15 +40,14 @@ def model_card(recipe: Recipe, metrics: dict, license: str | None = None) -> str
         base_model=hub_model_id(recipe.model.checkpoint),
         library_name="peft" if recipe.lora.enabled else "transformers", license=license,
         datasets=datasets or None, metrics=list(scores) or None, pipeline_tag=pipeline_tag,
-        tags=_tags(recipe, metrics), model_name=recipe.name if results else None, eval_results=results or None)
+        tags=_tags(recipe, metrics, model_type), model_name=recipe.name if results else None,
+        eval_results=results or None)
     return str(ModelCard(f"---\n{data.to_yaml()}\n---\n\n{_body(recipe, metrics)}"))
 
 
-def _tags(recipe: Recipe, metrics: dict) -> list[str]:
-    from hftoolkit.sources.checkpoint import model_type_of
-
+def _tags(recipe: Recipe, metrics: dict, model_type: str | None) -> list[str]:
     family = recipe.model.family or metrics.get("family")
-    tags = ["hftoolkit", recipe.task, family, model_type_of(recipe.model.checkpoint, recipe.model.gguf_file)]
+    tags = ["hftoolkit", recipe.task, family, model_type]
     if recipe.lora.enabled:
         tags.append("qlora" if recipe.model.quantization == "4bit" else "lora")
     if recipe.model.quantization != "none":  # the base was loaded quantized for training

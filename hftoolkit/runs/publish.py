@@ -43,7 +43,7 @@ def push(run_dir: Path, repo_id: str, private: bool = False, dry_run: bool = Fal
         rule = str(err).removesuffix(" Use `repo_type` argument if needed.")  # a library argument, not ours
         raise UserError(f"--repo-id: {rule} Use the form namespace/name, for example alice/bert-sst2") from None
     opened, metrics = _read_complete_run(run_dir)
-    card = model_card(opened.recipe, metrics, license=license)
+    card = model_card(opened.recipe, metrics, license=license, model_type=resolved_model_type(opened))
     check_card(card)
     uploads = upload_plan(opened)
     files = sorted([*uploads, "README.md"])
@@ -67,6 +67,17 @@ def push(run_dir: Path, repo_id: str, private: bool = False, dry_run: bool = Fal
     except _hub_errors() as err:
         raise UserError(f"push: could not upload to {repo_id}: {_first_line(err)}") from None
     return files, card
+
+
+def resolved_model_type(opened: FinishedRun) -> str | None:
+    """The model type the run resolved (manifest.json's resolved.model_type); for a run written before the manifest
+    said it, what its checkpoint's files say (None for a hub id)."""
+    resolved = opened.directory.manifest().get("resolved")
+    if resolved is not None:
+        return resolved.get("model_type")
+    from hftoolkit.sources.checkpoint import model_type_of
+
+    return model_type_of(opened.recipe.model.checkpoint, opened.recipe.model.gguf_file)
 
 
 def _read_complete_run(run_dir: Path) -> tuple[FinishedRun, dict]:

@@ -34,6 +34,9 @@ if TYPE_CHECKING:
 TRAINED_EVAL_FAILED = "trained, eval failed"
 # A status check holds the lock shared for an instant; a writer retries that long before calling the folder in use.
 LOCK_PATIENCE_SECONDS = 2.0
+# The libraries whose versions say what a run ran on: manifest.json's `versions` records each, `doctor` shows each
+# beside the CLI's own (cli/doctor.py), `--version` the engines among them (cli/app.py).
+LIBRARIES = ("torch", "transformers", "peft", "trl", "accelerate", "datasets", "evaluate", "bitsandbytes")
 
 
 class RunDirectory:
@@ -440,16 +443,19 @@ def _git_sha() -> str | None:
         return None
 
 
-def _versions() -> dict:
+def installed_version(name: str) -> str | None:
+    """The installed version of the distribution `name`, read from its metadata (no import of it); None where it is
+    not installed."""
     from importlib.metadata import PackageNotFoundError, version
 
-    out = {"python": platform.python_version()}
-    for name in ("torch", "transformers", "peft", "accelerate", "datasets", "evaluate", "bitsandbytes"):
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            out[name] = None
-    return out
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def _versions() -> dict:
+    return {"python": platform.python_version(), **{name: installed_version(name) for name in LIBRARIES}}
 
 
 def _hardware() -> dict:

@@ -12,7 +12,6 @@ import asyncio
 import json
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import FastAPI, Request
@@ -23,14 +22,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from hftoolkit.config import tasks
 from hftoolkit.serving.batcher import Batcher, Work
+from hftoolkit.serving.limits import Limits
 from hftoolkit.serving.registry import GENERATES, LABELS, SCORES, ServedRun
-
-
-@dataclass(frozen=True)
-class Limits:
-    max_body_bytes: int = 1 << 20
-    max_input_tokens: int = 4096
-    max_tokens: int = 1024  # the most new tokens a request may ask for
 
 
 class Refused(Exception):

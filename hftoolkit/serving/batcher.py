@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from hftoolkit.serving.continuous import Continuous, ContinuousModel, answers_continuously
+from hftoolkit.serving.limits import Limits
 from hftoolkit.serving.registry import ServedRun
 
 
@@ -86,7 +87,7 @@ class Batcher:
     them costs one pass where a lone first request would cost two. A request on a quiet server never waits.
     """
 
-    def __init__(self, max_batch: int, max_wait: float, max_new_tokens: int = 1024):
+    def __init__(self, max_batch: int, max_wait: float, max_new_tokens: int = Limits.max_tokens):
         self.max_batch, self.max_wait, self.max_new_tokens = max_batch, max_wait, max_new_tokens
         self.queue: queue.Queue = queue.Queue()
         self.batches = self.answered = 0

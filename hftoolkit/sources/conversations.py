@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from hftoolkit.base.errors import UserError
+from hftoolkit.sources.labels import IGNORE_INDEX
 
-IGNORE_INDEX = -100
 ANSWER = "assistant"
 # The plain format, for a tokenizer without a chat template: one turn a line, `role: content`, each answer
 # followed by the tokenizer's eos; generation starts after "assistant: ".

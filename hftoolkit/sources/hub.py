@@ -245,4 +245,6 @@ def _disk_usage(root: Path) -> int:
 
 
 def _size(n: int) -> str:
-    return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    from hftoolkit.base.console import GIB, gib
+
+    return gib(n) if n >= GIB else f"{n / 2**20:.1f} MiB"

@@ -7,6 +7,11 @@ from hftoolkit.base.errors import UserError
 from hftoolkit.config import tasks
 from hftoolkit.config.recipe import Recipe
 
+# The label the loss and the metrics skip: padding, prompts, later subwords, a packed example's first token. It is
+# PyTorch's cross_entropy default (ignore_index), which transformers' models and collators use too; hftoolkit's
+# one copy (hftoolkit/reference/objectives.py keeps its own: that package imports nothing of the toolkit).
+IGNORE_INDEX = -100
+
 
 def encode_labels(recipe: Recipe, train, evaluation):
     """Map label values to ids 0..n-1 in the order of `data.label_names` (found in the data if unset: a hub set's

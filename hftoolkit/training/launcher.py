@@ -30,11 +30,11 @@ def main(argv: list[str]) -> int:
     `accelerate launch` (torchrun underneath) starts each training process in a session of its own, so a signal to
     the terminal's process group never reaches them, and when the launcher itself fails or is stopped it prints a
     traceback. Here:
-    - this process ends when `hftoolkit train` ends, however it ends (processes.die_with_parent), and each training
+    - this process ends when `hftoolkit train` ends, however it ends (lifecycle.die_with_parent), and each training
       process ends with this one (the same, armed in cli/app.main);
     - a stop (SIGINT, SIGTERM) is handed to the training processes by torchrun's own handlers, and this process
       exits with 128 + the signal, silently: the main training process says where the run stopped;
-    - a training process that fails wrote its reason (processes.record_reason); one killed by a signal cannot, so
+    - a training process that fails wrote its reason (lifecycle.record_reason); one killed by a signal cannot, so
       it is written here (`_failed`); `relaunch.relaunch` prints the one that explains the rest;
     - what the libraries log here goes to a file beside those reasons (`_log_to_file`), which `relaunch` appends
       to the run's train.log.

@@ -4,6 +4,8 @@ mixin)."""
 
 from __future__ import annotations
 
+from hftoolkit.sources.labels import IGNORE_INDEX
+
 
 class ItemNormalizedLoss:
     """Trainer mixin: the training loss of a step is the mean over every labelled item of that step,
@@ -102,7 +104,7 @@ class ItemNormalizedLoss:
         if real in (0, len(labels)):  # all real, or all padding (left out of the sums: any finite loss will do)
             return inputs, real > 0
         masked = labels.clone()
-        masked[real:] = -100
+        masked[real:] = IGNORE_INDEX
         return {**inputs, "labels": masked}, True
 
     def _labelled_items(self, inputs):
@@ -110,7 +112,7 @@ class ItemNormalizedLoss:
         labels = inputs.get("shift_labels")
         if labels is None:
             labels = inputs["labels"][..., 1:] if getattr(self, "_loss_shifts_labels", False) else inputs["labels"]
-        return labels.ne(-100).sum()
+        return labels.ne(IGNORE_INDEX).sum()
 
 
 def _labelled_logits_loss(model, inputs):
@@ -121,7 +123,7 @@ def _labelled_logits_loss(model, inputs):
 
     labels = inputs["labels"]
     keep = torch.zeros_like(labels, dtype=torch.bool)
-    keep[:, :-1] = labels[:, 1:].ne(-100)  # position t predicts label t + 1
+    keep[:, :-1] = labels[:, 1:].ne(IGNORE_INDEX)  # position t predicts label t + 1
     outputs = model(**{k: v for k, v in inputs.items() if k != "labels"}, logits_to_keep=keep)
     logits = outputs["logits"]
     targets = labels[:, 1:][keep[:, :-1]]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from hftoolkit.job.spec import Job
 from hftoolkit.patches import trl_1_16
+from hftoolkit.sources.labels import IGNORE_INDEX
 
 # preference.method -> TRL's DPOConfig.loss_type (ORPO's loss is computed here: it has none; KTO has its trainer).
 LOSS_TYPES = {"dpo": "sigmoid", "ipo": "ipo"}
@@ -73,7 +74,7 @@ def orpo_loss(trainer, model, inputs):
     rewards, logged under DPO's names, are beta times the mean log-probabilities."""
     completion = inputs["completion_mask"]
     mask = completion[:, 1:]  # (position t's log-probability is of token t + 1)
-    labels = inputs["input_ids"].masked_fill(completion == 0, -100)
+    labels = inputs["input_ids"].masked_fill(completion == 0, IGNORE_INDEX)
     model_inputs = {k: v for k, v in inputs.items() if k != "completion_mask"}
     token_logps = trl_1_16.fused_log_probs(model, model_inputs, labels)[:, -mask.size(1):] * mask
     chosen_tokens, _ = token_logps.chunk(2)

@@ -93,7 +93,7 @@ def relaunch(plan: LaunchPlan, argv: list[str], run_dir: Path | None = None) -> 
     The launcher starts in a session of its own and this process hands it the stop signals it gets (a closed
     terminal, Ctrl-C, a scheduler's SIGTERM), once; the training processes end with the launcher, and it with this
     process (training/launcher.py). A failed launch is said in one line: the reason that explains the others
-    (processes.first_reason). What the launcher logged is appended to the run's train.log.
+    (lifecycle.first_reason). What the launcher logged is appended to the run's train.log.
     """
     import tempfile
 

@@ -52,7 +52,7 @@ def reevaluate(run_dir: Path) -> dict:
                "eval": results, "eval_seconds": round(seconds, 3)}
     run.write_jsonl(PREDICTIONS, predictions)
     run.write_json(METRICS, metrics)
-    run.write_text(CARD, model_card(job.recorded_recipe(), metrics))
+    run.write_text(CARD, model_card(job.recorded_recipe(), metrics, model_type=job.model.model_type))
     if run.manifest().get("status") != "complete":
         run.finish("complete")
     return metrics

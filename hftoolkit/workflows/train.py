@@ -270,7 +270,7 @@ def _run(job: Job, run: RunDirectory, state, writer: bool, resume_from, started:
         run.write_jsonl(HISTORY, trainer.state.log_history)
         run.write_jsonl(PREDICTIONS, predictions)
         run.write_json(METRICS, metrics)
-        run.write_text(CARD, model_card(job.recorded_recipe(), metrics))
+        run.write_text(CARD, model_card(job.recorded_recipe(), metrics, model_type=job.model.model_type))
         if state.is_main_process:  # (once: lm-evaluation-harness on one process)
             _run_benchmarks(job, trainer.model, processor, run)
         metrics = run.metrics()

@@ -99,7 +99,7 @@ def test_an_onnx_export_predicts_where_torch_and_transformers_are_not_installed(
 
 @pytest.mark.slow
 def test_an_export_beyond_its_tolerance_fails_and_leaves_nothing(classifier, tmp_path, monkeypatch):
-    from hftoolkit.workflows import export
+    from hftoolkit.exports import onnx as export
 
     monkeypatch.setattr(export, "ONNX_TOLERANCE", -1.0)  # as an export whose outputs are off
     run = copy_of(classifier, tmp_path)

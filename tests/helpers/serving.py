@@ -19,8 +19,9 @@ def serving(pairs, api_key=None, max_batch=8, max_wait=0.05, **limits):
     """The runs (NAME, RUN_DIR) served on 127.0.0.1 from a thread; yields (base URL, the served runs, the batcher)."""
     import uvicorn
 
-    from hftoolkit.serving.api import Limits, build_app
+    from hftoolkit.serving.api import build_app
     from hftoolkit.serving.batcher import Batcher
+    from hftoolkit.serving.limits import Limits
     from hftoolkit.serving.registry import load_runs
 
     served = load_runs(pairs, max_batch, progress=lambda line: None)

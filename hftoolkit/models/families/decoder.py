@@ -17,9 +17,9 @@ from hftoolkit.models.families.grpo import SampledAnswers
 from hftoolkit.models.families.preference import PreferencePairs
 from hftoolkit.models.families.reward import RewardModel
 from hftoolkit.sources import conversations
+from hftoolkit.sources.labels import IGNORE_INDEX
 from hftoolkit.sources.streaming import is_stream
 
-IGNORE_INDEX = labels.IGNORE_INDEX
 # Between the source and the target of a prompt + target sequence (after data.source_prefix + text).
 PROMPT_END = "\n"
 

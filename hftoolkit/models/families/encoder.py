@@ -16,8 +16,7 @@ from hftoolkit.metrics import EvalMetrics
 from hftoolkit.models import tokenized
 from hftoolkit.models.families import labels
 from hftoolkit.models.families.reward import RewardModel
-
-IGNORE_INDEX = labels.IGNORE_INDEX
+from hftoolkit.sources.labels import IGNORE_INDEX
 
 
 class MaskedLM:

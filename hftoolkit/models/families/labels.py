@@ -13,9 +13,7 @@ from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics, first
 from hftoolkit.models import tokenized
 from hftoolkit.models.families import label_records, sync_pad_token
-
-# Label id the loss ignores (torch's cross_entropy ignore_index): special tokens, padding, later subwords.
-IGNORE_INDEX = -100
+from hftoolkit.sources.labels import IGNORE_INDEX
 
 
 def label_config(job: Job) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import bisect
 
-IGNORE_INDEX = -100
+from hftoolkit.sources.labels import IGNORE_INDEX
 
 
 def pack(dataset, capacity: int):

@@ -14,6 +14,7 @@ from hftoolkit.job.spec import Job
 from hftoolkit.metrics import EvalMetrics
 from hftoolkit.models import tokenized
 from hftoolkit.models.families import decoding_options, labels
+from hftoolkit.sources.labels import IGNORE_INDEX
 
 
 class Seq2SeqGeneration:
@@ -127,7 +128,7 @@ def _padding_collator(job: Job, tokenizer):
     """
     from transformers import DataCollatorForSeq2Seq
 
-    pad = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=-100)
+    pad = DataCollatorForSeq2Seq(tokenizer, label_pad_token_id=IGNORE_INDEX)
     if not job.recipe.training.label_smoothing:
         return pad
     start = _decoder_start_token_id(job)
@@ -137,7 +138,7 @@ def _padding_collator(job: Job, tokenizer):
         labels = batch["labels"]
         shifted = labels.new_full(labels.shape, start)
         shifted[:, 1:] = labels[:, :-1]
-        batch["decoder_input_ids"] = shifted.masked_fill(shifted == -100, tokenizer.pad_token_id)
+        batch["decoder_input_ids"] = shifted.masked_fill(shifted == IGNORE_INDEX, tokenizer.pad_token_id)
         return batch
 
     return pad_and_shift

@@ -19,8 +19,8 @@ from hftoolkit.training.strategies.launch import (
     LaunchPlan,
     Machines,
     check_machines,
-    plan_from_config,
     plan_from_environment,
+    plan_from_options,
 )
 from hftoolkit.training.strategies.single import Single
 from hftoolkit.training.strategies.zero import ZeRO2, ZeRO3
@@ -47,17 +47,21 @@ def launch_strategy(recipe: Recipe, num_processes: int | None, accelerate_config
                     source: str = "recipe", machines: Machines | None = None) -> Strategy:
     """The strategy of this `hftoolkit train` call, built once from its launch (`.launch`) and checked against the
     recipe (raises RecipeError): the CLI makes it, and the run carries it on its Job."""
+    from hftoolkit.sources.checkpoint import model_type_of
+
     machines = machines or Machines()
     if under_launcher():
         plan = plan_from_environment()
         _refuse_relaunch_options(plan, num_processes, accelerate_config, machines)
     else:
-        config = accelerate_config or (Path(recipe.training.accelerate_config)
-                                       if recipe.training.accelerate_config else None)
-        origin = "--accelerate-config" if accelerate_config else "training.accelerate_config"
-        plan = plan_from_config(config, num_processes, origin if config else "--num-processes", machines)
+        plan = plan_from_options(recipe, accelerate_config, num_processes, machines)
     strategy = strategy_for(plan)
-    problems = [*check_machines(plan), *(f"{source}: {p}" for p in strategy.problems(recipe))]
+    # Before the job is resolved, the model type a local checkpoint's files say (none for a hub id), read only where
+    # `auto` precision meets a launch config's mixed_precision; the plan asks again with the job's
+    # (planning/plan.strategy_plan).
+    model_type = model_type_of(recipe.model.checkpoint, recipe.model.gguf_file) \
+        if plan.mixed_precision != "no" else None
+    problems = [*check_machines(plan), *(f"{source}: {p}" for p in strategy.problems(recipe, model_type=model_type))]
     if problems:
         raise RecipeError(problems)
     return strategy

@@ -53,27 +53,28 @@ class Strategy:
 
     # ------------------------------------------------------------ before anything loads
 
-    def problems(self, recipe: Recipe, cuda: bool | None = None) -> list[str]:
+    def problems(self, recipe: Recipe, cuda: bool | None = None, model_type: str | None = None) -> list[str]:
         """Every reason `recipe` can't train this way, each a `key: what, why, what to do` sentence; `cuda` says
-        whether the processes have GPUs (None: as this machine has)."""
+        whether the processes have GPUs (None: as this machine has); `model_type` is the resolved job's
+        (job.model.model_type), which `auto` precision reads (None: not known yet)."""
         problems = []
         n, t = self.processes, recipe.training
         if t.batch_size % n:
             problems.append(f"training.batch_size: {t.batch_size} examples per step do not split evenly over {n} "
                             f"processes ({self.launch.source}): set it to a multiple of {n}, each process then "
                             f"takes batch_size / {n}")
-        return problems + self._precision_problems(recipe, cuda)
+        return problems + self._precision_problems(recipe, cuda, model_type)
 
     def precision_refusal(self, precision: str, cuda: bool) -> str | None:
         """Why this strategy can't train in `precision` on GPUs (`cuda`) or CPU processes; None where it can.
         `auto` steps down to fp32 from a precision refused here (job/precision.py)."""
         return None
 
-    def _precision_problems(self, recipe: Recipe, cuda: bool | None) -> list[str]:
+    def _precision_problems(self, recipe: Recipe, cuda: bool | None, model_type: str | None) -> list[str]:
         """The launch config's mixed_precision against the recipe's training.precision, which decides."""
         if self.launch.mixed_precision == "no":  # (auto is resolved, importing torch, only when there is a config)
             return []
-        precision = recipe_precision(recipe, self, cuda)
+        precision = recipe_precision(recipe, self, cuda, model_type)
         wanted = {"fp32": "no", "fp16": "fp16", "bf16": "bf16"}[precision]
         if self.launch.mixed_precision == wanted:
             return []
@@ -158,16 +159,15 @@ class Strategy:
                       shards_optimizer=self.shards_optimizer, runtime=self.runtime)
 
 
-def recipe_precision(recipe: Recipe, strategy: Strategy, cuda: bool | None = None) -> str:
+def recipe_precision(recipe: Recipe, strategy: Strategy, cuda: bool | None = None,
+                     model_type: str | None = None) -> str:
     """training.precision with auto decided for this machine (`cuda`: for GPUs, or CPU processes) under
-    `strategy`, before anything is loaded (a local checkpoint's type is read from its files, a hub id's not)."""
+    `strategy`, for a model of `model_type` (the resolved job's), before anything is loaded."""
     from hftoolkit.job.devices import Device
     from hftoolkit.job.precision import resolve_precision
-    from hftoolkit.sources.checkpoint import model_type_of
 
     device = None if cuda is None else Device("planned", "cuda" if cuda else "cpu", 0)
-    return resolve_precision(recipe.training.precision,
-                             model_type_of(recipe.model.checkpoint, recipe.model.gguf_file), strategy, device)
+    return resolve_precision(recipe.training.precision, model_type, strategy, device)
 
 
 def has_cuda() -> bool:

@@ -15,8 +15,8 @@ class FSDP(Strategy):
     shards_parameters = shards_gradients = shards_optimizer = True
     sharding = record_name = "FSDP"
 
-    def problems(self, recipe, cuda: bool | None = None) -> list[str]:
-        problems = super().problems(recipe, cuda)
+    def problems(self, recipe, cuda: bool | None = None, model_type: str | None = None) -> list[str]:
+        problems = super().problems(recipe, cuda, model_type)
         quantization = recipe.model.quantization
         # QLoRA under FSDP: 4-bit weights stored in the training dtype (bnb_4bit_quant_storage) are floating tensors
         # FSDP can shard; 8-bit weights are int8 tensors with their scales beside them, which it can't.

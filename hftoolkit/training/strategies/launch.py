@@ -1,8 +1,9 @@
 """The launch: how many processes on how many machines, and the accelerate config that spreads the model over
 them; planned from the command's options (and the config file), or read back in a process a launcher started.
 
-This is the one module that reads the launch from the environment (`plan_from_environment`, `this_process`):
-everything after it reads the `LaunchPlan`, or the strategy made from it (`strategy_for`), on the `Job`.
+This is the one module that reads the launch from the environment (`plan_from_environment`, `this_process`; the
+rank variables through base/ranks.py): everything after it reads the `LaunchPlan`, or the strategy made from it
+(`strategy_for`), on the `Job`.
 Imports no torch: the launching process stays light.
 """
 
@@ -11,10 +12,14 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from hftoolkit.base.ranks import under_launcher
+from hftoolkit.base import ranks
 from hftoolkit.config.recipe import read_yaml_mapping
 from hftoolkit.config.shipped import find_recipe
+
+if TYPE_CHECKING:
+    from hftoolkit.config.recipe import Recipe
 
 # accelerate's (and torchrun's) port when a config names none; every machine must name the same one.
 DEFAULT_PORT = 29500
@@ -89,6 +94,16 @@ def plan_from_config(config: Path | None, num_processes: int | None, source: str
     return _on_machines(plan, data, machines)
 
 
+def plan_from_options(recipe: Recipe, accelerate_config: Path | None, num_processes: int | None,
+                      machines: Machines = Machines()) -> LaunchPlan:
+    """The launch a command's options name, with no launcher yet: the config --accelerate-config names, else the
+    recipe's training.accelerate_config, else --num-processes; each said by its own name in the errors."""
+    named = recipe.training.accelerate_config
+    config = accelerate_config or (Path(named) if named else None)
+    origin = "--accelerate-config" if accelerate_config else "training.accelerate_config"
+    return plan_from_config(config, num_processes, origin if config else "--num-processes", machines)
+
+
 def _on_machines(plan: LaunchPlan, config: dict, machines: Machines) -> LaunchPlan:
     """`plan` spread over the machines the options name, else the config's (accelerate's key names)."""
     def pick(name, default=None):
@@ -143,7 +158,7 @@ def check_machines(plan: LaunchPlan) -> list[str]:
 
 def current_launch() -> LaunchPlan:
     """This process's launch: the launcher's, or a single process when none started it."""
-    return plan_from_environment() if under_launcher() else LaunchPlan(source="a single process")
+    return plan_from_environment() if ranks.under_launcher() else LaunchPlan(source="a single process")
 
 
 def sharding_launched() -> str | None:
@@ -158,18 +173,17 @@ def sharding_launched() -> str | None:
 def plan_from_environment() -> LaunchPlan:
     """The plan of a process a launcher started, read from the variables accelerate and torchrun set."""
     env = os.environ
-    world = int(env.get("WORLD_SIZE") or env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE") or 1)
+    world = ranks.world_size()
     distributed = sharding_launched() or ("MULTI_GPU" if world > 1 else "NO")
     stage = env.get("ACCELERATE_DEEPSPEED_ZERO_STAGE")
-    here = int(env.get("LOCAL_WORLD_SIZE") or world)  # torchrun's processes on this machine
+    here = ranks.local_world_size()  # torchrun's processes on this machine
     return LaunchPlan(num_processes=world, distributed=distributed, zero_stage=int(stage) if stage else None,
                       mixed_precision=env.get("ACCELERATE_MIXED_PRECISION", "no"), source="the launcher",
-                      launched=True, num_machines=max(1, world // here), machine_rank=int(env.get("GROUP_RANK") or 0),
+                      launched=True, num_machines=max(1, world // here), machine_rank=ranks.machine_rank(),
                       main_process_ip=env.get("MASTER_ADDR"),
                       ram_efficient_loading=env.get("FSDP_CPU_RAM_EFFICIENT_LOADING", "").lower() == "true")
 
 
 def this_process() -> ThisProcess:
-    """This process's global rank and machine rank, as torchrun set them (0 and 0 without a launcher)."""
-    env = os.environ
-    return ThisProcess(rank=int(env.get("RANK") or 0), machine=int(env.get("GROUP_RANK") or 0))
+    """This process's global rank and machine rank, as the launcher set them (0 and 0 without a launcher)."""
+    return ThisProcess(rank=ranks.rank(), machine=ranks.machine_rank())

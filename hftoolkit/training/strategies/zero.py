@@ -24,8 +24,8 @@ class ZeRO2(Strategy):
     def record_name(self) -> str:  # (stage 1, which shards the optimizer states only, is planned as stage 2)
         return f"ZeRO-{self.launch.zero_stage or 2}"
 
-    def problems(self, recipe, cuda: bool | None = None) -> list[str]:
-        problems = super().problems(recipe, cuda)
+    def problems(self, recipe, cuda: bool | None = None, model_type: str | None = None) -> list[str]:
+        problems = super().problems(recipe, cuda, model_type)
         absent = None if self.launch.launched else extras.missing("deepspeed", self.launch.source)
         if absent:
             return problems + [f"{absent}, or use ddp.yaml or fsdp.yaml"]
@@ -82,8 +82,8 @@ class ZeRO3(ZeRO2):
         super().__init__(launch)
         self._live_config = None
 
-    def problems(self, recipe, cuda: bool | None = None) -> list[str]:
-        problems = super().problems(recipe, cuda)
+    def problems(self, recipe, cuda: bool | None = None, model_type: str | None = None) -> list[str]:
+        problems = super().problems(recipe, cuda, model_type)
         if recipe.model.quantization != "none":
             problems.append(f"model.quantization: {recipe.model.quantization} (bitsandbytes) weights cannot be "
                             f"sharded across processes, which DeepSpeed ZeRO-3 ({self.launch.source}) does to every "

@@ -249,3 +249,10 @@ def test_a_line_after_several_logs_shows_the_mean_loss_of_their_steps():
         bar.show(float(step), 1e-3, step)
     bar.close()
     assert [line.split(" loss ")[1].split()[0] for line in screen.getvalue().splitlines()] == ["1.5000", "3.5000"]
+
+
+def test_bytes_are_shown_in_gib_as_a_line_says_them_or_as_a_gib_columns_number():
+    assert console.gib(1.5 * 2**30) == "1.5 GiB"
+    assert console.gib(1234.5 * 2**30) == "1234.5 GiB"  # (a line's figure is not grouped: doctor's free disk)
+    assert console.gib(0.25 * 2**30, 2) == "0.25 GiB"
+    assert console.gib(1234.5 * 2**30, 2, unit=False) == "1,234.50"  # plan's tables, headed GiB

@@ -55,6 +55,17 @@ def test_help_lists_every_command():
         assert command in out
 
 
+def test_version_names_the_engines_among_the_libraries_a_manifest_records():
+    import re
+
+    from hftoolkit.runs.rundir import _versions
+
+    out = run_cli("--version").output
+    shown = re.findall(r"(?:\(|, )([a-z]+) ", out)
+    assert shown == ["torch", "transformers", "peft", "trl", "accelerate", "bitsandbytes"], out
+    assert set(_versions()) == {"python", *shown, "datasets", "evaluate"}  # manifest.json's "versions"
+
+
 def test_recipes_lists_shipped_recipes_with_descriptions():
     lines = run_cli("recipes").output.splitlines()
     assert any(line.startswith("encoder-classification ") and "BERT-family sequence classification" in line

@@ -18,12 +18,13 @@ CPU = Device("CPU (2 cores)", "cpu", 8 * GiB)
 
 
 def row(name: str, label: str, processes: int, step: float | None, steps: int | None = 120, fits: bool = True,
-        start: float = 0.0, devices: int | None = None) -> StrategyPlan:
+        start: float = 0.0, devices: int | None = None, launch: float = 0.0) -> StrategyPlan:
     time = TimePlan(step, None if step is None or steps is None else start + steps * step, None, 1e9,
                     None if step is None else 1e12, {"products": step} if step is not None else {},
                     start_seconds=start)
     memory = MemoryPlan({"weights": GiB // 4}, GiB // 4, fits, 16 * GiB)
-    return StrategyPlan(name, label, processes, "fp16", memory, time, devices=devices or processes)
+    return StrategyPlan(name, label, processes, "fp16", memory, time, devices=devices or processes,
+                        launch_seconds=launch)
 
 
 def a_plan(device: Device, *rows: StrategyPlan, parameters: int = 4_386_306, trainable: int = 4_226) -> Plan:
@@ -104,3 +105,20 @@ def test_the_plan_says_what_its_times_cover(capsys, monkeypatch):
     assert "training: the Trainer's start and its steps, as metrics.json's train_seconds counts them" in said
     assert "5.5 s" in said, "0.7 s of start and 120 steps of 0.04 s"
     assert "lowest cost per run that fits: one process (1 machine for 5.5 s of training)" in said
+
+
+def test_a_small_job_is_not_worth_starting_processes_for_and_a_long_one_is(capsys, monkeypatch):
+    """Two CPU processes that train the quickstart in 2 s instead of 3 s first start a launcher and import the
+    libraries again in each: one process is the pick. At a thousand times the steps the start is nothing, and the
+    pick says what it counted."""
+    from hftoolkit.planning.plan import LAUNCH_SECONDS
+
+    small = a_plan(CPU, row("single", "one process", 1, 3 / 120),
+                   row("ddp", "DDP", 2, 2 / 120, devices=1, launch=LAUNCH_SECONDS))
+    assert small.lowest_cost_fit.name == "single"
+    long = a_plan(CPU, row("single", "one process", 1, 3 / 120, steps=120_000),
+                  row("ddp", "DDP", 2, 2 / 120, steps=120_000, devices=1, launch=LAUNCH_SECONDS))
+    assert long.lowest_cost_fit.name == "ddp"
+    assert (f"lowest cost per run that fits: DDP on 2 processes (1 machine for 33m 20s of training and "
+            f"{duration(LAUNCH_SECONDS)} to start its processes)") in shown(long, capsys, monkeypatch)
+    assert json.loads(json.dumps(long.as_dict()))["strategies"][1]["launch_seconds"] == LAUNCH_SECONDS

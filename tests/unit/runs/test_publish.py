@@ -159,6 +159,16 @@ def test_card_names_only_hub_ids_as_base_model_and_datasets(tmp_path, monkeypatc
     assert {r.dataset_type for r in results} == {Path(train).name}
 
 
+def test_card_tags_the_model_type_the_run_resolved_also_for_a_hub_id(tmp_path):
+    """A hub id's files are not at hand when the card is written; the run's manifest says what it resolved."""
+    run = make_run(tmp_path)  # google-bert/bert-base-uncased, and a manifest from before `resolved` was recorded
+    assert "bert" not in front_matter(publish.push(run, "alice/bert-sst2", dry_run=True)[1]).tags
+    manifest = json.loads((run / "manifest.json").read_text())
+    resolved = {"model_type": "bert", "family": "encoder"}
+    (run / "manifest.json").write_text(json.dumps({**manifest, "resolved": resolved}))
+    assert "bert" in front_matter(publish.push(run, "alice/bert-sst2", dry_run=True)[1]).tags
+
+
 def test_card_is_deterministic_and_leaves_non_finite_values_out_of_the_model_index(tmp_path):
     run = make_run(tmp_path, evaluation={"loss": float("nan"), "accuracy": 0.5, "note": "text"})
     (_, first), (_, second) = (publish.push(run, "alice/x", dry_run=True) for _ in range(2))

@@ -233,6 +233,24 @@ def test_launcher_mixed_precision_is_compared_with_what_auto_resolves_to(monkeyp
                         "training.precision decides)"]
 
 
+def test_the_launchers_precision_is_checked_for_the_model_type_the_job_resolved(monkeypatch):
+    """On GPUs without bf16, auto trains a T5 in fp32 (its activations overflow fp16) and a BERT in fp16: a launch
+    config's fp16 disagrees with the first only. The model type is the one the caller hands down (the resolved
+    job's), not what the checkpoint's files say: a hub id's files say nothing before it is downloaded."""
+    import torch
+
+    from hftoolkit.training.strategies import LaunchPlan, strategy_for
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda *args, **kwargs: False)
+    ddp = strategy_for(LaunchPlan(num_processes=2, mixed_precision="fp16", source="the launcher"))
+    recipe = recipe_with()  # (its checkpoint, init:bert, would say bert)
+    assert ddp.problems(recipe, cuda=True, model_type="t5") == [
+        "training.precision: fp32 disagrees with mixed_precision 'fp16' of the launcher (auto picks fp32 on this "
+        "machine): set mixed_precision: 'no' in the config (the recipe's training.precision decides)"]
+    assert ddp.problems(recipe, cuda=True, model_type="bert") == []
+
+
 @pytest.mark.parametrize("features", [["avx512_bf16"], []], ids=["bf16-units", "no-bf16-units"])
 def test_auto_under_deepspeed_on_cpu_processes_picks_fp32_and_says_why(monkeypatch, features):
     """auto picks what the strategy can run on the device: DeepSpeed's CPU processes train in fp32 only, so auto
