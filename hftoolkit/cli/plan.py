@@ -80,8 +80,8 @@ def plan_search(recipe: Path, sets: list[str], params: list[str], launch, device
     from hftoolkit.config.recipe import load_recipe
     from hftoolkit.planning.plan import plan_recipe
     from hftoolkit.planning.sweep import TrialPlan, costliest_overrides, trials_at_once
-    from hftoolkit.workflows.search import _visible_gpus
-    from hftoolkit.workflows.search_space import parse_space
+    from hftoolkit.sweeps.search import _visible_gpus
+    from hftoolkit.sweeps.space import parse_space
 
     space = parse_space(params, recipe, sets)
     worst = None

@@ -176,7 +176,7 @@ def sweep(
         if overwrite:
             raise UserError("--overwrite: a search keeps its study and trials: choose another --output or --study "
                             "to start a new one")
-        from hftoolkit.workflows.search import search as run_search
+        from hftoolkit.sweeps.search import search as run_search
 
         items = [*(param or []), *(f"{k}=choice:{v}" for k, _, v in (g.partition("=") for g in grid or []))]
         result = run_search(recipe, items, set_ or [], output, space_file=space, trials=trials, sampler=sampler,
@@ -186,7 +186,7 @@ def sweep(
         _say_report(result.report, verbosity)
         relaunch.end_processes()
         return
-    from hftoolkit.workflows.sweep import sweep as run_sweep
+    from hftoolkit.sweeps.sweep import sweep as run_sweep
 
     result = run_sweep(recipe, grid or [], set_ or [], output, overwrite=overwrite, num_processes=num_processes,
                        command=relaunch.command_line(), echo=console.phase, verbosity=verbosity)
@@ -214,7 +214,7 @@ def bench(
     from hftoolkit.base import console
     from hftoolkit.config.shipped import SHIPPED
     from hftoolkit.runs.report import load_run, summary_rows
-    from hftoolkit.workflows.across_families import bench as run_bench
+    from hftoolkit.sweeps.across_families import bench as run_bench
 
     verbosity = console.verbosity_from_flags(verbose, quiet)
     result = run_bench(families, output, SHIPPED, set_ or [], echo=console.phase, verbosity=verbosity)

@@ -1,4 +1,4 @@
-"""The sweep report's study section, for a search's sweep folder: study.json (written by workflows/search_report.py)
+"""The sweep report's study section, for a search's sweep folder: study.json (written by sweeps/report.py)
 rendered as Markdown and HTML: the best trial and its recipe, Optuna's plots and parameter importances, and the
 pruned trials with the compute each saved. Light: no Optuna import; the plots are files already written."""
 

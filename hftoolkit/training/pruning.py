@@ -1,7 +1,7 @@
 """A search trial's evals during training (eval.every), reported to its study, and the trial stopped at once when
 the study's pruner says so (`Pruned`, raised from the eval callback: no step, no save and no final eval after it).
 
-The search (workflows/search_trial.py) says which trial this process trains for: `reporting_to(reporter)` in its own
+The search (sweeps/trial.py) says which trial this process trains for: `reporting_to(reporter)` in its own
 process, or, for a trial trained on several processes (--num-processes), TRIAL_VARIABLE in the launched processes'
 environment, read here by the main process, which reports and decides for all of them.
 """

@@ -69,7 +69,7 @@ def test_real_report_renders_in_chromium(bench_out, tmp_path):
 
 
 def test_families_pick_their_runs():
-    from hftoolkit.workflows.across_families import bench_variants
+    from hftoolkit.sweeps.across_families import bench_variants
 
     picked = bench_variants(["seq2seq", "vision"], RECIPES)
     assert [v.name for v in picked] == ["classification-bart", "translation-t5", "translation-bart", "vision-vit"]

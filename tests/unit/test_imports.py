@@ -80,7 +80,7 @@ def test_modeling_does_not_import_data():
 # The package by stage, lowest first: a module imports its own layer and those below it, never one above.
 # `reference` stands apart: the course's mechanisms in plain torch, importing nothing of the toolkit.
 LAYERS = ("base", "config", "metrics", "sources", "job", "patches", "models", "evaluation", "exports", "runs",
-          "training", "planning", "workflows", "serving", "cli")
+          "training", "planning", "workflows", "sweeps", "serving", "cli")
 
 
 def layer_of(module: str) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from hftoolkit.job.devices import Device
 from hftoolkit.planning.sweep import costliest_overrides, trials_at_once
-from hftoolkit.workflows.search_space import parse_space
+from hftoolkit.sweeps.space import parse_space
 from tests.helpers import RECIPES, plain, run_cli
 
 ENCODER = RECIPES / "encoder-classification.yaml"

@@ -4,7 +4,7 @@ restarted), its evals reported to the study's pruner (training/pruning.py).
 
 Optuna's storage hands the trials out, so workers in other processes and on other machines share one study and
 no trial runs twice. A trial whose worker is killed is found by its stopped heartbeat and enqueued again with the
-same values (search_study.py); the worker that takes it resumes its run folder from the last checkpoint. A worker
+same values (study.py); the worker that takes it resumes its run folder from the last checkpoint. A worker
 stopped by a signal hands its trial back at once, in the same way.
 """
 
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from hftoolkit.base.errors import UserError
 from hftoolkit.base.secrets import redact
-from hftoolkit.workflows.search_space import Space
-from hftoolkit.workflows.search_study import SURPLUS_ATTR, Objective, counted, quiet_optuna, run_name
-from hftoolkit.workflows.variants import Outcome, Variant, prepare
+from hftoolkit.sweeps.space import Space
+from hftoolkit.sweeps.study import SURPLUS_ATTR, Objective, counted, quiet_optuna, run_name
+from hftoolkit.sweeps.variants import Outcome, Variant, prepare
 
 FINISHED = ("COMPLETE", "PRUNED", "FAIL")
 
@@ -32,7 +32,7 @@ class Search:
 
     recipe_path: str
     sets: list[str]
-    params: list[str]  # the --param items, parsed again by each worker (search_space.parse_param)
+    params: list[str]  # the --param items, parsed again by each worker (space.parse_param)
     objective: tuple[str, str]  # (metric, direction)
     trials: int
     sampler: str
@@ -48,7 +48,7 @@ class Search:
 
     @property
     def space(self) -> Space:
-        from hftoolkit.workflows.search_space import parse_param
+        from hftoolkit.sweeps.space import parse_param
 
         return Space(tuple(parse_param(item)[0] for item in self.params))
 
@@ -71,7 +71,7 @@ class Reporter:
 
 
 def open_for_work(search: Search, worker: int = 0):
-    from hftoolkit.workflows import search_study as ss
+    from hftoolkit.sweeps import study as ss
 
     space = search.space
     seed = None if search.seed is None else search.seed + worker
@@ -86,7 +86,7 @@ def work(search: Search, worker: int = 0, echo: Callable[[str], None] = print, v
     import optuna
 
     from hftoolkit.base.lifecycle import Stopped
-    from hftoolkit.workflows.variants import _import_training
+    from hftoolkit.sweeps.variants import _import_training
 
     study = open_for_work(search, worker)
     _import_training(False)
@@ -188,9 +188,9 @@ def run_trial(search: Search, study, trial, verbosity=None) -> Outcome | None:
 
 def train_trial(search: Search, study, trial, variant: Variant, verbosity=None) -> Outcome:
     from hftoolkit.runs.summary import load_run
+    from hftoolkit.sweeps.study import to_json
+    from hftoolkit.sweeps.variants import _record_failure, _train_variant
     from hftoolkit.training.pruning import PRUNED_PREFIX, TRIAL_VARIABLE, Pruned, reporting_to
-    from hftoolkit.workflows.search_study import to_json
-    from hftoolkit.workflows.variants import _record_failure, _train_variant
 
     metric = search.goal.metric
     os.environ[TRIAL_VARIABLE] = to_json({"storage": search.url, "study": study.study_name,

@@ -10,8 +10,8 @@ from pathlib import Path
 
 from hftoolkit.base.run_layout import MANIFEST
 from hftoolkit.runs.rundir import write_text_atomic
-from hftoolkit.workflows import search_study as ss
-from hftoolkit.workflows.search_trial import Search
+from hftoolkit.sweeps import study as ss
+from hftoolkit.sweeps.trial import Search
 
 BEST_RECIPE = "best.yaml"
 # Optuna's plots (optuna.visualization.matplotlib), each file with its title.

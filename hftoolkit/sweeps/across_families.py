@@ -32,7 +32,7 @@ def bench_variants(families: list[str] | None, recipes_dir: Path, overrides: lis
     T5's task prefix, a convention that a randomly initialized model cannot know and that the tiny tokenizers
     split into more tokens than a whole source sentence has."""
     from hftoolkit.config.families import FAMILIES, INIT_FAMILIES
-    from hftoolkit.workflows.variants import Variant
+    from hftoolkit.sweeps.variants import Variant
 
     known = sorted(FAMILIES)
     unknown = [f for f in families or () if f not in known]
@@ -57,7 +57,7 @@ def bench(families: list[str] | None, out: Path, recipes_dir: Path, overrides: l
     validated before anything trains, one progress line per run, a failing run is recorded and the others go on.
     A bench measures, so every run trains again from scratch."""
     from hftoolkit.runs.report import write_report
-    from hftoolkit.workflows.variants import SweepResult, prepare, run_variants
+    from hftoolkit.sweeps.variants import SweepResult, prepare, run_variants
 
     variants = bench_variants(families, recipes_dir, list(overrides))
     folder = prepare(variants, Path(out) / "runs", overwrite=True)

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from hftoolkit.config.recipe import RecipeError
-from hftoolkit.workflows.variants import Variant
+from hftoolkit.sweeps.variants import Variant
 
 NAME_LENGTH = 40  # a grid value's part of a variant name, before a short hash takes over
 

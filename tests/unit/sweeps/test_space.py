@@ -9,7 +9,7 @@ import os
 
 import pytest
 
-from hftoolkit.workflows.search_space import parse_param, parse_space, yaml_float
+from hftoolkit.sweeps.space import parse_param, parse_space, yaml_float
 from tests.helpers import RECIPES, needs, plain, run_cli
 
 pytestmark = needs("optuna")
@@ -93,8 +93,8 @@ def test_a_pruner_without_evals_during_training_and_a_grid_over_floats_are_refus
 
 
 def test_a_study_stored_with_another_space_is_refused_and_left_as_it_was(tmp_path):
-    from hftoolkit.workflows import search_study as ss
-    from hftoolkit.workflows.search_space import parse_space
+    from hftoolkit.sweeps import study as ss
+    from hftoolkit.sweeps.space import parse_space
 
     folder = tmp_path / "encoder-classification"
     folder.mkdir()
@@ -116,7 +116,7 @@ def test_a_study_another_worker_has_just_made_is_joined_and_one_with_others_tria
     import optuna
 
     from hftoolkit.base.errors import UserError
-    from hftoolkit.workflows import search_study as ss
+    from hftoolkit.sweeps import study as ss
 
     folder = tmp_path / "encoder-classification"
     folder.mkdir()
@@ -155,7 +155,7 @@ def test_a_search_option_on_a_grid_sweep_asks_for_search(tmp_path):
 
 
 def test_a_search_file_gives_settings_and_params_a_list_being_a_choice(tmp_path):
-    from hftoolkit.workflows.search_space import file_items
+    from hftoolkit.sweeps.space import file_items
 
     path = tmp_path / "search.yaml"
     path.write_text("trials: 12\npruner: median\nparams:\n  training.learning_rate: float:1e-5:1e-3:log\n"

@@ -3,7 +3,7 @@
     hftoolkit sweep RECIPE --grid model.checkpoint=init:bert,init:gpt2 --grid lora.r=4,16 [--set k=v]... [--output DIR]
 
 Every variant is validated before anything trains; each is a run directory DIR/<name>/<variant>/ named from its
-grid values (sweep_grid.py), trained as variants.py runs them, and DIR/<name>/report.md compares them all.
+grid values (grid.py), trained as variants.py runs them, and DIR/<name>/report.md compares them all.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hftoolkit.base.errors import UserError
-from hftoolkit.workflows.sweep_grid import grid_variants, parse_grid
-from hftoolkit.workflows.variants import SweepResult, prepare, run_variants
+from hftoolkit.sweeps.grid import grid_variants, parse_grid
+from hftoolkit.sweeps.variants import SweepResult, prepare, run_variants
 
 
 def sweep(recipe_path: Path, grid_items: list[str], sets: list[str], out: Path, overwrite: bool = False,

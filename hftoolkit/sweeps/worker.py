@@ -1,7 +1,7 @@
 """A search worker process, started by `sweep --search --workers K` (search.run_workers): it keeps to its share of
-the machine, ends with the process that started it, and takes trials from the study (search_trial.work).
+the machine, ends with the process that started it, and takes trials from the study (trial.work).
 
-    python -m hftoolkit.workflows.search_worker SEARCH_JSON INDEX
+    python -m hftoolkit.sweeps.worker SEARCH_JSON INDEX
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ def main(argv: list[str]) -> int:
     from hftoolkit.base import console
     from hftoolkit.base.errors import UserError
     from hftoolkit.base.lifecycle import Stopped, die_with_parent, stop_on_signals
-    from hftoolkit.workflows.search import CPUS_VARIABLE
-    from hftoolkit.workflows.search_trial import Search, work
+    from hftoolkit.sweeps.search import CPUS_VARIABLE
+    from hftoolkit.sweeps.trial import Search, work
 
     stop_on_signals()
     die_with_parent()

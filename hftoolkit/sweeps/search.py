@@ -4,9 +4,9 @@ machine or on several that share a database, then compared in the sweep report w
     hftoolkit sweep RECIPE --search --param training.learning_rate=float:1e-5:1e-3:log --param lora.r=int:4:32
         [--trials N] [--sampler tpe|random|grid] [--pruner median|halving|none] [--workers K] [--storage URL]
 
-Everything is checked before anything is written: the space (search_space.py), the storage and a stored study's
-space (search_study.py), what the machine gives the workers. The study then lives in DIR/NAME/study.db (or the
---storage database); each trial is a run folder DIR/NAME/trial-NNN/, trained by a worker (search_trial.py). With
+Everything is checked before anything is written: the space (space.py), the storage and a stored study's
+space (study.py), what the machine gives the workers. The study then lives in DIR/NAME/study.db (or the
+--storage database); each trial is a run folder DIR/NAME/trial-NNN/, trained by a worker (trial.py). With
 --workers K, K worker processes each get their share of the machine: GPUs by CUDA_VISIBLE_DEVICES, else CPU cores.
 """
 
@@ -24,12 +24,12 @@ from dataclasses import asdict
 from pathlib import Path
 
 from hftoolkit.config.recipe import RecipeError, load_recipe
-from hftoolkit.workflows import search_study as ss
-from hftoolkit.workflows.search_trial import FINISHED, Search
-from hftoolkit.workflows.variants import SweepResult
+from hftoolkit.sweeps import study as ss
+from hftoolkit.sweeps.trial import FINISHED, Search
+from hftoolkit.sweeps.variants import SweepResult
 
 WORKER_LOGS = "workers"
-CPUS_VARIABLE = "HFTOOLKIT_WORKER_CPUS"  # the CPU cores a worker keeps to (search_worker.py)
+CPUS_VARIABLE = "HFTOOLKIT_WORKER_CPUS"  # the CPU cores a worker keeps to (worker.py)
 DEFAULT_TRIALS = 20
 DEFAULT_HEARTBEAT_S = 20
 COPY_GRACE_S = 5  # how long a worker's last lines may take to reach its log once it has ended
@@ -56,13 +56,13 @@ def search(recipe_path: Path, params: list[str], sets: list[str], out: Path, *, 
          f"({search_.sampler} sampler, {search_.pruner} pruner), objective {search_.goal.metric} "
          f"({search_.goal.direction}), {who}")
     if workers == 1:
-        from hftoolkit.workflows.search_trial import work
+        from hftoolkit.sweeps.trial import work
 
         outcomes = work(search_, 0, echo, verbosity)
     else:
         outcomes = []
         run_workers(search_, worker_shares(workers, num_processes or 1)[0], echo)
-    from hftoolkit.workflows.search_report import write_search_report
+    from hftoolkit.sweeps.report import write_search_report
 
     report = write_search_report(search_)
     return SweepResult(folder, report, outcomes)
@@ -73,7 +73,7 @@ def resolve(recipe_path: Path, params: list[str], sets: list[str], out: Path, *,
     """The search as every worker runs it, or RecipeError with every problem of the input, one line each."""
     from hftoolkit.config import tasks
     from hftoolkit.job.hardware import library_problems
-    from hftoolkit.workflows.search_space import file_items, parse_space
+    from hftoolkit.sweeps.space import file_items, parse_space
 
     settings, file_params = file_items(space_file) if space_file else ({}, [])
     problems: list[str] = []
@@ -208,7 +208,7 @@ def run_workers(search_: Search, shares: list[dict[str, str]], echo: Callable[[s
     try:
         for index, share in enumerate(shares):
             processes.append(subprocess.Popen(
-                [sys.executable, "-m", "hftoolkit.workflows.search_worker", record, str(index)],
+                [sys.executable, "-m", "hftoolkit.sweeps.worker", record, str(index)],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                 env={**os.environ, **share, PARENT_VARIABLE: str(os.getpid())}))
             copies.append(threading.Thread(target=copy_redacted, args=(processes[-1].stdout,

@@ -12,7 +12,7 @@ from pathlib import Path
 import yaml
 
 from hftoolkit.config.recipe import RecipeError, load_recipe
-from hftoolkit.workflows.sweep_grid import split_values
+from hftoolkit.sweeps.grid import split_values
 
 KINDS = ("float", "int", "choice")
 FORMS = ("KEY=float:LOW:HIGH[:log], KEY=int:LOW:HIGH[:log] or KEY=choice:V1,V2,..., "
