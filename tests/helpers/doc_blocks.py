@@ -392,22 +392,24 @@ def substitutions(text: str) -> list[tuple[int, int]]:
         start = text.find("$(", i)
         if start < 0:
             return spans
-        depth, j, quote = 0, start + 1, None
-        while j < len(text):
-            char = text[j]
-            if quote:
-                quote = None if char == quote else quote
-            elif char in "'\"":
-                quote = char
-            elif char == "(":
-                depth += 1
-            elif char == ")":
-                depth -= 1
-                if depth == 0:
-                    break
-            j += 1
+        j = next((j for j, depth in _unquoted(text, start + 1) if depth == 0 and text[j] == ")"), len(text))
         spans.append((start, j + 1))
         i = j + 1
+
+
+def _unquoted(text: str, start: int = 0):
+    """(index, depth of parentheses after it) for each character of `text` from `start` outside quotes."""
+    depth, quote = 0, None
+    for j in range(start, len(text)):
+        char = text[j]
+        if quote:
+            quote = None if char == quote else quote
+            continue
+        if char in "'\"":
+            quote = char
+            continue
+        depth += (char == "(") - (char == ")")
+        yield j, depth
 
 
 class PageRunner:
@@ -767,21 +769,11 @@ def shown_problem(block: Block, printed: str, command: str) -> str | None:
 
 def and_parts(text: str) -> list[str]:
     """The parts of a `a && b && c` chain, split outside quotes and `$( ... )`."""
-    parts, start, depth, quote, i = [], 0, 0, None, 0
-    while i < len(text):
-        char = text[i]
-        if quote:
-            quote = None if char == quote else quote
-        elif char in "'\"":
-            quote = char
-        elif char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        elif text.startswith("&&", i) and depth == 0:
+    parts, start = [], 0
+    for i, depth in _unquoted(text):
+        if depth == 0 and i >= start and text.startswith("&&", i):
             parts.append(text[start:i].strip())
-            start, i = i + 2, i + 1
-        i += 1
+            start = i + 2
     return parts + [text[start:].strip()]
 
 
