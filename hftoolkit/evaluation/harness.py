@@ -101,11 +101,15 @@ def harness_task_file(path: Path) -> str | None:
 def _index(path: str | None, defaults: bool):
     from lm_eval.tasks import TaskManager
 
+    from hftoolkit.patches.lm_eval_0_4 import cached_default_index
+    from hftoolkit.sources.locations import cache_root
+
     if path and not Path(path).is_dir():
         raise UserError(f"--benchmark-path: {path} is not a folder: name a folder of lm-evaluation-harness task "
                         "YAML files")
     include = [str(p) for p in (SHIPPED_TASKS, path) if p]
-    return TaskManager(include_path=include, include_defaults=defaults)
+    with cached_default_index(cache_root() / "lm-eval"):  # (the harness's own tasks: indexed once per version)
+        return TaskManager(include_path=include, include_defaults=defaults)
 
 
 def task_manager(path: str | None, tasks: tuple[str, ...] = ()):

@@ -363,3 +363,31 @@ def test_a_preference_run_scores_its_benchmarks_with_its_adapter_beside_its_base
     run_cli("compare", tmp_path / "base", tmp_path / "run", "--output", tmp_path / "report")
     report = (tmp_path / "report" / "report.md").read_text()
     assert MC in report and "## Preference: loss and reward margin" in report
+
+
+def test_the_harness_s_own_task_index_is_kept_once_per_version_and_read_back(tmp_path):
+    """patches/lm_eval_0_4.py: indexing lm-eval's own task files takes seconds each time; the index is kept in the
+    cache and read back while the same lm-eval is installed. Shown here on a stand-in folder of two tasks."""
+    from lm_eval.tasks._index import TaskIndex
+
+    from hftoolkit.patches.lm_eval_0_4 import cached_default_index
+
+    defaults, extra, cache = tmp_path / "defaults", tmp_path / "extra", tmp_path / "cache"
+    for folder, names in ((defaults, ("alpha", "beta")), (extra, ("gamma",))):
+        folder.mkdir()
+        for name in names:
+            (folder / f"{name}.yaml").write_text(f"task: {name}\ndataset_path: x\noutput_type: multiple_choice\n")
+    original = TaskIndex.__dict__["build"]
+    fresh = TaskIndex.build([defaults, extra])
+    with cached_default_index(cache, defaults):
+        first = TaskIndex.build([defaults, extra])
+    assert sorted(first) == sorted(fresh) == ["alpha", "beta", "gamma"] and len(list(cache.iterdir())) == 1
+    (defaults / "delta.yaml").write_text("task: delta\ndataset_path: x\noutput_type: multiple_choice\n")
+    (extra / "epsilon.yaml").write_text("task: epsilon\ndataset_path: x\noutput_type: multiple_choice\n")
+    with cached_default_index(cache, defaults):
+        kept = TaskIndex.build([defaults, extra])
+    assert sorted(kept) == ["alpha", "beta", "epsilon", "gamma"], "the defaults read back, any other folder indexed"
+    next(cache.iterdir()).write_bytes(b"cut sh")
+    with cached_default_index(cache, defaults):
+        assert "delta" in TaskIndex.build([defaults]), "a damaged file is indexed again"
+    assert TaskIndex.__dict__["build"] is original and "delta" in TaskIndex.build([defaults])
