@@ -6,8 +6,8 @@ keeps that index in hftoolkit's cache, one file per lm-eval version and install 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-import pickle
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -33,7 +33,7 @@ def cached_default_index(folder: Path, defaults: Path | None = None):
 
     defaults = (defaults or default_tasks()).resolve()
     key = hashlib.sha256(f"{version(LIBRARY)}\0{defaults}".encode()).hexdigest()[:16]
-    kept = Path(folder) / f"tasks-{version(LIBRARY)}-{key}.pickle"
+    kept = Path(folder) / f"tasks-{version(LIBRARY)}-{key}.json"
     original = TaskIndex.__dict__["build"]
     build = original.__func__
 
@@ -54,18 +54,24 @@ def cached_default_index(folder: Path, defaults: Path | None = None):
 
 
 def _kept(path: Path, make):
-    """`make()`, kept in `path` (our own file, written whole or not at all)."""
+    """The index `make()` builds, kept in `path` as JSON (its entries' task configs are YAML's plain values), written
+    whole or not at all."""
+    from lm_eval.tasks._index import Entry, Kind
+
     if path.is_file():
         try:
-            return pickle.loads(path.read_bytes())
-        except Exception:  # a file cut short, or of another Python: index again
+            return {row["name"]: Entry(row["name"], Kind[row["kind"]], row["yaml_path"] and Path(row["yaml_path"]),
+                                       row["cfg"], set(row["tags"])) for row in json.loads(path.read_text())}
+        except (ValueError, KeyError, TypeError):  # a file cut short, or of another layout: index again
             pass
     index = make()
+    rows = [{"name": e.name, "kind": e.kind.name, "yaml_path": e.yaml_path and str(e.yaml_path), "cfg": e.cfg,
+             "tags": sorted(e.tags)} for e in index.values()]
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
-        with os.fdopen(fd, "wb") as f:
-            pickle.dump(index, f, protocol=pickle.HIGHEST_PROTOCOL)
+        with os.fdopen(fd, "w") as f:
+            json.dump(rows, f)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
